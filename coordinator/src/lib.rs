@@ -1,0 +1,1 @@
+//! Tributary coordinator: window clock, assignment, durable ingestion, weights, checkpoint relay.

@@ -1,0 +1,1 @@
+//! The libtorch (`tch`) reference model shared by the validator and the trainer.

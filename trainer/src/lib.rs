@@ -1,0 +1,1 @@
+//! Tributary trainer: GRPO on verified rollouts, publishes BF16 checkpoints as sparse deltas.

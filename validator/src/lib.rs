@@ -1,0 +1,1 @@
+//! Tributary validator: re-runs the reference model to prove rollouts.

@@ -1,1 +1,435 @@
-//! (in progress)
+//! Checkpoints: GGUF files of the `llama` architecture that llama.cpp loads
+//! natively, with BF16 weight matrices and F32 norms, carrying the tokenizer
+//! and chat template. This module opens and validates them, dequantizes
+//! tensors, computes the [`ContentId`] every role agrees on, and converts a
+//! quantized file into the BF16 base checkpoint.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use crate::gguf::{self, GgmlType, GgufError, GgufHeader, GgufWriter, MetaValue, TensorInfo};
+use crate::quant::{self, QuantError};
+
+/// `general.file_type` value for "mostly BF16" (`LLAMA_FTYPE_MOSTLY_BF16`).
+pub const FILE_TYPE_MOSTLY_BF16: u32 = 32;
+/// Domain string that starts the content-id serialisation.
+pub const CONTENT_ID_DOMAIN: &[u8] = b"tributary/checkpoint/v1";
+
+/// Errors from opening, reading or writing checkpoints.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Reading or writing the file failed.
+    #[error("I/O on {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The GGUF container is malformed.
+    #[error("GGUF: {0}")]
+    Gguf(#[from] GgufError),
+    /// `general.architecture` is missing or not `llama`.
+    #[error("architecture {0:?} is not \"llama\"")]
+    NotLlama(Option<String>),
+    /// A required metadata key is missing or has the wrong type.
+    #[error("metadata key {0:?} missing or of the wrong type")]
+    MissingKey(&'static str),
+    /// Hyperparameters are inconsistent or out of range.
+    #[error("invalid config: {0}")]
+    BadConfig(String),
+    /// A required tensor is missing.
+    #[error("tensor {0:?} missing")]
+    MissingTensor(String),
+    /// A tensor has the wrong shape for the config.
+    #[error("tensor {name:?} has dims {got:?}, expected {expected:?}")]
+    BadShape {
+        /// Tensor name.
+        name: String,
+        /// Expected dims (ggml order).
+        expected: Vec<u64>,
+        /// Found dims.
+        got: Vec<u64>,
+    },
+    /// A tensor cannot be dequantized.
+    #[error("tensor {name:?}: {source}")]
+    Quant {
+        /// Tensor name.
+        name: String,
+        /// The cause.
+        source: QuantError,
+    },
+}
+
+impl CheckpointError {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        CheckpointError::Io { path: path.display().to_string(), source }
+    }
+}
+
+/// Hyperparameters of a llama-architecture checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ModelConfig {
+    /// Number of transformer blocks (`llama.block_count`).
+    pub n_layer: usize,
+    /// Residual width (`llama.embedding_length`).
+    pub d_model: usize,
+    /// Query heads (`llama.attention.head_count`).
+    pub n_head: usize,
+    /// Key/value heads (`llama.attention.head_count_kv`, default `n_head`).
+    pub n_head_kv: usize,
+    /// MLP hidden width (`llama.feed_forward_length`).
+    pub d_ff: usize,
+    /// Vocabulary size (rows of `token_embd.weight`).
+    pub vocab_size: usize,
+    /// RMSNorm epsilon (`llama.attention.layer_norm_rms_epsilon`).
+    pub rms_eps: f32,
+    /// RoPE base (`llama.rope.freq_base`, default 10000).
+    pub rope_theta: f32,
+    /// Training context length (`llama.context_length`).
+    pub context_length: usize,
+}
+
+impl ModelConfig {
+    /// Per-head width `d_model / n_head`.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_head
+    }
+
+    /// Read and check the config from a header (does not look at tensors).
+    pub fn from_header(h: &GgufHeader) -> Result<Self, CheckpointError> {
+        let arch = h.get_str("general.architecture");
+        if arch != Some("llama") {
+            return Err(CheckpointError::NotLlama(arch.map(str::to_owned)));
+        }
+        let req = |key: &'static str| -> Result<usize, CheckpointError> {
+            h.get_u64(key).and_then(|v| usize::try_from(v).ok()).ok_or(CheckpointError::MissingKey(key))
+        };
+        let n_layer = req("llama.block_count")?;
+        let d_model = req("llama.embedding_length")?;
+        let n_head = req("llama.attention.head_count")?;
+        let n_head_kv = match h.get("llama.attention.head_count_kv") {
+            None => n_head,
+            Some(_) => req("llama.attention.head_count_kv")?,
+        };
+        let d_ff = req("llama.feed_forward_length")?;
+        let context_length = req("llama.context_length")?;
+        let rms_eps = h
+            .get_f32("llama.attention.layer_norm_rms_epsilon")
+            .ok_or(CheckpointError::MissingKey("llama.attention.layer_norm_rms_epsilon"))?;
+        let rope_theta = match h.get("llama.rope.freq_base") {
+            None => 10_000.0,
+            Some(v) => v.as_f32().ok_or(CheckpointError::MissingKey("llama.rope.freq_base"))?,
+        };
+        let emb = h.tensor("token_embd.weight").ok_or_else(|| CheckpointError::MissingTensor("token_embd.weight".into()))?;
+        let vocab_size = match emb.dims.as_slice() {
+            [_, v] => usize::try_from(*v).map_err(|_| CheckpointError::BadConfig("vocab too large".into()))?,
+            _ => {
+                return Err(CheckpointError::BadShape {
+                    name: emb.name.clone(),
+                    expected: vec![d_model as u64, 0],
+                    got: emb.dims.clone(),
+                });
+            }
+        };
+        let bad = |m: String| Err(CheckpointError::BadConfig(m));
+        if n_layer == 0 || d_model == 0 || n_head == 0 || n_head_kv == 0 || d_ff == 0 || vocab_size == 0 {
+            return bad(format!("zero size in n_layer={n_layer} d_model={d_model} n_head={n_head} n_head_kv={n_head_kv} d_ff={d_ff} vocab={vocab_size}"));
+        }
+        if d_model % n_head != 0 || n_head % n_head_kv != 0 || (d_model / n_head) % 2 != 0 {
+            return bad(format!("heads do not divide: d_model={d_model} n_head={n_head} n_head_kv={n_head_kv}"));
+        }
+        if !(rms_eps.is_finite() && rms_eps > 0.0) || !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return bad(format!("rms_eps={rms_eps} rope_theta={rope_theta}"));
+        }
+        if let Some(v) = h.get_u64("llama.vocab_size")
+            && v != vocab_size as u64
+        {
+            return bad(format!("llama.vocab_size={v} but token_embd has {vocab_size} rows"));
+        }
+        Ok(ModelConfig { n_layer, d_model, n_head, n_head_kv, d_ff, vocab_size, rms_eps, rope_theta, context_length })
+    }
+
+    /// Every tensor a checkpoint of this config must hold, with its dims in
+    /// ggml order (`[in, out]` for matrices). `output.weight` is optional
+    /// (absent when the LM head is tied to the embedding) and not listed.
+    pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
+        let (d, ff, kv) = (self.d_model as u64, self.d_ff as u64, (self.n_head_kv * self.head_dim()) as u64);
+        let mut v = vec![
+            ("token_embd.weight".to_owned(), vec![d, self.vocab_size as u64]),
+            ("output_norm.weight".to_owned(), vec![d]),
+        ];
+        for i in 0..self.n_layer {
+            let p = |s: &str| format!("blk.{i}.{s}.weight");
+            v.push((p("attn_norm"), vec![d]));
+            v.push((p("attn_q"), vec![d, d]));
+            v.push((p("attn_k"), vec![d, kv]));
+            v.push((p("attn_v"), vec![d, kv]));
+            v.push((p("attn_output"), vec![d, d]));
+            v.push((p("ffn_norm"), vec![d]));
+            v.push((p("ffn_gate"), vec![d, ff]));
+            v.push((p("ffn_up"), vec![d, ff]));
+            v.push((p("ffn_down"), vec![ff, d]));
+        }
+        v
+    }
+}
+
+/// A checkpoint's content id: blake3 of its canonical serialisation.
+///
+/// Definition (all integers little-endian; `str(s)` = `u64` byte length then
+/// UTF-8 bytes; `value(v)` = GGUF value type id as `u32` then the GGUF value
+/// encoding, arrays as element type `u32`, count `u64`, elements):
+///
+/// ```text
+/// blake3(
+///   str("tributary/checkpoint/v1")
+///   u64 M, then M times, keys sorted by byte order:  str(key) value(v)
+///   u64 T, then T times, tensors sorted by name:     str(name) u32 ggml_type u32 n_dims
+///                                                    u64 dims[n_dims] u64 n_bytes bytes[n_bytes]
+/// )
+/// ```
+///
+/// The metadata included is exactly the keys that change what the model
+/// computes or how text maps to tokens: `general.architecture`, every key
+/// starting with `llama.` and every key starting with `tokenizer.` (model, pre,
+/// tokens, merges, token_type, bos/eos/unk/pad ids, add_bos flags, chat
+/// template, ...). Everything else (`general.name`, `general.file_type`,
+/// `general.alignment`, licences, ...) is ignored, as are metadata order,
+/// tensor order and alignment padding.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct ContentId(pub [u8; 32]);
+
+impl fmt::Display for ContentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for ContentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+/// A content id string was not 64 hex digits.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("content id must be 64 hex digits")]
+pub struct ParseContentIdError;
+
+impl FromStr for ContentId {
+    type Err = ParseContentIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).map_err(|_| ParseContentIdError)?;
+        Ok(ContentId(out))
+    }
+}
+
+/// Whether a metadata key takes part in the [`ContentId`].
+pub fn key_in_content_id(key: &str) -> bool {
+    key == "general.architecture" || key.starts_with("llama.") || key.starts_with("tokenizer.")
+}
+
+/// Compute the [`ContentId`] of a parsed GGUF held in `bytes` (see
+/// [`ContentId`] for the definition). `header` must come from
+/// [`gguf::parse_header`] on the same `bytes`.
+pub fn content_id_of(header: &GgufHeader, bytes: &[u8]) -> ContentId {
+    let mut h = blake3::Hasher::new();
+    let put_str = |h: &mut blake3::Hasher, s: &[u8]| {
+        h.update(&(s.len() as u64).to_le_bytes());
+        h.update(s);
+    };
+    put_str(&mut h, CONTENT_ID_DOMAIN);
+
+    let mut meta: Vec<&(String, MetaValue)> = header.metadata.iter().filter(|(k, _)| key_in_content_id(k)).collect();
+    meta.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut buf = Vec::with_capacity(1 << 16);
+    buf.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    for (k, v) in meta {
+        gguf::encode_kv(&mut buf, k, v);
+    }
+    h.update(&buf);
+
+    let mut tensors: Vec<&TensorInfo> = header.tensors.iter().collect();
+    tensors.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
+    h.update(&(tensors.len() as u64).to_le_bytes());
+    for t in tensors {
+        put_str(&mut h, t.name.as_bytes());
+        h.update(&t.ty.id().to_le_bytes());
+        h.update(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            h.update(&d.to_le_bytes());
+        }
+        // parse_header validated every range against the buffer.
+        let data = bytes.get(header.tensor_range(t)).unwrap_or(&[]);
+        h.update(&(data.len() as u64).to_le_bytes());
+        h.update(data);
+    }
+    ContentId(*h.finalize().as_bytes())
+}
+
+enum Storage {
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+/// An opened, validated checkpoint: the file's bytes (memory-mapped or
+/// owned), its parsed header and its config.
+pub struct Checkpoint {
+    storage: Storage,
+    header: GgufHeader,
+    config: ModelConfig,
+}
+
+impl fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("bytes", &self.bytes().len())
+            .field("tensors", &self.header.tensors.len())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Checkpoint {
+    /// Memory-map and validate a checkpoint file.
+    ///
+    /// The file must not be modified while the checkpoint is open (files are
+    /// only ever replaced by rename, never written in place).
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let f = std::fs::File::open(path).map_err(|e| CheckpointError::io(path, e))?;
+        // SAFETY: the map is read-only; the project never writes checkpoint
+        // files in place (writers create a temp file and rename it), so the
+        // mapped bytes do not change underneath us.
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| CheckpointError::io(path, e))?;
+        Self::from_storage(Storage::Mmap(map))
+    }
+
+    /// Validate a checkpoint held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, CheckpointError> {
+        Self::from_storage(Storage::Owned(bytes))
+    }
+
+    fn from_storage(storage: Storage) -> Result<Self, CheckpointError> {
+        let header = gguf::parse_header(storage.bytes())?;
+        let config = ModelConfig::from_header(&header)?;
+        for (name, dims) in config.expected_tensors() {
+            let t = header.tensor(&name).ok_or_else(|| CheckpointError::MissingTensor(name.clone()))?;
+            if t.dims != dims {
+                return Err(CheckpointError::BadShape { name, expected: dims, got: t.dims.clone() });
+            }
+        }
+        if let Some(t) = header.tensor("output.weight") {
+            let dims = vec![config.d_model as u64, config.vocab_size as u64];
+            if t.dims != dims {
+                return Err(CheckpointError::BadShape { name: t.name.clone(), expected: dims, got: t.dims.clone() });
+            }
+        }
+        Ok(Checkpoint { storage, header, config })
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.storage.bytes()
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The parsed GGUF header.
+    pub fn header(&self) -> &GgufHeader {
+        &self.header
+    }
+
+    /// The content id (see [`ContentId`]). Hashes every tensor byte, so
+    /// cache it if needed often.
+    pub fn content_id(&self) -> ContentId {
+        content_id_of(&self.header, self.bytes())
+    }
+
+    /// Whether the LM head is tied to the embedding (no `output.weight`).
+    pub fn tied_embeddings(&self) -> bool {
+        self.header.tensor("output.weight").is_none()
+    }
+
+    /// A tensor's descriptor.
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.header.tensor(name)
+    }
+
+    /// A tensor's raw bytes.
+    pub fn tensor_bytes(&self, name: &str) -> Option<&[u8]> {
+        let t = self.header.tensor(name)?;
+        self.bytes().get(self.header.tensor_range(t))
+    }
+
+    /// A tensor dequantized to `f32`, in ggml order (row-major `[out][in]`
+    /// for matrices). Supports F32, F16, BF16, Q4_0, Q4_1 and Q8_0.
+    pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>, CheckpointError> {
+        let t = self.header.tensor(name).ok_or_else(|| CheckpointError::MissingTensor(name.to_owned()))?;
+        let bytes = self.bytes().get(self.header.tensor_range(t)).unwrap_or(&[]);
+        let n = usize::try_from(t.n_elements()).unwrap_or(usize::MAX);
+        quant::dequantize(t.ty, bytes, n).map_err(|source| CheckpointError::Quant { name: name.to_owned(), source })
+    }
+}
+
+/// Convert `src` into a BF16 checkpoint at `out` (see [`convert_to_bf16_with_progress`]).
+pub fn convert_to_bf16(src: &Checkpoint, out: &Path) -> Result<ContentId, CheckpointError> {
+    convert_to_bf16_with_progress(src, out, |_, _| {})
+}
+
+/// Convert `src` into a BF16 checkpoint at `out`, written atomically.
+///
+/// All metadata is kept in order, except `general.file_type`, set to
+/// [`FILE_TYPE_MOSTLY_BF16`]. Tensors keep their order and names;
+/// 2-D+ tensors are dequantized and rounded to BF16 (nearest-even), 1-D
+/// tensors (norms) become F32. A tied embedding stays tied. `progress(done,
+/// total)` is called after each tensor. Returns the new file's content id.
+pub fn convert_to_bf16_with_progress(
+    src: &Checkpoint,
+    out: &Path,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<ContentId, CheckpointError> {
+    let mut w = GgufWriter::new();
+    for (k, v) in &src.header.metadata {
+        w.set_meta(k, v.clone());
+    }
+    w.set_meta("general.file_type", MetaValue::U32(FILE_TYPE_MOSTLY_BF16));
+    let total = src.header.tensors.len();
+    for (i, t) in src.header.tensors.iter().enumerate() {
+        let (ty, data): (GgmlType, Cow<'_, [u8]>) = if t.dims.len() >= 2 {
+            match t.ty {
+                GgmlType::BF16 => (t.ty, Cow::Borrowed(src.tensor_bytes(&t.name).unwrap_or(&[]))),
+                _ => (GgmlType::BF16, Cow::Owned(quant::f32_to_bf16_bytes(&src.tensor_f32(&t.name)?))),
+            }
+        } else {
+            match t.ty {
+                GgmlType::F32 => (t.ty, Cow::Borrowed(src.tensor_bytes(&t.name).unwrap_or(&[]))),
+                _ => (GgmlType::F32, Cow::Owned(quant::f32_to_le_bytes(&src.tensor_f32(&t.name)?))),
+            }
+        };
+        w.add_tensor(&t.name, ty, &t.dims, data)?;
+        progress(i + 1, total);
+    }
+    w.write_file(out).map_err(|e| match e {
+        GgufError::Io(io) => CheckpointError::io(out, io),
+        other => CheckpointError::Gguf(other),
+    })?;
+    let written = Checkpoint::open(out)?;
+    Ok(written.content_id())
+}

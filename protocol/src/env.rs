@@ -1,1 +1,245 @@
-//! (in progress)
+//! Task environments: what miner and validator must agree on — the prompt of
+//! a task derived from a seed, and the reward of a completion.
+//!
+//! Three environments, all deterministic functions of their inputs:
+//! - [`EnvId::Arith`]: procedural integer arithmetic with a difficulty knob
+//!   ([`ArithEnv`]);
+//! - [`EnvId::Sat`]: procedural 3-SAT, generated like grail's SAT environment
+//!   ([`SatEnv`]);
+//! - [`EnvId::Gsm8k`]: grade-school math from a GSM8K JSONL file ([`Gsm8kEnv`]).
+//!
+//! **Assignment.** The task of group `g` of a miner in a window is
+//! `env.task(task_seed(window_seed, miner, g))`; coordinator, miner and
+//! validator all derive it ([`task_seed`]).
+//!
+//! **Answer format and reward.** Every environment asks the model to end with
+//! a line `Answer: ...`. The reward is binary and simple on purpose:
+//! `1.0` when the extracted answer is correct, `0.0` otherwise (no format
+//! credit). Extraction is lenient ([`extract_number`], [`TaskAnswer::reward`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::chat::chatml_prompt;
+use crate::prf::{Seed, labels, prf_u64};
+
+mod arith;
+mod answer;
+mod gsm8k;
+mod sat;
+
+pub use answer::{extract_number, normalize_number};
+pub use arith::ArithEnv;
+pub use gsm8k::{Gsm8kEnv, Gsm8kItem};
+pub use sat::{SatEnv, SatProblem};
+
+/// Which environment a task comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvId {
+    /// Procedural arithmetic.
+    Arith,
+    /// Procedural 3-SAT.
+    Sat,
+    /// GSM8K.
+    Gsm8k,
+}
+
+impl EnvId {
+    /// The lowercase name (`"arith"`, `"sat"`, `"gsm8k"`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EnvId::Arith => "arith",
+            EnvId::Sat => "sat",
+            EnvId::Gsm8k => "gsm8k",
+        }
+    }
+}
+
+impl fmt::Display for EnvId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Errors of the environments (bad names, unreadable or malformed data files).
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    /// Unknown environment name.
+    #[error("unknown environment {0:?} (expected arith, sat or gsm8k)")]
+    UnknownEnv(String),
+    /// Reading a data file failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A JSONL line could not be parsed.
+    #[error("line {line}: {reason}")]
+    BadLine {
+        /// 1-based line number.
+        line: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The data file holds no items.
+    #[error("dataset is empty")]
+    Empty,
+}
+
+impl FromStr for EnvId {
+    type Err = EnvError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "arith" => Ok(EnvId::Arith),
+            "sat" => Ok(EnvId::Sat),
+            "gsm8k" => Ok(EnvId::Gsm8k),
+            _ => Err(EnvError::UnknownEnv(s.to_owned())),
+        }
+    }
+}
+
+/// The reference answer of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskAnswer {
+    /// A number, as a normalized decimal string ([`normalize_number`]).
+    Number(String),
+    /// A 3-SAT instance; any satisfying assignment is correct.
+    Sat(SatProblem),
+}
+
+impl TaskAnswer {
+    /// Reward of a completion: `1.0` if its answer is correct, else `0.0`.
+    /// Numbers: [`extract_number`] then exact comparison of normalized
+    /// decimals. SAT: [`SatProblem::parse_assignment`], then every clause
+    /// must be satisfied.
+    pub fn reward(&self, completion: &str) -> f32 {
+        let ok = match self {
+            TaskAnswer::Number(want) => extract_number(completion).is_some_and(|got| &got == want),
+            TaskAnswer::Sat(p) => p.parse_assignment(completion).is_some_and(|a| p.satisfied_by(&a)),
+        };
+        if ok { 1.0 } else { 0.0 }
+    }
+}
+
+/// One task: the user message and its reference answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// The environment.
+    pub env: EnvId,
+    /// The task seed it was derived from ([`task_seed`]).
+    pub id: u64,
+    /// The user message (rendered into ChatML by [`Environment::prompt_text`]).
+    pub prompt: String,
+    /// The reference answer.
+    pub answer: TaskAnswer,
+}
+
+/// The seed of group `group` of `miner` in a window:
+/// `PRF(TASK, [window_seed, miner, group LE32])` as `u64`.
+pub fn task_seed(window_seed: &Seed, miner: &[u8; 32], group: u32) -> u64 {
+    prf_u64(labels::TASK, &[&window_seed.0, miner, &group.to_le_bytes()])
+}
+
+/// System prompt of the numeric environments.
+pub const NUMERIC_SYSTEM_PROMPT: &str = "You are a careful math assistant. Solve the problem step by step, \
+then end your response with a final line of the form \"Answer: <number>\".";
+
+/// System prompt of the SAT environment.
+pub const SAT_SYSTEM_PROMPT: &str = "You are a careful logic assistant. Find an assignment that satisfies \
+every clause, then end your response with a final line of the form \"Answer: \" followed by one 0 or 1 per \
+variable, x1 first, separated by spaces.";
+
+/// A configured environment.
+#[derive(Debug, Clone)]
+pub enum Environment {
+    /// Procedural arithmetic.
+    Arith(ArithEnv),
+    /// Procedural 3-SAT.
+    Sat(SatEnv),
+    /// GSM8K.
+    Gsm8k(Gsm8kEnv),
+}
+
+impl Environment {
+    /// Which environment this is.
+    pub fn id(&self) -> EnvId {
+        match self {
+            Environment::Arith(_) => EnvId::Arith,
+            Environment::Sat(_) => EnvId::Sat,
+            Environment::Gsm8k(_) => EnvId::Gsm8k,
+        }
+    }
+
+    /// The system prompt sent with every task of this environment.
+    pub fn system_prompt(&self) -> &'static str {
+        match self {
+            Environment::Arith(_) | Environment::Gsm8k(_) => NUMERIC_SYSTEM_PROMPT,
+            Environment::Sat(_) => SAT_SYSTEM_PROMPT,
+        }
+    }
+
+    /// The task for `task_seed` (deterministic).
+    pub fn task(&self, task_seed: u64) -> Task {
+        match self {
+            Environment::Arith(e) => e.task(task_seed),
+            Environment::Sat(e) => e.task(task_seed),
+            Environment::Gsm8k(e) => e.task(task_seed),
+        }
+    }
+
+    /// The full prompt text: ChatML with this environment's system prompt.
+    pub fn prompt_text(&self, task: &Task) -> String {
+        chatml_prompt(Some(self.system_prompt()), &task.prompt)
+    }
+
+    /// Reward of `completion` for `task` ([`TaskAnswer::reward`]).
+    pub fn reward(&self, task: &Task, completion: &str) -> f32 {
+        task.answer.reward(completion)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_id_names() {
+        for e in [EnvId::Arith, EnvId::Sat, EnvId::Gsm8k] {
+            assert_eq!(e.to_string().parse::<EnvId>().unwrap(), e);
+            assert_eq!(serde_json::to_string(&e).unwrap(), format!("\"{e}\""));
+        }
+        assert_eq!("GSM8K".parse::<EnvId>().unwrap(), EnvId::Gsm8k);
+        assert!("math".parse::<EnvId>().is_err());
+    }
+
+    #[test]
+    fn task_seed_binds_context() {
+        let s = Seed([5; 32]);
+        let a = task_seed(&s, &[1; 32], 0);
+        assert_eq!(a, task_seed(&s, &[1; 32], 0));
+        assert_ne!(a, task_seed(&s, &[1; 32], 1));
+        assert_ne!(a, task_seed(&s, &[2; 32], 0));
+        assert_ne!(a, task_seed(&Seed([6; 32]), &[1; 32], 0));
+    }
+
+    #[test]
+    fn environment_dispatch() {
+        let env = Environment::Arith(ArithEnv::new(2));
+        let t = env.task(42);
+        assert_eq!(t, env.task(42));
+        assert_eq!(t.env, EnvId::Arith);
+        assert_eq!(t.id, 42);
+        let text = env.prompt_text(&t);
+        assert!(text.starts_with("<|im_start|>system\nYou are a careful math assistant."));
+        assert!(text.ends_with("<|im_start|>assistant\n"));
+        let TaskAnswer::Number(n) = &t.answer else { panic!("arith answers are numbers") };
+        assert_eq!(env.reward(&t, &format!("so... Answer: {n}")), 1.0);
+        assert_eq!(env.reward(&t, "Answer: 1.5e9"), 0.0);
+    }
+}

@@ -1,1 +1,400 @@
-//! (in progress)
+//! Seeded sampling: the exact rule by which a miner turns one position's
+//! logits into a token, so that the validator can check every position.
+//!
+//! **Draw.** The uniform `u ∈ [0, 1)` for a position is a PRF of the
+//! coordinator's sampling seed and public context ([`draw_u`]); the miner
+//! cannot choose it.
+//!
+//! **Distribution.** Over the vocabulary in token-id order, with
+//! `m = max_i l_i`: `w_i = exp((l_i − m)/T)` in `f64`, `Z = Σ w_i` summed
+//! sequentially in id order. The sampled token is the smallest `t` with
+//! `Σ_{i≤t} w_i > u·Z` (inverse CDF). `T` that is not a finite positive number
+//! (in particular `T = 0`) means greedy: the first index of the maximum.
+//!
+//! Non-finite logits are defined too: NaN has weight 0; if some logit is `+∞`
+//! every `+∞` logit has weight 1 and the rest 0; if no logit is above `−∞`
+//! (or all are NaN) every token has weight 1.
+//!
+//! **Check.** The validator computes the chosen token's CDF interval
+//! `[lo, hi) = [Σ_{i<t} w_i/Z, Σ_{i≤t} w_i/Z)` from its own logits
+//! ([`cdf_interval`] / [`token_stats`]) and classifies `u` with
+//! [`check_sample`]: inside, outside, or within `ε` of an edge (ambiguous —
+//! numeric drift between the two implementations could move the edge, so the
+//! position is skipped).
+//!
+//! Every function here is a few passes over the logits and allocation-free.
+
+use crate::prf::{Seed, labels, prf_unit_f64};
+
+/// The protocol's default ambiguity margin `ε` around CDF interval edges.
+/// Provisional: to be calibrated from measured llama.cpp-vs-libtorch drift.
+pub const DEFAULT_SAMPLE_EPS: f64 = 0.01;
+
+/// The uniform draw for one sampled token:
+/// `PRF(SAMPLING, [sampling_seed, miner, group LE32, rollout LE32, position LE32])`
+/// mapped to `[0, 1)` with 53 bits. `position` is the **absolute** index of
+/// the sampled token in the rollout's token sequence (prompt included), i.e.
+/// `prompt_len + i` for the `i`-th completion token.
+pub fn draw_u(sampling_seed: &Seed, miner: &[u8; 32], group: u32, rollout: u32, position: u32) -> f64 {
+    prf_unit_f64(
+        labels::SAMPLING,
+        &[&sampling_seed.0, miner, &group.to_le_bytes(), &rollout.to_le_bytes(), &position.to_le_bytes()],
+    )
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// The maximum is finite.
+    Finite(f64),
+    /// Some logit is +∞.
+    PosInf,
+    /// No logit above −∞: uniform.
+    Uniform,
+}
+
+/// Pass 1: the weight mode and the greedy argmax (first index of the max,
+/// NaN ignored; 0 if all NaN).
+fn scan(logits: &[f32]) -> (Mode, usize) {
+    let mut m = f32::NEG_INFINITY;
+    let mut arg = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > m || (arg.is_none() && !l.is_nan()) {
+            m = l;
+            arg = Some(i);
+        }
+    }
+    let mode = if m == f32::INFINITY {
+        Mode::PosInf
+    } else if m == f32::NEG_INFINITY {
+        Mode::Uniform
+    } else {
+        Mode::Finite(f64::from(m))
+    };
+    (mode, arg.unwrap_or(0))
+}
+
+#[inline(always)]
+fn weight(mode: Mode, l: f32, t: f64) -> f64 {
+    match mode {
+        Mode::Finite(m) => {
+            if l.is_nan() {
+                0.0
+            } else {
+                ((f64::from(l) - m) / t).exp()
+            }
+        }
+        Mode::PosInf => {
+            if l == f32::INFINITY {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Mode::Uniform => 1.0,
+    }
+}
+
+/// Whether `temperature` means greedy decoding.
+#[inline]
+pub fn is_greedy(temperature: f32) -> bool {
+    !(temperature.is_finite() && temperature > 0.0)
+}
+
+fn clamp_u(u: f64) -> f64 {
+    if u.is_nan() { 0.0 } else { u.clamp(0.0, 1.0) }
+}
+
+/// Pass 3: smallest t with cumulative weight > target; if rounding leaves no
+/// such t (u ≥ 1), the last token of positive weight.
+fn search(logits: &[f32], mode: Mode, t: f64, target: f64) -> usize {
+    let mut cum = 0.0f64;
+    let mut last_pos = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        let w = weight(mode, l, t);
+        cum += w;
+        if w > 0.0 {
+            last_pos = i;
+            if cum > target {
+                return i;
+            }
+        }
+    }
+    last_pos
+}
+
+/// The token chosen by inverse-CDF sampling at `temperature` with draw `u`
+/// (module docs). `u` outside `[0, 1)` is clamped; NaN counts as 0. An empty
+/// slice gives 0.
+pub fn sample_inverse_cdf(logits: &[f32], temperature: f32, u: f64) -> usize {
+    let (mode, arg) = scan(logits);
+    if is_greedy(temperature) {
+        return arg;
+    }
+    let t = f64::from(temperature);
+    let z: f64 = logits.iter().map(|&l| weight(mode, l, t)).sum();
+    search(logits, mode, t, clamp_u(u) * z)
+}
+
+/// A sampled token with its raw-model (T = 1) log-probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    /// The chosen token id.
+    pub token: u32,
+    /// `log softmax(logits)[token]` at temperature 1.
+    pub logprob_t1: f32,
+}
+
+/// The miner's hot-loop call: [`sample_inverse_cdf`] and [`logprob_t1`] of the
+/// chosen token in one go (2–3 passes, no allocation).
+pub fn sample_with_logprob(logits: &[f32], temperature: f32, u: f64) -> Sampled {
+    let (mode, arg) = scan(logits);
+    let greedy = is_greedy(temperature);
+    let t = f64::from(temperature);
+    let (mut z_t, mut z_1) = (0.0f64, 0.0f64);
+    if greedy || t == 1.0 {
+        z_1 = logits.iter().map(|&l| weight(mode, l, 1.0)).sum();
+        z_t = z_1;
+    } else {
+        for &l in logits {
+            z_t += weight(mode, l, t);
+            z_1 += weight(mode, l, 1.0);
+        }
+    }
+    let token = if greedy { arg } else { search(logits, mode, t, clamp_u(u) * z_t) };
+    Sampled { token: token as u32, logprob_t1: log_prob(logits, mode, token, z_1) as f32 }
+}
+
+fn log_prob(logits: &[f32], mode: Mode, token: usize, z_1: f64) -> f64 {
+    let Some(&l) = logits.get(token) else { return f64::NEG_INFINITY };
+    match mode {
+        Mode::Finite(m) if !l.is_nan() => (f64::from(l) - m) - z_1.ln(),
+        _ => (weight(mode, l, 1.0) / z_1).ln(),
+    }
+}
+
+/// `log softmax(logits)[token]` at temperature 1, computed in `f64`
+/// (`(l_t − m) − ln Σ exp(l_i − m)`). `None` when `token` is out of range.
+pub fn logprob_t1(logits: &[f32], token: usize) -> Option<f32> {
+    if token >= logits.len() {
+        return None;
+    }
+    let (mode, _) = scan(logits);
+    let z_1: f64 = logits.iter().map(|&l| weight(mode, l, 1.0)).sum();
+    Some(log_prob(logits, mode, token, z_1) as f32)
+}
+
+/// Greedy "interval": the argmax owns all of `[0, 1)`; any other token gets
+/// the empty interval at 0 (before the argmax) or 1 (after it).
+fn greedy_interval(arg: usize, token: usize) -> (f64, f64) {
+    match token.cmp(&arg) {
+        std::cmp::Ordering::Less => (0.0, 0.0),
+        std::cmp::Ordering::Equal => (0.0, 1.0),
+        std::cmp::Ordering::Greater => (1.0, 1.0),
+    }
+}
+
+/// The chosen token's CDF interval `[lo, hi)` at `temperature` (module docs).
+/// `None` when `token` is out of range.
+pub fn cdf_interval(logits: &[f32], temperature: f32, token: usize) -> Option<(f64, f64)> {
+    token_stats(logits, temperature, token).map(|s| (s.cdf_lo, s.cdf_hi))
+}
+
+/// Everything the validator needs about one position's chosen token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenStats {
+    /// `log p₁(token)`: raw-model log-probability at temperature 1.
+    pub logprob_t1: f32,
+    /// `p₁(token)` (for the termination check when `token` is EOS).
+    pub prob_t1: f32,
+    /// `p_T(token)`: probability under the sampling distribution (for the
+    /// distribution check). For greedy: 1 for the argmax, else 0.
+    pub prob_sampling: f32,
+    /// CDF interval start at the sampling temperature.
+    pub cdf_lo: f64,
+    /// CDF interval end at the sampling temperature.
+    pub cdf_hi: f64,
+}
+
+/// [`TokenStats`] of `token` under `logits` at `temperature` in two passes.
+/// `None` when `token` is out of range.
+pub fn token_stats(logits: &[f32], temperature: f32, token: usize) -> Option<TokenStats> {
+    if token >= logits.len() {
+        return None;
+    }
+    let (mode, arg) = scan(logits);
+    let greedy = is_greedy(temperature);
+    let t = if greedy { 1.0 } else { f64::from(temperature) };
+    let same = t == 1.0;
+    let (mut before, mut z_t, mut z_1) = (0.0f64, 0.0f64, 0.0f64);
+    for (i, &l) in logits.iter().enumerate() {
+        if i == token {
+            before = z_t;
+        }
+        let w = weight(mode, l, t);
+        z_t += w;
+        z_1 += if same { w } else { weight(mode, l, 1.0) };
+    }
+    let w_tok = weight(mode, logits[token], t);
+    let lp = log_prob(logits, mode, token, z_1);
+    let (lo, hi, p_t) = if greedy {
+        let (lo, hi) = greedy_interval(arg, token);
+        (lo, hi, if token == arg { 1.0 } else { 0.0 })
+    } else {
+        (before / z_t, (before + w_tok) / z_t, w_tok / z_t)
+    };
+    Some(TokenStats { logprob_t1: lp as f32, prob_t1: lp.exp() as f32, prob_sampling: p_t as f32, cdf_lo: lo, cdf_hi: hi })
+}
+
+/// Outcome of checking one position's draw against the chosen token's interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SampleCheck {
+    /// `lo < u < hi` and `u` is more than `ε` from both edges.
+    Inside,
+    /// `u` is within `ε` of an edge: drift could flip it; skipped.
+    Ambiguous,
+    /// `u` is clearly outside the interval: the token was not sampled by the rule.
+    Outside {
+        /// The draw.
+        u: f64,
+        /// Interval start.
+        lo: f64,
+        /// Interval end.
+        hi: f64,
+    },
+}
+
+/// Classifies draw `u` against `[lo, hi)` with margin `eps`:
+/// ambiguous if `|u − lo| ≤ ε` or `|u − hi| ≤ ε`; else inside if
+/// `lo < u < hi`; else outside (NaN anywhere is outside).
+pub fn check_sample(u: f64, lo: f64, hi: f64, eps: f64) -> SampleCheck {
+    if (u - lo).abs() <= eps || (u - hi).abs() <= eps {
+        SampleCheck::Ambiguous
+    } else if lo < u && u < hi {
+        SampleCheck::Inside
+    } else {
+        SampleCheck::Outside { u, lo, hi }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive_probs(logits: &[f32], t: f64) -> Vec<f64> {
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let w: Vec<f64> = logits.iter().map(|&l| ((l as f64 - m) / t).exp()).collect();
+        let z: f64 = w.iter().sum();
+        w.iter().map(|x| x / z).collect()
+    }
+
+    #[test]
+    fn inverse_cdf_fixed_vector() {
+        // Probabilities at T=1 of ln([1,2,3,4]) are 0.1, 0.2, 0.3, 0.4.
+        let logits: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|x| x.ln()).collect();
+        let cases = [(0.0, 0), (0.05, 0), (0.0999, 0), (0.1001, 1), (0.2999, 1), (0.3001, 2), (0.5999, 2), (0.6001, 3), (0.9999, 3)];
+        for (u, want) in cases {
+            assert_eq!(sample_inverse_cdf(&logits, 1.0, u), want, "u={u}");
+        }
+        assert_eq!(sample_inverse_cdf(&logits, 1.0, 1.0), 3, "u = 1 clamps to last token");
+        assert_eq!(sample_inverse_cdf(&logits, 1.0, f64::NAN), 0);
+        let (lo, hi) = cdf_interval(&logits, 1.0, 2).unwrap();
+        assert!((lo - 0.3).abs() < 1e-6 && (hi - 0.6).abs() < 1e-6);
+        assert_eq!(cdf_interval(&logits, 1.0, 4), None);
+        // Temperature 0.5 squares the weights: 1,4,9,16 / 30.
+        let (lo, hi) = cdf_interval(&logits, 0.5, 3).unwrap();
+        assert!((lo - 14.0 / 30.0).abs() < 1e-6 && (hi - 1.0).abs() < 1e-6);
+        assert_eq!(sample_inverse_cdf(&logits, 0.5, 14.0 / 30.0 - 1e-6), 2);
+        assert_eq!(sample_inverse_cdf(&logits, 0.5, 14.0 / 30.0 + 1e-6), 3);
+    }
+
+    #[test]
+    fn greedy_and_ties() {
+        let logits = [1.0, 5.0, 5.0, 2.0];
+        for t in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert_eq!(sample_inverse_cdf(&logits, t, 0.99), 1, "T={t}: first max wins");
+        }
+        assert_eq!(cdf_interval(&logits, 0.0, 1), Some((0.0, 1.0)));
+        assert_eq!(cdf_interval(&logits, 0.0, 0), Some((0.0, 0.0)));
+        assert_eq!(cdf_interval(&logits, 0.0, 2), Some((1.0, 1.0)));
+        let s = token_stats(&logits, 0.0, 1).unwrap();
+        assert_eq!(s.prob_sampling, 1.0);
+        // Tied maxima share the mass equally when sampling.
+        assert_eq!(sample_inverse_cdf(&logits, 1e-6, 0.49), 1);
+        assert_eq!(sample_inverse_cdf(&logits, 1e-6, 0.51), 2);
+        assert_eq!(sample_inverse_cdf(&[], 1.0, 0.5), 0);
+    }
+
+    #[test]
+    fn non_finite_logits() {
+        let nan = [f32::NAN, 0.0, f32::NAN, 0.0];
+        assert_eq!(sample_inverse_cdf(&nan, 1.0, 0.25), 1);
+        assert_eq!(sample_inverse_cdf(&nan, 1.0, 0.75), 3);
+        assert_eq!(cdf_interval(&nan, 1.0, 0), Some((0.0, 0.0)));
+        assert_eq!(logprob_t1(&nan, 0), Some(f32::NEG_INFINITY));
+        assert!((logprob_t1(&nan, 1).unwrap() - 0.5f32.ln()).abs() < 1e-6);
+        let inf = [0.0, f32::INFINITY, 3.0, f32::INFINITY];
+        assert_eq!(sample_inverse_cdf(&inf, 1.0, 0.2), 1);
+        assert_eq!(sample_inverse_cdf(&inf, 1.0, 0.7), 3);
+        assert_eq!(logprob_t1(&inf, 2), Some(f32::NEG_INFINITY));
+        let all_neg = [f32::NEG_INFINITY; 4];
+        assert_eq!(sample_inverse_cdf(&all_neg, 1.0, 0.6), 2, "degenerate: uniform");
+        let all_nan = [f32::NAN; 3];
+        assert_eq!(sample_inverse_cdf(&all_nan, 1.0, 0.9), 2);
+        assert_eq!(sample_inverse_cdf(&all_nan, 0.0, 0.9), 0);
+        let s = token_stats(&[f32::NEG_INFINITY, 1.0], 0.7, 0).unwrap();
+        assert_eq!(s.prob_sampling, 0.0);
+        assert_eq!((s.cdf_lo, s.cdf_hi), (0.0, 0.0));
+    }
+
+    #[test]
+    fn stats_agree_with_naive_and_with_sampler() {
+        let mut st = crate::prf::PrfStream::new("test", &[b"logits"]);
+        let logits: Vec<f32> = (0..5000).map(|_| (st.unit_f64() * 20.0 - 10.0) as f32).collect();
+        for &t in &[1.0f32, 0.7, 1.3] {
+            let p = naive_probs(&logits, t as f64);
+            let p1 = naive_probs(&logits, 1.0);
+            for _ in 0..200 {
+                let u = st.unit_f64();
+                let s = sample_with_logprob(&logits, t, u);
+                let tok = s.token as usize;
+                assert_eq!(tok, sample_inverse_cdf(&logits, t, u));
+                let stats = token_stats(&logits, t, tok).unwrap();
+                assert!(stats.cdf_lo <= u && u < stats.cdf_hi + 1e-15, "u={u} {stats:?}");
+                assert_ne!(check_sample(u, stats.cdf_lo, stats.cdf_hi, 1e-9), SampleCheck::Outside { u, lo: stats.cdf_lo, hi: stats.cdf_hi });
+                assert!((stats.prob_sampling as f64 - p[tok]).abs() < 1e-6);
+                assert!((stats.logprob_t1 as f64 - p1[tok].ln()).abs() < 1e-4);
+                assert_eq!(stats.logprob_t1, s.logprob_t1);
+                assert_eq!(logprob_t1(&logits, tok), Some(s.logprob_t1));
+                let lo_naive: f64 = p[..tok].iter().sum();
+                assert!((stats.cdf_lo - lo_naive).abs() < 1e-9);
+            }
+        }
+    }
+
+    #[test]
+    fn check_sample_classes() {
+        assert_eq!(check_sample(0.5, 0.2, 0.8, 0.01), SampleCheck::Inside);
+        assert_eq!(check_sample(0.205, 0.2, 0.8, 0.01), SampleCheck::Ambiguous);
+        assert_eq!(check_sample(0.195, 0.2, 0.8, 0.01), SampleCheck::Ambiguous);
+        assert_eq!(check_sample(0.795, 0.2, 0.8, 0.01), SampleCheck::Ambiguous);
+        assert_eq!(check_sample(0.805, 0.2, 0.8, 0.01), SampleCheck::Ambiguous);
+        assert_eq!(check_sample(0.1, 0.2, 0.8, 0.01), SampleCheck::Outside { u: 0.1, lo: 0.2, hi: 0.8 });
+        assert_eq!(check_sample(0.9, 0.2, 0.8, 0.01), SampleCheck::Outside { u: 0.9, lo: 0.2, hi: 0.8 });
+        assert!(matches!(check_sample(0.5, f64::NAN, 0.8, 0.01), SampleCheck::Outside { .. }));
+        assert_eq!(check_sample(0.5, 0.5, 0.5, 0.0), SampleCheck::Ambiguous);
+    }
+
+    #[test]
+    fn draws_are_reproducible_and_bound_to_context() {
+        let s = Seed([1; 32]);
+        let m = [2u8; 32];
+        let u = draw_u(&s, &m, 3, 4, 5);
+        assert_eq!(u, draw_u(&s, &m, 3, 4, 5));
+        assert!((0.0..1.0).contains(&u));
+        let others = [draw_u(&Seed([0; 32]), &m, 3, 4, 5), draw_u(&s, &[0; 32], 3, 4, 5), draw_u(&s, &m, 0, 4, 5), draw_u(&s, &m, 3, 0, 5), draw_u(&s, &m, 3, 4, 0)];
+        assert!(others.iter().all(|&o| o != u));
+        assert_eq!(format!("{u:.17}"), PINNED_U);
+    }
+
+    const PINNED_U: &str = "0.81965523296673171";
+}

@@ -1,0 +1,811 @@
+//! The wire protocol between the coordinator and every other role.
+//!
+//! Connections are QUIC with the ALPN [`ALPN`]. Each stream carries a
+//! sequence of frames:
+//!
+//! ```text
+//! frame = body_len: u32 LE ‖ tag: u16 LE ‖ body: postcard bytes (body_len of them)
+//! ```
+//!
+//! Every tag has its own size limit ([`Tag::max_body_len`]); a reader checks
+//! the header before reading the body, so a peer cannot make it allocate more
+//! than that. Tag numbers are never reused: a removed frame leaves its number
+//! behind as a comment in the list below. Bodies must be consumed exactly
+//! (trailing bytes are an error).
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::ContentId;
+use crate::env::EnvId;
+use crate::identity::{self, PublicKey, Signature};
+use crate::prf::Seed;
+use crate::window::{Schedule, WindowId};
+
+/// The QUIC ALPN; the number is the protocol's major version.
+pub const ALPN: &[u8] = b"tributary/0";
+
+/// Version sent in [`Hello`]; peers refuse other versions.
+pub const PROTOCOL_VERSION: u16 = 0;
+
+/// Bytes in a frame header (body length + tag).
+pub const HEADER_LEN: usize = 6;
+
+/// The largest body any tag allows (checkpoint chunks, rollout batches).
+pub const MAX_BODY_LEN: u32 = 32 << 20;
+
+/// The largest encoded rollout the coordinator takes.
+pub const MAX_ROLLOUT_LEN: u32 = 1 << 20;
+
+/// The largest checkpoint chunk.
+pub const MAX_CHUNK_LEN: u32 = 8 << 20;
+
+/// Errors from decoding frames. Every one means the peer sent bad bytes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Not enough bytes yet: at least `needed` in total are required.
+    #[error("incomplete frame: need {needed} bytes")]
+    Incomplete {
+        /// Total bytes needed to make progress.
+        needed: usize,
+    },
+    /// The tag number is not one this version knows.
+    #[error("unknown frame tag {0}")]
+    UnknownTag(u16),
+    /// The body is larger than its tag allows.
+    #[error("frame {tag:?} body of {len} bytes exceeds its limit of {max}")]
+    Oversized {
+        /// The frame's tag.
+        tag: Tag,
+        /// Declared body length.
+        len: u32,
+        /// The tag's limit.
+        max: u32,
+    },
+    /// The body is not a valid postcard encoding of the tag's type.
+    #[error("malformed {tag:?} body: {reason}")]
+    Malformed {
+        /// The frame's tag.
+        tag: Tag,
+        /// What postcard said.
+        reason: String,
+    },
+    /// The body decoded but bytes were left over.
+    #[error("{tag:?} body has {extra} trailing bytes")]
+    TrailingBytes {
+        /// The frame's tag.
+        tag: Tag,
+        /// Bytes left over.
+        extra: usize,
+    },
+}
+
+/// An owned byte string that postcard encodes as length ‖ bytes (not as a
+/// sequence of integers).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Blob(pub Vec<u8>);
+
+impl std::fmt::Debug for Blob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Blob({} bytes)", self.0.len())
+    }
+}
+
+impl Serialize for Blob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Blob {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Blob;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Blob, E> {
+                Ok(Blob(v.to_vec()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Blob, E> {
+                Ok(Blob(v))
+            }
+        }
+        d.deserialize_byte_buf(V)
+    }
+}
+
+/// The role a peer claims in its [`Hello`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// Generates rollouts. Anyone may mine unless an operator's list says otherwise.
+    Miner,
+    /// Checks rollouts and posts verdicts; only configured keys.
+    Validator,
+    /// Trains and publishes checkpoints; only the configured key.
+    Trainer,
+}
+
+impl Role {
+    /// Lower-case name, for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Miner => "miner",
+            Role::Validator => "validator",
+            Role::Trainer => "trainer",
+        }
+    }
+}
+
+/// Why the coordinator refused a rollout. Append only: the discriminants are on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RejectReason {
+    /// The rollout bytes did not decode.
+    Malformed,
+    /// The encoded rollout exceeded [`MAX_ROLLOUT_LEN`].
+    Oversized,
+    /// Decoded, but lengths or fields are inconsistent (token counts, logprobs, sketches).
+    Schema,
+    /// The miner signature does not verify.
+    BadSignature,
+    /// The rollout names a miner other than the authenticated peer.
+    WrongMiner,
+    /// The operator's allow/deny list refuses this key.
+    NotAllowed,
+    /// The miner is banned.
+    Banned,
+    /// The rollout's window is not open for submissions.
+    WrongWindow,
+    /// The rollout was generated with a checkpoint other than the window's.
+    StaleCheckpoint,
+    /// The environment is not the active one.
+    WrongEnv,
+    /// The task (group, task id) is not one assigned to this miner in this window.
+    Unassigned,
+    /// The same rollout (or the same slot) was already accepted.
+    Duplicate,
+    /// The same completion was already submitted in this window (possibly by another key).
+    ReplayedContent,
+    /// The miner exceeded a rate limit.
+    RateLimited,
+    /// The coordinator could not store it; the miner may retry.
+    Internal,
+}
+
+impl RejectReason {
+    /// Every reason, for metrics and reports.
+    pub const ALL: [RejectReason; 15] = [
+        Self::Malformed,
+        Self::Oversized,
+        Self::Schema,
+        Self::BadSignature,
+        Self::WrongMiner,
+        Self::NotAllowed,
+        Self::Banned,
+        Self::WrongWindow,
+        Self::StaleCheckpoint,
+        Self::WrongEnv,
+        Self::Unassigned,
+        Self::Duplicate,
+        Self::ReplayedContent,
+        Self::RateLimited,
+        Self::Internal,
+    ];
+
+    /// snake_case name, for metrics labels and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Malformed => "malformed",
+            Self::Oversized => "oversized",
+            Self::Schema => "schema",
+            Self::BadSignature => "bad_signature",
+            Self::WrongMiner => "wrong_miner",
+            Self::NotAllowed => "not_allowed",
+            Self::Banned => "banned",
+            Self::WrongWindow => "wrong_window",
+            Self::StaleCheckpoint => "stale_checkpoint",
+            Self::WrongEnv => "wrong_env",
+            Self::Unassigned => "unassigned",
+            Self::Duplicate => "duplicate",
+            Self::ReplayedContent => "replayed_content",
+            Self::RateLimited => "rate_limited",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// Connection-level error codes (sent in [`ErrorFrame`] before closing, or as a request's answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The peer's protocol version is not supported.
+    Version,
+    /// The handshake signature did not verify.
+    BadHandshake,
+    /// The key may not take the claimed role (or is on a deny list).
+    Unauthorized,
+    /// A frame arrived that is not allowed in this state or role.
+    UnexpectedFrame,
+    /// The peer sent bytes that do not decode.
+    Malformed,
+    /// Too many connections or requests.
+    RateLimited,
+    /// Not found (window, checkpoint...).
+    NotFound,
+    /// Not yet available (for instance a reveal before submissions close).
+    NotYet,
+    /// A signed document did not verify.
+    BadSignature,
+    /// The coordinator failed internally.
+    Internal,
+}
+
+/// Client → coordinator: the first frame on a connection's control stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`].
+    pub version: u16,
+    /// The role claimed.
+    pub role: Role,
+    /// The peer's key.
+    pub key: PublicKey,
+}
+
+/// Coordinator → client: a fresh nonce to sign.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Challenge {
+    /// Random, fresh per connection.
+    pub nonce: [u8; 32],
+    /// The coordinator's own key (it signs weights documents).
+    pub coordinator: PublicKey,
+}
+
+/// Client → coordinator: proof of key possession.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Auth {
+    /// The client's signature over [`handshake_bytes`] under [`identity::domain::HANDSHAKE`].
+    pub signature: Signature,
+}
+
+/// The bytes a client signs in the handshake: nonce, coordinator key, its own key, role.
+pub fn handshake_bytes(nonce: &[u8; 32], coordinator: &PublicKey, hello: &Hello) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + 32 + 32 + 3);
+    out.extend_from_slice(nonce);
+    out.extend_from_slice(coordinator.as_bytes());
+    out.extend_from_slice(hello.key.as_bytes());
+    out.extend_from_slice(&hello.version.to_le_bytes());
+    out.push(match hello.role {
+        Role::Miner => 0,
+        Role::Validator => 1,
+        Role::Trainer => 2,
+    });
+    out
+}
+
+/// Coordinator → client: the handshake succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The coordinator's clock when it answered (ms since the Unix epoch).
+    pub now_ms: u64,
+    /// The window clock.
+    pub schedule: Schedule,
+}
+
+/// An error answer; after a connection-level error the coordinator closes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorFrame {
+    /// What went wrong.
+    pub code: ErrorCode,
+    /// Human-readable detail (bounded by the frame limit).
+    pub detail: String,
+}
+
+/// Asks for the current window (or a given one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetWindow {
+    /// `None`: the window open now.
+    pub window: Option<WindowId>,
+}
+
+/// A window's public parameters, published when it opens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowInfo {
+    /// The window.
+    pub window: WindowId,
+    /// When it opened.
+    pub opens_at_ms: u64,
+    /// When its submissions close.
+    pub closes_at_ms: u64,
+    /// The public seed (prompts, tasks, sampling).
+    pub seed: Seed,
+    /// Commitment to the challenge secret.
+    pub commitment: [u8; 32],
+    /// Content id of the checkpoint miners must use.
+    pub checkpoint: ContentId,
+    /// Active environment.
+    pub env: EnvId,
+    /// Groups each miner may submit in this window.
+    pub groups_per_miner: u32,
+    /// Rollouts per group.
+    pub group_size: u32,
+}
+
+/// Asks for a window's challenge secret (answered only after its submissions close).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetReveal {
+    /// The window.
+    pub window: WindowId,
+}
+
+/// A window's revealed challenge secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reveal {
+    /// The window.
+    pub window: WindowId,
+    /// The secret; check it with [`crate::window::verify_reveal`].
+    pub secret: [u8; 32],
+}
+
+/// Miner → coordinator: one signed rollout (`Rollout::encode()` bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Submit {
+    /// Miner-chosen sequence number, echoed in the answer.
+    pub seq: u64,
+    /// The encoded rollout.
+    pub rollout: Blob,
+}
+
+/// Coordinator → miner: the rollout with this sequence number is durable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    /// The submission's sequence number.
+    pub seq: u64,
+    /// The rollout's digest.
+    pub digest: [u8; 32],
+}
+
+/// Coordinator → miner: the rollout was refused; nothing of it was stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refused {
+    /// The submission's sequence number.
+    pub seq: u64,
+    /// Why.
+    pub reason: RejectReason,
+}
+
+/// Miner → coordinator: which of my slots in this window are already stored?
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetProgress {
+    /// The window.
+    pub window: WindowId,
+}
+
+/// The (group, rollout index) slots of the asking miner already stored for a window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The window.
+    pub window: WindowId,
+    /// Stored slots.
+    pub slots: Vec<(u32, u32)>,
+}
+
+/// Validator/trainer → coordinator: fetch stored rollouts of a window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchRollouts {
+    /// The window (its submissions must have closed).
+    pub window: WindowId,
+    /// Only this miner's rollouts, or all.
+    pub miner: Option<PublicKey>,
+    /// Resume after this digest (the previous batch's `next`).
+    pub after: Option<[u8; 32]>,
+    /// At most this many rollouts (the coordinator may send fewer).
+    pub limit: u32,
+}
+
+/// A batch of encoded rollouts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollouts {
+    /// The window.
+    pub window: WindowId,
+    /// Encoded rollouts.
+    pub items: Vec<Blob>,
+    /// Cursor for the next batch, `None` when done.
+    pub next: Option<[u8; 32]>,
+}
+
+/// A validator's findings about one miner in one window (the signed part of a [`Verdict`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictBody {
+    /// The window checked.
+    pub window: WindowId,
+    /// The miner checked.
+    pub miner: PublicKey,
+    /// The validator.
+    pub validator: PublicKey,
+    /// Rollouts checked.
+    pub checked: u32,
+    /// Of those, rollouts that passed every check.
+    pub valid: u32,
+    /// Estimated valid rollouts of the miner in the window (extrapolated from the sample).
+    pub estimated_valid: u32,
+    /// A hard check failed (proof, logprobs, prompt, signature...): ban.
+    pub hard_failure: bool,
+    /// Soft checks that failed (distribution...).
+    pub soft_failures: u32,
+}
+
+/// A signed verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// What is asserted.
+    pub body: VerdictBody,
+    /// The validator's signature over `postcard(body)` under [`identity::domain::VERDICT`].
+    pub signature: Signature,
+}
+
+impl Verdict {
+    /// Signs a verdict body.
+    pub fn sign(body: VerdictBody, key: &identity::Keypair) -> Self {
+        let signature = key.sign(identity::domain::VERDICT, &canonical(&body));
+        Self { body, signature }
+    }
+
+    /// Checks the signature against `body.validator`.
+    pub fn verify(&self) -> Result<(), identity::IdentityError> {
+        self.body
+            .validator
+            .verify(identity::domain::VERDICT, &canonical(&self.body), &self.signature)
+    }
+}
+
+/// Coordinator → validator: verdict stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictAck {
+    /// The window.
+    pub window: WindowId,
+    /// The miner.
+    pub miner: PublicKey,
+}
+
+/// Asks for the latest weights document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetWeights;
+
+/// The weights the coordinator derived from verdicts (signed part).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightsBody {
+    /// The last window these weights account for.
+    pub window: WindowId,
+    /// Miner → weight; weights sum to 1 (or the list is empty).
+    pub weights: Vec<(PublicKey, f64)>,
+    /// The coordinator.
+    pub coordinator: PublicKey,
+}
+
+/// A signed weights document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightsDoc {
+    /// The weights.
+    pub body: WeightsBody,
+    /// The coordinator's signature over `postcard(body)` under [`identity::domain::WEIGHTS`].
+    pub signature: Signature,
+}
+
+impl WeightsDoc {
+    /// Signs a weights body.
+    pub fn sign(body: WeightsBody, key: &identity::Keypair) -> Self {
+        let signature = key.sign(identity::domain::WEIGHTS, &canonical(&body));
+        Self { body, signature }
+    }
+
+    /// Checks the signature against `body.coordinator`.
+    pub fn verify(&self) -> Result<(), identity::IdentityError> {
+        self.body
+            .coordinator
+            .verify(identity::domain::WEIGHTS, &canonical(&self.body), &self.signature)
+    }
+}
+
+/// Whether a checkpoint is stored whole or as a sparse delta.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CheckpointKind {
+    /// A full checkpoint.
+    Full,
+    /// A sparse delta against `base`.
+    Delta {
+        /// Content id of the checkpoint the delta applies to.
+        base: ContentId,
+    },
+}
+
+/// The trainer's announcement of a checkpoint (signed part).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointBody {
+    /// Content id of the checkpoint the payload reconstructs.
+    pub id: ContentId,
+    /// Full or delta.
+    pub kind: CheckpointKind,
+    /// Total payload bytes.
+    pub len: u64,
+    /// blake3 of the payload bytes.
+    pub payload_hash: [u8; 32],
+    /// Miners use it from the window after this one.
+    pub window: WindowId,
+    /// The trainer.
+    pub trainer: PublicKey,
+}
+
+/// A signed checkpoint announcement; its payload follows as [`CheckpointChunk`]s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishCheckpoint {
+    /// What is announced.
+    pub body: CheckpointBody,
+    /// The trainer's signature over `postcard(body)` under [`identity::domain::CHECKPOINT`].
+    pub signature: Signature,
+}
+
+impl PublishCheckpoint {
+    /// Signs an announcement.
+    pub fn sign(body: CheckpointBody, key: &identity::Keypair) -> Self {
+        let signature = key.sign(identity::domain::CHECKPOINT, &canonical(&body));
+        Self { body, signature }
+    }
+
+    /// Checks the signature against `body.trainer`.
+    pub fn verify(&self) -> Result<(), identity::IdentityError> {
+        self.body
+            .trainer
+            .verify(identity::domain::CHECKPOINT, &canonical(&self.body), &self.signature)
+    }
+}
+
+/// A piece of a checkpoint payload (either direction).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointChunk {
+    /// The checkpoint's content id.
+    pub id: ContentId,
+    /// Byte offset of `data` in the payload.
+    pub offset: u64,
+    /// At most [`MAX_CHUNK_LEN`] bytes.
+    pub data: Blob,
+}
+
+/// Asks for part of a stored checkpoint payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetCheckpoint {
+    /// The checkpoint's content id.
+    pub id: ContentId,
+    /// Start offset.
+    pub offset: u64,
+}
+
+/// Coordinator → trainer: the checkpoint payload is stored and verified.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointStored {
+    /// The checkpoint's content id.
+    pub id: ContentId,
+}
+
+/// The postcard encoding used as the canonical bytes of signed bodies.
+pub fn canonical<T: Serialize>(body: &T) -> Vec<u8> {
+    // Serializing plain in-memory structs to a Vec cannot fail.
+    postcard::to_stdvec(body).unwrap_or_default()
+}
+
+macro_rules! frames {
+    ($( $(#[$doc:meta])* $name:ident = $tag:literal, max $max:expr, $body:ty; )*) => {
+        /// A frame's tag number. Never reuse a number.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        pub enum Tag {
+            $( $(#[$doc])* $name = $tag, )*
+        }
+
+        impl Tag {
+            /// Every tag.
+            pub const ALL: &'static [Tag] = &[$(Tag::$name,)*];
+
+            /// The tag for a number, if this version knows it.
+            pub fn from_u16(n: u16) -> Option<Tag> {
+                match n {
+                    $( $tag => Some(Tag::$name), )*
+                    _ => None,
+                }
+            }
+
+            /// The largest body this tag allows.
+            pub fn max_body_len(self) -> u32 {
+                match self {
+                    $( Tag::$name => $max, )*
+                }
+            }
+        }
+
+        /// Every frame of the protocol.
+        #[derive(Debug, Clone, PartialEq)]
+        #[allow(clippy::large_enum_variant)]
+        pub enum Frame {
+            $( $(#[$doc])* $name($body), )*
+        }
+
+        impl Frame {
+            /// This frame's tag.
+            pub fn tag(&self) -> Tag {
+                match self {
+                    $( Frame::$name(_) => Tag::$name, )*
+                }
+            }
+
+            fn body_bytes(&self) -> Vec<u8> {
+                match self {
+                    $( Frame::$name(b) => canonical(b), )*
+                }
+            }
+
+            /// Decodes a body of the given tag. The body must be consumed exactly.
+            pub fn decode_body(tag: Tag, body: &[u8]) -> Result<Frame, WireError> {
+                let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+                if len > tag.max_body_len() {
+                    return Err(WireError::Oversized { tag, len, max: tag.max_body_len() });
+                }
+                match tag {
+                    $( Tag::$name => take::<$body>(tag, body).map(Frame::$name), )*
+                }
+            }
+        }
+    };
+}
+
+fn take<'a, T: Deserialize<'a>>(tag: Tag, body: &'a [u8]) -> Result<T, WireError> {
+    let (value, rest) = postcard::take_from_bytes::<T>(body).map_err(|e| WireError::Malformed {
+        tag,
+        reason: e.to_string(),
+    })?;
+    if !rest.is_empty() {
+        return Err(WireError::TrailingBytes { tag, extra: rest.len() });
+    }
+    Ok(value)
+}
+
+const SMALL: u32 = 4 << 10;
+
+frames! {
+    /// Handshake, client → coordinator.
+    Hello = 1, max SMALL, Hello;
+    /// Handshake, coordinator → client.
+    Challenge = 2, max SMALL, Challenge;
+    /// Handshake, client → coordinator.
+    Auth = 3, max SMALL, Auth;
+    /// Handshake done.
+    Welcome = 4, max SMALL, Welcome;
+    /// An error; connection-level errors close the connection.
+    Error = 5, max SMALL, ErrorFrame;
+    /// Ask for a window's parameters.
+    GetWindow = 10, max SMALL, GetWindow;
+    /// A window's parameters.
+    WindowInfo = 11, max SMALL, WindowInfo;
+    /// Ask for a challenge reveal.
+    GetReveal = 12, max SMALL, GetReveal;
+    /// A challenge reveal.
+    Reveal = 13, max SMALL, Reveal;
+    /// Submit a rollout.
+    Submit = 20, max MAX_ROLLOUT_LEN + 64, Submit;
+    /// A rollout is durable.
+    Ack = 21, max SMALL, Ack;
+    /// A rollout was refused.
+    Refused = 22, max SMALL, Refused;
+    /// Ask which slots are stored.
+    GetProgress = 23, max SMALL, GetProgress;
+    /// Stored slots.
+    Progress = 24, max 1 << 20, Progress;
+    /// Fetch rollouts of a closed window.
+    FetchRollouts = 30, max SMALL, FetchRollouts;
+    /// A batch of rollouts.
+    Rollouts = 31, max MAX_BODY_LEN, Rollouts;
+    /// Post a signed verdict.
+    PostVerdict = 32, max SMALL, Verdict;
+    /// Verdict stored.
+    VerdictAck = 33, max SMALL, VerdictAck;
+    /// Ask for weights.
+    GetWeights = 34, max SMALL, GetWeights;
+    /// A signed weights document.
+    Weights = 35, max 4 << 20, WeightsDoc;
+    /// Announce a checkpoint.
+    PublishCheckpoint = 40, max SMALL, PublishCheckpoint;
+    /// Part of a checkpoint payload.
+    CheckpointChunk = 41, max MAX_CHUNK_LEN + 64, CheckpointChunk;
+    /// Ask for part of a checkpoint payload.
+    GetCheckpoint = 42, max SMALL, GetCheckpoint;
+    /// A checkpoint is stored.
+    CheckpointStored = 43, max SMALL, CheckpointStored;
+}
+
+impl Frame {
+    /// The frame's full encoding: header then body.
+    pub fn encode(&self) -> Vec<u8> {
+        let body = self.body_bytes();
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        // Bodies we build are far below 4 GiB; the limit check on the reader refuses the rest.
+        out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+        out.extend_from_slice(&(self.tag() as u16).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Decodes one frame from the front of `buf`, returning it and the bytes it used.
+    pub fn decode(buf: &[u8]) -> Result<(Frame, usize), WireError> {
+        let header: &[u8; HEADER_LEN] = buf
+            .get(..HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or(WireError::Incomplete { needed: HEADER_LEN })?;
+        let (tag, len) = parse_header(header)?;
+        let end = HEADER_LEN + len as usize;
+        let body = buf.get(HEADER_LEN..end).ok_or(WireError::Incomplete { needed: end })?;
+        Ok((Frame::decode_body(tag, body)?, end))
+    }
+}
+
+/// Checks a header: the tag must be known and the length within its limit.
+pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<(Tag, u32), WireError> {
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let raw = u16::from_le_bytes([header[4], header[5]]);
+    let tag = Tag::from_u16(raw).ok_or(WireError::UnknownTag(raw))?;
+    if len > tag.max_body_len() {
+        return Err(WireError::Oversized { tag, len, max: tag.max_body_len() });
+    }
+    Ok((tag, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_are_unique_and_limits_bounded() {
+        let mut seen = std::collections::HashSet::new();
+        for t in Tag::ALL {
+            assert!(seen.insert(*t as u16), "duplicate tag {t:?}");
+            assert_eq!(Tag::from_u16(*t as u16), Some(*t));
+            assert!(t.max_body_len() <= MAX_BODY_LEN);
+        }
+    }
+
+    #[test]
+    fn header_checks() {
+        let f = Frame::GetReveal(GetReveal { window: 7 });
+        let bytes = f.encode();
+        assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+        assert_eq!(Frame::decode(&bytes[..3]), Err(WireError::Incomplete { needed: HEADER_LEN }));
+        let mut unknown = bytes.clone();
+        unknown[4] = 0xEE;
+        assert!(matches!(Frame::decode(&unknown), Err(WireError::UnknownTag(_))));
+        let mut big = bytes.clone();
+        big[..4].copy_from_slice(&(SMALL + 1).to_le_bytes());
+        assert!(matches!(Frame::decode(&big), Err(WireError::Oversized { .. })));
+        let mut trailing = bytes.clone();
+        trailing[0] += 1;
+        trailing.push(0);
+        assert!(matches!(Frame::decode(&trailing), Err(WireError::TrailingBytes { .. })));
+    }
+
+    #[test]
+    fn signed_documents_verify_and_detect_tampering() {
+        let v = identity::Keypair::from_seed([2; 32]);
+        let mut verdict = Verdict::sign(
+            VerdictBody {
+                window: 3,
+                miner: identity::Keypair::from_seed([3; 32]).public(),
+                validator: v.public(),
+                checked: 10,
+                valid: 9,
+                estimated_valid: 90,
+                hard_failure: false,
+                soft_failures: 1,
+            },
+            &v,
+        );
+        verdict.verify().unwrap();
+        verdict.body.valid = 10;
+        assert!(verdict.verify().is_err());
+    }
+}

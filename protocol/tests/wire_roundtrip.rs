@@ -1,0 +1,160 @@
+//! Property tests for the wire protocol: every frame round-trips, and no byte
+//! string makes the decoder panic or accept a truncated/extended frame.
+
+use proptest::prelude::*;
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::EnvId;
+use tributary_protocol::identity::{PublicKey, Signature};
+use tributary_protocol::prf::Seed;
+use tributary_protocol::wire::*;
+use tributary_protocol::window::Schedule;
+
+fn key() -> impl Strategy<Value = PublicKey> {
+    any::<[u8; 32]>().prop_map(PublicKey)
+}
+
+fn sig() -> impl Strategy<Value = Signature> {
+    (any::<[u8; 32]>(), any::<[u8; 32]>()).prop_map(|(a, b)| {
+        let mut s = [0u8; 64];
+        s[..32].copy_from_slice(&a);
+        s[32..].copy_from_slice(&b);
+        Signature(s)
+    })
+}
+
+fn blob(max: usize) -> impl Strategy<Value = Blob> {
+    proptest::collection::vec(any::<u8>(), 0..max).prop_map(Blob)
+}
+
+fn role() -> impl Strategy<Value = Role> {
+    prop_oneof![Just(Role::Miner), Just(Role::Validator), Just(Role::Trainer)]
+}
+
+fn reason() -> impl Strategy<Value = RejectReason> {
+    proptest::sample::select(RejectReason::ALL.to_vec())
+}
+
+fn frame() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        (any::<u16>(), role(), key()).prop_map(|(version, role, key)| Frame::Hello(Hello { version, role, key })),
+        (any::<[u8; 32]>(), key()).prop_map(|(nonce, coordinator)| Frame::Challenge(Challenge { nonce, coordinator })),
+        sig().prop_map(|signature| Frame::Auth(Auth { signature })),
+        (any::<u64>(), 0u64..1 << 50, 1u64..1 << 30).prop_map(|(now_ms, g, l)| Frame::Welcome(Welcome {
+            now_ms,
+            schedule: Schedule::new(g, l, l / 2).unwrap()
+        })),
+        ".{0,40}".prop_map(|detail| Frame::Error(ErrorFrame { code: ErrorCode::NotYet, detail })),
+        any::<Option<u64>>().prop_map(|window| Frame::GetWindow(GetWindow { window })),
+        (any::<u64>(), any::<[u8; 32]>(), any::<[u8; 32]>(), proptest::sample::select(vec![EnvId::Arith, EnvId::Sat, EnvId::Gsm8k]), any::<u32>()).prop_map(
+            |(window, seed, commitment, env, groups)| Frame::WindowInfo(WindowInfo {
+                window,
+                opens_at_ms: window,
+                closes_at_ms: window.wrapping_add(1),
+                seed: Seed(seed),
+                commitment,
+                checkpoint: ContentId(seed),
+                env,
+                groups_per_miner: groups,
+                group_size: 16,
+            })
+        ),
+        any::<u64>().prop_map(|window| Frame::GetReveal(GetReveal { window })),
+        (any::<u64>(), any::<[u8; 32]>()).prop_map(|(window, secret)| Frame::Reveal(Reveal { window, secret })),
+        (any::<u64>(), blob(4096)).prop_map(|(seq, rollout)| Frame::Submit(Submit { seq, rollout })),
+        (any::<u64>(), any::<[u8; 32]>()).prop_map(|(seq, digest)| Frame::Ack(Ack { seq, digest })),
+        (any::<u64>(), reason()).prop_map(|(seq, reason)| Frame::Refused(Refused { seq, reason })),
+        any::<u64>().prop_map(|window| Frame::GetProgress(GetProgress { window })),
+        (any::<u64>(), proptest::collection::vec(any::<(u32, u32)>(), 0..50))
+            .prop_map(|(window, slots)| Frame::Progress(Progress { window, slots })),
+        (any::<u64>(), proptest::option::of(key()), any::<Option<[u8; 32]>>(), any::<u32>()).prop_map(
+            |(window, miner, after, limit)| Frame::FetchRollouts(FetchRollouts { window, miner, after, limit })
+        ),
+        (any::<u64>(), proptest::collection::vec(blob(256), 0..8), any::<Option<[u8; 32]>>())
+            .prop_map(|(window, items, next)| Frame::Rollouts(Rollouts { window, items, next })),
+        (any::<u64>(), key(), key(), any::<[u32; 4]>(), any::<bool>(), sig()).prop_map(|(window, miner, validator, n, hard, signature)| {
+            Frame::PostVerdict(Verdict {
+                body: VerdictBody {
+                    window,
+                    miner,
+                    validator,
+                    checked: n[0],
+                    valid: n[1],
+                    estimated_valid: n[2],
+                    hard_failure: hard,
+                    soft_failures: n[3],
+                },
+                signature,
+            })
+        }),
+        (any::<u64>(), key()).prop_map(|(window, miner)| Frame::VerdictAck(VerdictAck { window, miner })),
+        Just(Frame::GetWeights(GetWeights)),
+        (any::<u64>(), proptest::collection::vec((key(), 0.0f64..1.0), 0..10), key(), sig()).prop_map(
+            |(window, weights, coordinator, signature)| Frame::Weights(WeightsDoc {
+                body: WeightsBody { window, weights, coordinator },
+                signature,
+            })
+        ),
+        (any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>(), key(), sig()).prop_map(|(id, base, len, trainer, signature)| {
+            Frame::PublishCheckpoint(PublishCheckpoint {
+                body: CheckpointBody {
+                    id: ContentId(id),
+                    kind: base.map_or(CheckpointKind::Full, |base| CheckpointKind::Delta { base: ContentId(base) }),
+                    len,
+                    payload_hash: id,
+                    window: len,
+                    trainer,
+                },
+                signature,
+            })
+        }),
+        (any::<[u8; 32]>(), any::<u64>(), blob(2048))
+            .prop_map(|(id, offset, data)| Frame::CheckpointChunk(CheckpointChunk { id: ContentId(id), offset, data })),
+        (any::<[u8; 32]>(), any::<u64>()).prop_map(|(id, offset)| Frame::GetCheckpoint(GetCheckpoint { id: ContentId(id), offset })),
+        any::<[u8; 32]>().prop_map(|id| Frame::CheckpointStored(CheckpointStored { id: ContentId(id) })),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn every_frame_round_trips(f in frame()) {
+        let bytes = f.encode();
+        let (back, used) = Frame::decode(&bytes).unwrap();
+        prop_assert_eq!(used, bytes.len());
+        prop_assert_eq!(back, f);
+    }
+
+    #[test]
+    fn truncation_is_incomplete_never_a_frame(f in frame(), cut in any::<prop::sample::Index>()) {
+        let bytes = f.encode();
+        let n = cut.index(bytes.len());
+        let incomplete = matches!(Frame::decode(&bytes[..n]), Err(WireError::Incomplete { .. }));
+        prop_assert!(incomplete);
+    }
+
+    #[test]
+    fn two_frames_back_to_back(a in frame(), b in frame()) {
+        let mut bytes = a.encode();
+        let first = bytes.len();
+        bytes.extend(b.encode());
+        let (fa, used) = Frame::decode(&bytes).unwrap();
+        prop_assert_eq!(used, first);
+        prop_assert_eq!(fa, a);
+        prop_assert_eq!(Frame::decode(&bytes[used..]).unwrap().0, b);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = Frame::decode(&bytes);
+        for t in Tag::ALL {
+            let _ = Frame::decode_body(*t, &bytes);
+        }
+    }
+
+    #[test]
+    fn flipped_byte_never_panics(f in frame(), at in any::<prop::sample::Index>(), x in 1u8..) {
+        let mut bytes = f.encode();
+        let i = at.index(bytes.len());
+        bytes[i] ^= x;
+        let _ = Frame::decode(&bytes);
+    }
+}

@@ -1,0 +1,675 @@
+//! The coordinator's sans-IO core: window clock, assignment, admission rules,
+//! verdicts, weights and bans. It is fed decoded events and the current time
+//! and never touches a socket, a disk or a clock; the QUIC server and the redb
+//! store wrap it.
+//!
+//! Admission of a rollout is two-phase so that an acknowledgement is only sent
+//! once the rollout is durable: [`Core::admit`] runs every door check and
+//! reserves the rollout's slot, digest and content hash (so a concurrent
+//! duplicate is refused); the caller stores it and then calls
+//! [`Core::commit`], or [`Core::abort`] if storing failed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::{EnvId, task_seed};
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::prf::Seed;
+use tributary_protocol::wire::{
+    CheckpointBody, RejectReason, Role, VerdictBody, WeightsBody, WindowInfo,
+};
+use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
+
+/// Who may do what.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// If set, only these keys may mine.
+    pub miner_allow: Option<HashSet<PublicKey>>,
+    /// These keys may not mine.
+    pub miner_deny: HashSet<PublicKey>,
+    /// Keys allowed to post verdicts.
+    pub validators: HashSet<PublicKey>,
+    /// The one key allowed to publish checkpoints.
+    pub trainer: Option<PublicKey>,
+}
+
+impl Access {
+    /// Whether `key` may take `role`.
+    pub fn permits(&self, role: Role, key: &PublicKey) -> bool {
+        match role {
+            Role::Miner => {
+                !self.miner_deny.contains(key)
+                    && self.miner_allow.as_ref().is_none_or(|allow| allow.contains(key))
+            }
+            Role::Validator => self.validators.contains(key),
+            Role::Trainer => self.trainer.as_ref() == Some(key),
+        }
+    }
+}
+
+/// Parameters of the core.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// The window clock.
+    pub schedule: Schedule,
+    /// Master secret from which every window's seed and challenge derive.
+    pub master: [u8; 32],
+    /// Active environment.
+    pub env: EnvId,
+    /// Groups each miner may submit per window.
+    pub groups_per_miner: u32,
+    /// Rollouts per group.
+    pub group_size: u32,
+    /// The checkpoint in force before any is published.
+    pub genesis_checkpoint: ContentId,
+    /// Who may do what.
+    pub access: Access,
+    /// Windows a hard failure bans a miner for.
+    pub ban_windows: u64,
+    /// Soft failures in one verdict that count as a hard failure.
+    pub soft_failure_threshold: u32,
+    /// Windows the weights look back over (grail: 12).
+    pub weight_windows: u64,
+    /// Valid rollouts per window counted at most (grail: 5000).
+    pub unique_cap_per_window: u64,
+    /// Superlinear exponent (grail: 4).
+    pub weight_exponent: i32,
+}
+
+/// A decoded, signature-checked rollout's facts that the door checks need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Window claimed.
+    pub window: WindowId,
+    /// Checkpoint used.
+    pub checkpoint: ContentId,
+    /// Environment.
+    pub env: EnvId,
+    /// Group index within the miner's assignment.
+    pub group: u32,
+    /// Index within the group.
+    pub index: u32,
+    /// The task id the rollout claims.
+    pub task_id: u64,
+    /// The miner named in the rollout (its signer).
+    pub miner: PublicKey,
+    /// Digest of the whole rollout.
+    pub digest: [u8; 32],
+    /// Hash of the completion tokens (replays under another key share it).
+    pub content: [u8; 32],
+}
+
+/// Per-window bookkeeping.
+#[derive(Debug, Default)]
+struct WindowBook {
+    digests: HashSet<[u8; 32]>,
+    contents: HashSet<[u8; 32]>,
+    slots: HashMap<PublicKey, HashSet<(u32, u32)>>,
+}
+
+/// What the core knows of one miner.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MinerStats {
+    /// Rollouts acknowledged.
+    pub accepted: u64,
+    /// Rollouts refused, by reason.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Banned through this window (inclusive), if ever.
+    pub banned_through: Option<WindowId>,
+    /// Windows with a hard failure.
+    pub failures: Vec<WindowId>,
+}
+
+/// Why a verdict was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum VerdictError {
+    /// The signer is not a configured validator.
+    #[error("not a configured validator")]
+    Unauthorized,
+    /// The signature does not verify.
+    #[error("bad signature")]
+    BadSignature,
+    /// The window's submissions have not closed.
+    #[error("window not closed")]
+    NotClosed,
+    /// Inconsistent counts.
+    #[error("valid exceeds checked")]
+    Inconsistent,
+}
+
+/// The sans-IO coordinator.
+#[derive(Debug)]
+pub struct Core {
+    cfg: CoreConfig,
+    /// Checkpoint in force from a window on.
+    checkpoints: BTreeMap<WindowId, ContentId>,
+    books: BTreeMap<WindowId, WindowBook>,
+    miners: HashMap<PublicKey, MinerStats>,
+    /// (window, miner) → validator → verdict.
+    verdicts: BTreeMap<(WindowId, PublicKey), BTreeMap<PublicKey, VerdictBody>>,
+    rejected_anonymous: BTreeMap<&'static str, u64>,
+}
+
+impl Core {
+    /// A fresh core.
+    pub fn new(cfg: CoreConfig) -> Self {
+        let mut checkpoints = BTreeMap::new();
+        checkpoints.insert(0, cfg.genesis_checkpoint);
+        Self {
+            cfg,
+            checkpoints,
+            books: BTreeMap::new(),
+            miners: HashMap::new(),
+            verdicts: BTreeMap::new(),
+            rejected_anonymous: BTreeMap::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// The window clock.
+    pub fn schedule(&self) -> &Schedule {
+        &self.cfg.schedule
+    }
+
+    /// Who may do what.
+    pub fn access(&self) -> &Access {
+        &self.cfg.access
+    }
+
+    /// The window in progress at `now_ms`.
+    pub fn current_window(&self, now_ms: u64) -> Option<WindowId> {
+        self.cfg.schedule.window_at(now_ms)
+    }
+
+    /// The secrets of a window.
+    pub fn secrets(&self, window: WindowId) -> WindowSecrets {
+        WindowSecrets::derive(&self.cfg.master, window)
+    }
+
+    /// The checkpoint miners must use in `window`.
+    pub fn checkpoint_for(&self, window: WindowId) -> ContentId {
+        self.checkpoints
+            .range(..=window)
+            .next_back()
+            .map(|(_, id)| *id)
+            .unwrap_or(self.cfg.genesis_checkpoint)
+    }
+
+    /// A window's public parameters, once it has opened.
+    pub fn window_info(&self, window: WindowId, now_ms: u64) -> Option<WindowInfo> {
+        let s = &self.cfg.schedule;
+        if now_ms < s.opens_at(window) {
+            return None;
+        }
+        let secrets = self.secrets(window);
+        Some(WindowInfo {
+            window,
+            opens_at_ms: s.opens_at(window),
+            closes_at_ms: s.closes_at(window),
+            seed: secrets.seed,
+            commitment: secrets.commitment(),
+            checkpoint: self.checkpoint_for(window),
+            env: self.cfg.env,
+            groups_per_miner: self.cfg.groups_per_miner,
+            group_size: self.cfg.group_size,
+        })
+    }
+
+    /// The challenge secret of `window`, only once its submissions have closed.
+    pub fn reveal(&self, window: WindowId, now_ms: u64) -> Option<Seed> {
+        (now_ms >= self.cfg.schedule.closes_at(window)).then(|| self.secrets(window).challenge)
+    }
+
+    /// The task id of `miner`'s group `group` in `window`: what a rollout must claim.
+    pub fn assigned_task(&self, window: WindowId, miner: &PublicKey, group: u32) -> u64 {
+        task_seed(&self.secrets(window).seed, miner.as_bytes(), group)
+    }
+
+    /// Whether `miner` is banned during `window`.
+    pub fn is_banned(&self, miner: &PublicKey, window: WindowId) -> bool {
+        self.miners
+            .get(miner)
+            .and_then(|m| m.banned_through)
+            .is_some_and(|through| window <= through)
+    }
+
+    /// Every door check on a decoded, signature-checked rollout from the
+    /// authenticated `peer`; on success its slot, digest and content are reserved.
+    pub fn admit(&mut self, now_ms: u64, peer: &PublicKey, c: &Candidate) -> Result<(), RejectReason> {
+        let result = self.check(now_ms, peer, c);
+        match result {
+            Ok(()) => {
+                let book = self.books.entry(c.window).or_default();
+                book.digests.insert(c.digest);
+                book.contents.insert(c.content);
+                book.slots.entry(c.miner).or_default().insert((c.group, c.index));
+            }
+            Err(reason) => self.count_rejection(Some(peer), reason),
+        }
+        result
+    }
+
+    fn check(&self, now_ms: u64, peer: &PublicKey, c: &Candidate) -> Result<(), RejectReason> {
+        if c.miner != *peer {
+            return Err(RejectReason::WrongMiner);
+        }
+        if !self.cfg.access.permits(Role::Miner, peer) {
+            return Err(RejectReason::NotAllowed);
+        }
+        if !self.cfg.schedule.accepts(c.window, now_ms) {
+            return Err(RejectReason::WrongWindow);
+        }
+        if self.is_banned(peer, c.window) {
+            return Err(RejectReason::Banned);
+        }
+        if c.checkpoint != self.checkpoint_for(c.window) {
+            return Err(RejectReason::StaleCheckpoint);
+        }
+        if c.env != self.cfg.env {
+            return Err(RejectReason::WrongEnv);
+        }
+        if c.group >= self.cfg.groups_per_miner
+            || c.index >= self.cfg.group_size
+            || c.task_id != self.assigned_task(c.window, peer, c.group)
+        {
+            return Err(RejectReason::Unassigned);
+        }
+        if let Some(book) = self.books.get(&c.window) {
+            if book.digests.contains(&c.digest)
+                || book.slots.get(peer).is_some_and(|s| s.contains(&(c.group, c.index)))
+            {
+                return Err(RejectReason::Duplicate);
+            }
+            if book.contents.contains(&c.content) {
+                return Err(RejectReason::ReplayedContent);
+            }
+        }
+        Ok(())
+    }
+
+    /// The reserved rollout is durable: count it.
+    pub fn commit(&mut self, c: &Candidate) {
+        self.miners.entry(c.miner).or_default().accepted += 1;
+    }
+
+    /// Storing the reserved rollout failed: release its reservations.
+    pub fn abort(&mut self, c: &Candidate) {
+        if let Some(book) = self.books.get_mut(&c.window) {
+            book.digests.remove(&c.digest);
+            book.contents.remove(&c.content);
+            if let Some(s) = book.slots.get_mut(&c.miner) {
+                s.remove(&(c.group, c.index));
+            }
+        }
+        self.count_rejection(Some(&c.miner), RejectReason::Internal);
+    }
+
+    /// Re-adds a rollout found in the store at startup (no checks).
+    pub fn restore(&mut self, c: &Candidate) {
+        let book = self.books.entry(c.window).or_default();
+        book.digests.insert(c.digest);
+        book.contents.insert(c.content);
+        book.slots.entry(c.miner).or_default().insert((c.group, c.index));
+        self.commit(c);
+    }
+
+    /// Counts a rejection decided outside [`Core::admit`] (decode, signature, rate limit).
+    pub fn count_rejection(&mut self, peer: Option<&PublicKey>, reason: RejectReason) {
+        let slot = match peer {
+            Some(p) => &mut self.miners.entry(*p).or_default().rejected,
+            None => &mut self.rejected_anonymous,
+        };
+        *slot.entry(reason.as_str()).or_default() += 1;
+    }
+
+    /// The (group, index) slots of `miner` stored in `window`.
+    pub fn progress(&self, window: WindowId, miner: &PublicKey) -> Vec<(u32, u32)> {
+        let mut v: Vec<_> = self
+            .books
+            .get(&window)
+            .and_then(|b| b.slots.get(miner))
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    /// Rollouts stored in `window`.
+    pub fn window_count(&self, window: WindowId) -> usize {
+        self.books.get(&window).map_or(0, |b| b.digests.len())
+    }
+
+    /// Per-miner statistics.
+    pub fn miners(&self) -> &HashMap<PublicKey, MinerStats> {
+        &self.miners
+    }
+
+    /// Records a checkpoint announcement (the caller checked the trainer's
+    /// signature and stored the payload). It is in force from the window after
+    /// `body.window`, or the window after the current one if that is later.
+    pub fn publish_checkpoint(&mut self, now_ms: u64, body: &CheckpointBody) -> WindowId {
+        let current = self.current_window(now_ms).unwrap_or(0);
+        let from = body.window.max(current).saturating_add(1);
+        self.checkpoints.insert(from, body.id);
+        from
+    }
+
+    /// Re-adds a checkpoint found in the store at startup.
+    pub fn restore_checkpoint(&mut self, from: WindowId, id: ContentId) {
+        self.checkpoints.insert(from, id);
+    }
+
+    /// Records a verdict: checks the signer and timing, then applies bans.
+    pub fn record_verdict(
+        &mut self,
+        now_ms: u64,
+        body: &VerdictBody,
+        signature_ok: bool,
+    ) -> Result<(), VerdictError> {
+        if !self.cfg.access.permits(Role::Validator, &body.validator) {
+            return Err(VerdictError::Unauthorized);
+        }
+        if !signature_ok {
+            return Err(VerdictError::BadSignature);
+        }
+        if now_ms < self.cfg.schedule.closes_at(body.window) {
+            return Err(VerdictError::NotClosed);
+        }
+        if body.valid > body.checked {
+            return Err(VerdictError::Inconsistent);
+        }
+        self.apply_verdict(body);
+        Ok(())
+    }
+
+    /// Applies a verdict without checks (startup restore).
+    pub fn apply_verdict(&mut self, body: &VerdictBody) {
+        self.verdicts
+            .entry((body.window, body.miner))
+            .or_default()
+            .insert(body.validator, body.clone());
+        if body.hard_failure || body.soft_failures >= self.cfg.soft_failure_threshold.max(1) {
+            let m = self.miners.entry(body.miner).or_default();
+            let through = body.window.saturating_add(self.cfg.ban_windows);
+            m.banned_through = Some(m.banned_through.map_or(through, |t| t.max(through)));
+            if !m.failures.contains(&body.window) {
+                m.failures.push(body.window);
+            }
+        }
+    }
+
+    /// Grail's superlinear weights over the `weight_windows` windows ending at
+    /// `upto`: per miner, U = Σ valid rollouts (the most conservative
+    /// validator's estimate each window), capped at `cap·windows`; zero if the
+    /// miner failed in that span or is banned; weight ∝ U^exponent, normalised.
+    pub fn weights(&self, upto: WindowId, coordinator: PublicKey) -> WeightsBody {
+        let from = upto.saturating_sub(self.cfg.weight_windows.saturating_sub(1));
+        let cap = (self.cfg.unique_cap_per_window.saturating_mul(self.cfg.weight_windows)) as f64;
+        let mut totals: BTreeMap<PublicKey, (u64, bool)> = BTreeMap::new();
+        for ((_, miner), by_validator) in self.verdicts.range((from, PublicKey([0; 32]))..=(upto, PublicKey([0xff; 32]))) {
+            let entry = totals.entry(*miner).or_default();
+            let valid = by_validator.values().map(|v| u64::from(v.estimated_valid.max(v.valid))).min().unwrap_or(0);
+            entry.0 += valid;
+            entry.1 |= by_validator.values().any(|v| v.hard_failure || v.soft_failures >= self.cfg.soft_failure_threshold.max(1));
+        }
+        let scores: Vec<(PublicKey, f64)> = totals
+            .into_iter()
+            .filter(|(miner, (_, failed))| !failed && !self.is_banned(miner, upto))
+            .map(|(miner, (u, _))| (miner, (u as f64).min(cap).powi(self.cfg.weight_exponent)))
+            .filter(|(_, s)| *s > 0.0)
+            .collect();
+        let sum: f64 = scores.iter().map(|(_, s)| s).sum();
+        let weights = if sum > 0.0 {
+            scores.into_iter().map(|(k, s)| (k, s / sum)).collect()
+        } else {
+            Vec::new()
+        };
+        WeightsBody { window: upto, weights, coordinator }
+    }
+
+    /// Forgets bookkeeping of windows that can no longer take submissions.
+    pub fn prune(&mut self, now_ms: u64) {
+        let s = self.cfg.schedule;
+        self.books.retain(|w, _| s.closes_at(*w) > now_ms);
+    }
+
+    /// Rejections not tied to an authenticated miner.
+    pub fn anonymous_rejections(&self) -> &BTreeMap<&'static str, u64> {
+        &self.rejected_anonymous
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_protocol::identity::Keypair;
+
+    const LEN: u64 = 1_000;
+
+    fn cfg() -> CoreConfig {
+        let validator = Keypair::from_seed([100; 32]).public();
+        CoreConfig {
+            schedule: Schedule::new(10_000, LEN, 100).unwrap(),
+            master: [42; 32],
+            env: EnvId::Arith,
+            groups_per_miner: 2,
+            group_size: 4,
+            genesis_checkpoint: ContentId([1; 32]),
+            access: Access {
+                validators: [validator].into_iter().collect(),
+                ..Access::default()
+            },
+            ban_windows: 3,
+            soft_failure_threshold: 2,
+            weight_windows: 12,
+            unique_cap_per_window: 5000,
+            weight_exponent: 4,
+        }
+    }
+
+    fn miner(n: u8) -> PublicKey {
+        Keypair::from_seed([n; 32]).public()
+    }
+
+    fn cand(core: &Core, window: WindowId, m: PublicKey, group: u32, index: u32) -> Candidate {
+        Candidate {
+            window,
+            checkpoint: core.checkpoint_for(window),
+            env: EnvId::Arith,
+            group,
+            index,
+            task_id: core.assigned_task(window, &m, group),
+            miner: m,
+            digest: *blake3::hash(&[window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
+            content: *blake3::hash(&[1, window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
+        }
+    }
+
+    fn at(window: WindowId) -> u64 {
+        10_000 + window * LEN + 1
+    }
+
+    fn verdict(window: WindowId, m: PublicKey, valid: u32, hard: bool) -> VerdictBody {
+        VerdictBody {
+            window,
+            miner: m,
+            validator: Keypair::from_seed([100; 32]).public(),
+            checked: valid.max(1),
+            valid,
+            estimated_valid: valid,
+            hard_failure: hard,
+            soft_failures: 0,
+        }
+    }
+
+    #[test]
+    fn window_transitions_and_reveal_ordering() {
+        let core = Core::new(cfg());
+        assert_eq!(core.current_window(9_999), None);
+        assert!(core.window_info(0, 9_999).is_none());
+        let info = core.window_info(2, at(2)).unwrap();
+        assert_eq!(info.window, 2);
+        assert_eq!(info.closes_at_ms, 10_000 + 3 * LEN + 100);
+        // The commitment is public at open; the secret only after close.
+        assert!(core.reveal(2, at(2)).is_none());
+        assert!(core.reveal(2, info.closes_at_ms - 1).is_none());
+        let secret = core.reveal(2, info.closes_at_ms).unwrap();
+        assert!(tributary_protocol::window::verify_reveal(2, &info.commitment, &secret.0));
+        // A restarted core with the same master secret re-derives the same window.
+        assert_eq!(Core::new(cfg()).window_info(2, at(2)).unwrap(), info);
+    }
+
+    #[test]
+    fn assignment_is_deterministic_and_per_miner() {
+        let core = Core::new(cfg());
+        let a = core.assigned_task(1, &miner(1), 0);
+        assert_eq!(a, Core::new(cfg()).assigned_task(1, &miner(1), 0));
+        assert_ne!(a, core.assigned_task(1, &miner(2), 0));
+        assert_ne!(a, core.assigned_task(1, &miner(1), 1));
+        assert_ne!(a, core.assigned_task(2, &miner(1), 0));
+        assert_eq!(a, task_seed(&core.window_info(1, at(1)).unwrap().seed, miner(1).as_bytes(), 0));
+    }
+
+    #[test]
+    fn admission_rules() {
+        let mut core = Core::new(cfg());
+        let m = miner(1);
+        let ok = cand(&core, 1, m, 0, 0);
+        assert_eq!(core.admit(at(1), &m, &ok), Ok(()));
+        core.commit(&ok);
+        // Same bytes again, same slot with other bytes.
+        assert_eq!(core.admit(at(1), &m, &ok), Err(RejectReason::Duplicate));
+        let mut same_slot = ok.clone();
+        same_slot.digest = [9; 32];
+        same_slot.content = [9; 32];
+        assert_eq!(core.admit(at(1), &m, &same_slot), Err(RejectReason::Duplicate));
+        // Another miner's completion re-signed under its own key, in its own assigned slot.
+        let other = miner(2);
+        let mut replay = cand(&core, 1, other, 0, 0);
+        replay.content = ok.content;
+        assert_eq!(core.admit(at(1), &other, &replay), Err(RejectReason::ReplayedContent));
+        // Submitted by a peer other than the signer.
+        assert_eq!(core.admit(at(1), &other, &cand(&core, 1, m, 0, 1)), Err(RejectReason::WrongMiner));
+        // Window not open (future, and closed past the grace).
+        assert_eq!(core.admit(at(1), &m, &cand(&core, 2, m, 0, 1)), Err(RejectReason::WrongWindow));
+        assert_eq!(core.admit(at(2) + 100, &m, &cand(&core, 1, m, 0, 1)), Err(RejectReason::WrongWindow));
+        // Within the grace the old window still accepts.
+        assert_eq!(core.admit(at(2) + 50, &m, &cand(&core, 1, m, 0, 1)), Ok(()));
+        // Unassigned: group out of range, index out of range, wrong task id.
+        assert_eq!(core.admit(at(1), &m, &cand(&core, 1, m, 2, 0)), Err(RejectReason::Unassigned));
+        assert_eq!(core.admit(at(1), &m, &cand(&core, 1, m, 0, 4)), Err(RejectReason::Unassigned));
+        let mut wrong_task = cand(&core, 1, m, 1, 0);
+        wrong_task.task_id ^= 1;
+        assert_eq!(core.admit(at(1), &m, &wrong_task), Err(RejectReason::Unassigned));
+        // Stale checkpoint and wrong env.
+        let mut stale = cand(&core, 1, m, 1, 0);
+        stale.checkpoint = ContentId([7; 32]);
+        assert_eq!(core.admit(at(1), &m, &stale), Err(RejectReason::StaleCheckpoint));
+        let mut env = cand(&core, 1, m, 1, 0);
+        env.env = EnvId::Sat;
+        assert_eq!(core.admit(at(1), &m, &env), Err(RejectReason::WrongEnv));
+        let stats = &core.miners()[&m];
+        assert_eq!(stats.accepted, 1);
+        assert_eq!(stats.rejected["duplicate"], 2);
+        assert_eq!(stats.rejected["unassigned"], 3);
+        assert_eq!(core.progress(1, &m), vec![(0, 0), (0, 1)]);
+    }
+
+    #[test]
+    fn abort_releases_reservation() {
+        let mut core = Core::new(cfg());
+        let m = miner(1);
+        let c = cand(&core, 1, m, 0, 0);
+        core.admit(at(1), &m, &c).unwrap();
+        core.abort(&c);
+        assert_eq!(core.admit(at(1), &m, &c), Ok(()));
+    }
+
+    #[test]
+    fn allow_and_deny_lists() {
+        let mut c = cfg();
+        c.access.miner_deny.insert(miner(3));
+        c.access.miner_allow = Some([miner(1), miner(3)].into_iter().collect());
+        let mut core = Core::new(c);
+        let cand2 = cand(&core, 1, miner(2), 0, 0);
+        assert_eq!(core.admit(at(1), &miner(2), &cand2), Err(RejectReason::NotAllowed));
+        let cand3 = cand(&core, 1, miner(3), 0, 0);
+        assert_eq!(core.admit(at(1), &miner(3), &cand3), Err(RejectReason::NotAllowed));
+        let cand1 = cand(&core, 1, miner(1), 0, 0);
+        assert_eq!(core.admit(at(1), &miner(1), &cand1), Ok(()));
+        assert!(!core.access().permits(Role::Trainer, &miner(1)));
+    }
+
+    #[test]
+    fn checkpoint_takes_effect_next_window() {
+        let mut core = Core::new(cfg());
+        let body = CheckpointBody {
+            id: ContentId([2; 32]),
+            kind: tributary_protocol::wire::CheckpointKind::Full,
+            len: 0,
+            payload_hash: [0; 32],
+            window: 1,
+            trainer: miner(9),
+        };
+        assert_eq!(core.publish_checkpoint(at(1), &body), 2);
+        assert_eq!(core.checkpoint_for(1), ContentId([1; 32]));
+        assert_eq!(core.checkpoint_for(2), ContentId([2; 32]));
+        assert_eq!(core.checkpoint_for(9), ContentId([2; 32]));
+        // A rollout of window 2 made with the old checkpoint is stale.
+        let m = miner(1);
+        let mut c = cand(&core, 2, m, 0, 0);
+        c.checkpoint = ContentId([1; 32]);
+        assert_eq!(core.admit(at(2), &m, &c), Err(RejectReason::StaleCheckpoint));
+    }
+
+    #[test]
+    fn verdicts_bans_and_weights() {
+        let mut core = Core::new(cfg());
+        let (a, b, c) = (miner(1), miner(2), miner(3));
+        let closed = at(2) + 200;
+        // Before close: refused.
+        assert_eq!(core.record_verdict(at(1), &verdict(1, a, 10, false), true), Err(VerdictError::NotClosed));
+        // Wrong signer / bad signature.
+        let mut forged = verdict(1, a, 10, false);
+        forged.validator = miner(50);
+        assert_eq!(core.record_verdict(closed, &forged, true), Err(VerdictError::Unauthorized));
+        assert_eq!(core.record_verdict(closed, &verdict(1, a, 10, false), false), Err(VerdictError::BadSignature));
+        core.record_verdict(closed, &verdict(1, a, 20, false), true).unwrap();
+        core.record_verdict(closed, &verdict(1, b, 10, false), true).unwrap();
+        core.record_verdict(closed, &verdict(1, c, 30, true), true).unwrap();
+        // c is banned for windows 2..=4, and not in window 5.
+        assert!(core.is_banned(&c, 2) && core.is_banned(&c, 4));
+        assert!(!core.is_banned(&c, 5));
+        let cc = cand(&core, 3, c, 0, 0);
+        assert_eq!(core.admit(at(3), &c, &cc), Err(RejectReason::Banned));
+        let w = core.weights(1, miner(99));
+        let get = |k| w.weights.iter().find(|(m, _)| *m == k).map(|(_, w)| *w);
+        // share^4: 20^4 / (20^4 + 10^4) = 16/17.
+        assert!((get(a).unwrap() - 16.0 / 17.0).abs() < 1e-12);
+        assert!((get(b).unwrap() - 1.0 / 17.0).abs() < 1e-12);
+        assert_eq!(get(c), None);
+        // Soft failures over the threshold ban too.
+        let mut soft = verdict(1, b, 10, false);
+        soft.soft_failures = 2;
+        core.record_verdict(closed, &soft, true).unwrap();
+        assert!(core.is_banned(&b, 2));
+    }
+
+    #[test]
+    fn weights_cap() {
+        let mut c = cfg();
+        c.unique_cap_per_window = 10;
+        c.weight_windows = 1;
+        let mut core = Core::new(c);
+        core.apply_verdict(&verdict(1, miner(1), 1000, false));
+        core.apply_verdict(&verdict(1, miner(2), 10, false));
+        let w = core.weights(1, miner(99));
+        assert_eq!(w.weights.len(), 2);
+        assert!(w.weights.iter().all(|(_, x)| (*x - 0.5).abs() < 1e-12));
+    }
+}

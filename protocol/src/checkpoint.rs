@@ -139,10 +139,11 @@ impl ModelConfig {
         if n_layer == 0 || d_model == 0 || n_head == 0 || n_head_kv == 0 || d_ff == 0 || vocab_size == 0 {
             return bad(format!("zero size in n_layer={n_layer} d_model={d_model} n_head={n_head} n_head_kv={n_head_kv} d_ff={d_ff} vocab={vocab_size}"));
         }
-        if d_model % n_head != 0 || n_head % n_head_kv != 0 || (d_model / n_head) % 2 != 0 {
+        if !d_model.is_multiple_of(n_head) || !n_head.is_multiple_of(n_head_kv) || !(d_model / n_head).is_multiple_of(2) {
             return bad(format!("heads do not divide: d_model={d_model} n_head={n_head} n_head_kv={n_head_kv}"));
         }
-        if !(rms_eps.is_finite() && rms_eps > 0.0) || !(rope_theta.is_finite() && rope_theta > 0.0) {
+        let positive = |x: f32| x.is_finite() && x > 0.0;
+        if !positive(rms_eps) || !positive(rope_theta) {
             return bad(format!("rms_eps={rms_eps} rope_theta={rope_theta}"));
         }
         if let Some(v) = h.get_u64("llama.vocab_size")

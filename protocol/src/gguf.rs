@@ -303,7 +303,7 @@ impl GgmlType {
     /// Bytes needed for `n_elements` elements, or `None` if that is not a
     /// whole number of blocks or overflows.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
-        if n_elements % self.block_size() != 0 {
+        if !n_elements.is_multiple_of(self.block_size()) {
             return None;
         }
         (n_elements / self.block_size()).checked_mul(self.block_bytes())
@@ -878,7 +878,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
     }
     let mut ranges = Vec::with_capacity(tensors.len());
     for (i, t) in tensors.iter().enumerate() {
-        if t.offset % alignment != 0 {
+        if !t.offset.is_multiple_of(alignment) {
             return Err(GgufError::MisalignedTensor { name: t.name.clone(), offset: t.offset, alignment });
         }
         let end = t.offset.checked_add(t.byte_len()).filter(|&e| e <= data_len);
@@ -915,7 +915,7 @@ fn check_dims(name: &str, dims: &[u64], ty: GgmlType) -> Result<(), GgufError> {
         return Err(bad("element count overflows"));
     }
     let row = dims.first().copied().unwrap_or(1);
-    if row % ty.block_size() != 0 {
+    if !row.is_multiple_of(ty.block_size()) {
         return Err(bad("row length is not a whole number of blocks"));
     }
     match ty.bytes_for(n) {

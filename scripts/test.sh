@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The test command: installs whatever is missing, builds everything once (one
+# profile: the dev profile with optimised dependencies), prepares the model
+# files the tests read, then runs every test in the workspace.
+# Non-zero exit on any failure.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+t0=$(date +%s)
+stamp() { printf 'test.sh: [%4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*" >&2; }
+
+stamp "setup"
+bash scripts/setup.sh
+
+stamp "build (workspace, all targets)"
+cargo build --workspace --all-targets --locked
+
+stamp "model files: BF16 base checkpoint and the tiny test model"
+cargo run -q -p trainer --locked -- init-base
+cargo run -q -p trainer --locked -- init-tiny
+
+if [ -d fuzz ]; then
+  stamp "fuzz targets (type-check on stable)"
+  (cd fuzz && cargo check -q --bins)
+fi
+
+stamp "tests"
+cargo test --workspace --locked --no-fail-fast
+stamp "done"

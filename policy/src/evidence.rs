@@ -1,0 +1,240 @@
+//! Per-position evidence for verifying rollouts: one batched forward on the
+//! device, reductions over the vocabulary on the device, and only small
+//! per-position figures (plus the hidden rows) transferred back.
+//!
+//! Alignment: completion token `tokens[p]` (`p >= prompt_len`) is predicted
+//! by the model at position `p - 1`, so its figures come from the logits of
+//! row `p - 1` — the row llama.cpp returns together with the logits it
+//! sampled `tokens[p]` from. Hidden states are returned for the absolute
+//! positions the caller asks for (`h[p]` = the state after token `p`).
+//!
+//! The figures follow `tributary_protocol::sampling` (weights
+//! `exp((l − max)/T)` in f64, token-id order; a temperature that is not a
+//! finite positive number means greedy: the first argmax owns `[0, 1)`).
+
+use tch::{Device, Kind, Tensor};
+use tributary_protocol::sampling;
+
+use crate::PolicyError;
+use crate::model::{ReferenceModel, pad_batch};
+
+/// Rows of logits reduced at once (bounds the f64 `[rows, vocab]` buffers).
+const LOGIT_CHUNK_ROWS: i64 = 128;
+
+/// What to compute for one rollout.
+#[derive(Debug, Clone, Copy)]
+pub struct EvidenceRequest<'a> {
+    /// Prompt followed by completion.
+    pub tokens: &'a [u32],
+    /// Number of prompt tokens (at least 1, less than `tokens.len()`).
+    pub prompt_len: usize,
+    /// Sampling temperature the rollout claims (greedy when not finite positive).
+    pub temperature: f32,
+    /// End-of-sequence token whose probability at the last position is reported.
+    pub eos: u32,
+    /// Absolute positions (`< tokens.len()`) whose hidden state to return.
+    pub hidden_positions: &'a [usize],
+}
+
+/// Evidence for one rollout, one entry per completion token (index `j` is
+/// token `tokens[prompt_len + j]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceEvidence {
+    /// Width of each hidden row.
+    pub d_model: usize,
+    /// Post-norm hidden states at the requested `hidden_positions`, row-major
+    /// `[hidden_positions.len(), d_model]`.
+    pub hidden: Vec<f32>,
+    /// Raw (T = 1) log-probability of the chosen token.
+    pub logprob: Vec<f64>,
+    /// Probability of the chosen token at T = 1.
+    pub prob_t1: Vec<f64>,
+    /// Probability of the chosen token under `softmax(logits / T)` (greedy:
+    /// 1 for the argmax, else 0).
+    pub prob_temp: Vec<f64>,
+    /// Lower end of the chosen token's CDF interval under `softmax(logits / T)`
+    /// with tokens in id order: the total probability of ids `< token`.
+    pub cdf_lo: Vec<f64>,
+    /// Upper end: the total probability of ids `<= token`.
+    pub cdf_hi: Vec<f64>,
+    /// Probability (T = 1) that the last position's token is `eos`, from the
+    /// distribution that produced the last token.
+    pub eos_prob_last: f64,
+}
+
+impl SequenceEvidence {
+    /// Number of completion tokens covered (not hidden rows).
+    pub fn len(&self) -> usize {
+        self.logprob.len()
+    }
+
+    /// Whether there are no completion tokens.
+    pub fn is_empty(&self) -> bool {
+        self.logprob.is_empty()
+    }
+
+    /// The `i`-th requested hidden row.
+    pub fn hidden_row(&self, i: usize) -> Option<&[f32]> {
+        self.hidden.get(i * self.d_model..(i + 1) * self.d_model)
+    }
+}
+
+impl ReferenceModel {
+    /// Computes the evidence for a batch of rollouts in one right-padded
+    /// forward pass (no gradients). Token ids are checked against the
+    /// vocabulary and request fields validated before anything is indexed.
+    pub fn evidence(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        let vocab = self.dims().vocab_size;
+        for r in reqs {
+            if r.prompt_len == 0 || r.prompt_len >= r.tokens.len() {
+                return Err(PolicyError::Request(format!(
+                    "prompt_len {} must be in 1..{}",
+                    r.prompt_len,
+                    r.tokens.len()
+                )));
+            }
+            if let Some(&p) = r.hidden_positions.iter().find(|&&p| p >= r.tokens.len()) {
+                return Err(PolicyError::Request(format!("hidden position {p} beyond {} tokens", r.tokens.len())));
+            }
+            if r.eos as usize >= vocab {
+                return Err(PolicyError::TokenOutOfRange { id: i64::from(r.eos), index: None, vocab });
+            }
+        }
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        tch::no_grad(|| self.evidence_inner(reqs))
+    }
+
+    fn evidence_inner(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        let device = self.device();
+        let d = self.dims().d_model;
+        let seqs: Vec<&[u32]> = reqs.iter().map(|r| r.tokens).collect();
+        let (batch, _) = pad_batch(&seqs, self.dims().vocab_size, 0, device)?;
+        let l = batch.size()[1];
+        let hidden = self.forward_hidden(&batch)?.f_view([-1, d as i64])?;
+
+        // Flat row index of every predicting position, the chosen tokens,
+        // per-row temperatures (0 = greedy) and EOS ids, in request order.
+        let mut rows = Vec::new();
+        let mut chosen = Vec::new();
+        let mut temps = Vec::new();
+        let mut row_eos = Vec::new();
+        let mut hidden_rows = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            let t = if sampling::is_greedy(r.temperature) { 0.0 } else { f64::from(r.temperature) };
+            for p in r.prompt_len..r.tokens.len() {
+                rows.push(i as i64 * l + (p as i64 - 1));
+                chosen.push(i64::from(r.tokens[p]));
+                temps.push(t);
+                row_eos.push(i64::from(r.eos));
+            }
+            hidden_rows.extend(r.hidden_positions.iter().map(|&p| i as i64 * l + p as i64));
+        }
+        let hidden_all: Vec<f32> = if hidden_rows.is_empty() {
+            Vec::new()
+        } else {
+            let idx = Tensor::f_from_slice(&hidden_rows)?.f_to_device(device)?;
+            Vec::try_from(&hidden.f_index_select(0, &idx)?.f_to_device(Device::Cpu)?.f_flatten(0, -1)?)?
+        };
+        let rows_t = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
+        let h_rows = hidden.f_index_select(0, &rows_t)?;
+
+        let n = rows.len() as i64;
+        let mut figures = RowFigures::with_capacity(rows.len());
+        let mut start = 0;
+        while start < n {
+            let len = LOGIT_CHUNK_ROWS.min(n - start);
+            let range = start as usize..(start + len) as usize;
+            let logits = self.lm_head(&h_rows.f_narrow(0, start, len)?)?.f_to_kind(Kind::Double)?;
+            let tok = Tensor::f_from_slice(&chosen[range.clone()])?.f_to_device(device)?.f_unsqueeze(1)?;
+            let eos = Tensor::f_from_slice(&row_eos[range.clone()])?.f_to_device(device)?.f_unsqueeze(1)?;
+            figures.push_chunk(&logits, &tok, &eos, &temps[range])?;
+            start += len;
+        }
+
+        let mut out = Vec::with_capacity(reqs.len());
+        let (mut at, mut at_h) = (0usize, 0usize);
+        for r in reqs {
+            let m = r.tokens.len() - r.prompt_len;
+            let span = at..at + m;
+            let nh = r.hidden_positions.len();
+            out.push(SequenceEvidence {
+                d_model: d,
+                hidden: hidden_all[at_h * d..(at_h + nh) * d].to_vec(),
+                logprob: figures.logprob[span.clone()].to_vec(),
+                prob_t1: figures.prob_t1[span.clone()].to_vec(),
+                prob_temp: figures.prob_temp[span.clone()].to_vec(),
+                cdf_lo: figures.cdf_lo[span.clone()].to_vec(),
+                cdf_hi: figures.cdf_hi[span.clone()].to_vec(),
+                eos_prob_last: figures.eos_prob[span.end - 1],
+            });
+            at = span.end;
+            at_h += nh;
+        }
+        Ok(out)
+    }
+}
+
+/// Column-wise figures for all rows, filled chunk by chunk.
+#[derive(Debug, Default)]
+struct RowFigures {
+    logprob: Vec<f64>,
+    prob_t1: Vec<f64>,
+    prob_temp: Vec<f64>,
+    cdf_lo: Vec<f64>,
+    cdf_hi: Vec<f64>,
+    eos_prob: Vec<f64>,
+}
+
+impl RowFigures {
+    fn with_capacity(n: usize) -> Self {
+        let v = || Vec::with_capacity(n);
+        Self { logprob: v(), prob_t1: v(), prob_temp: v(), cdf_lo: v(), cdf_hi: v(), eos_prob: v() }
+    }
+
+    /// `logits` `[R, V]` f64; `tok`, `eos` `[R, 1]` i64; `temps` the rows'
+    /// temperatures (0 = greedy).
+    fn push_chunk(&mut self, logits: &Tensor, tok: &Tensor, eos: &Tensor, temps: &[f64]) -> Result<(), PolicyError> {
+        let col = |t: &Tensor| -> Result<Vec<f64>, PolicyError> {
+            Ok(Vec::try_from(&t.f_flatten(0, -1)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?)
+        };
+        let lsm1 = logits.f_log_softmax(1, Kind::Double)?;
+        let lp = col(&lsm1.f_gather(1, tok, false)?)?;
+        let lp_eos = col(&lsm1.f_gather(1, eos, false)?)?;
+        drop(lsm1);
+        // Sampling distribution: greedy rows use T = 1 here and are replaced below.
+        let t: Vec<f64> = temps.iter().map(|&t| if t > 0.0 { t } else { 1.0 }).collect();
+        let t = Tensor::f_from_slice(&t)?.f_to_device(logits.device())?.f_unsqueeze(1)?;
+        let p_temp = logits.f_div(&t)?.f_softmax(1, Kind::Double)?;
+        let cdf = p_temp.f_cumsum(1, Kind::Double)?;
+        let hi = col(&cdf.f_gather(1, tok, false)?)?;
+        // lo = cdf[tok - 1], or 0 for token 0.
+        let prev = tok.f_sub_scalar(1)?.f_clamp_min(0)?;
+        let lo = col(&cdf.f_gather(1, &prev, false)?)?;
+        let pt = col(&p_temp.f_gather(1, tok, false)?)?;
+        let argmax = col(&logits.f_argmax(1, false)?)?;
+        let tok_v = col(tok)?;
+
+        for (i, &temp) in temps.iter().enumerate() {
+            let token = tok_v[i];
+            let (lo, hi, pt) = if temp > 0.0 {
+                (if token > 0.0 { lo[i] } else { 0.0 }, hi[i], pt[i])
+            } else {
+                // Greedy: the first argmax owns [0, 1).
+                match token.partial_cmp(&argmax[i]) {
+                    Some(std::cmp::Ordering::Equal) => (0.0, 1.0, 1.0),
+                    Some(std::cmp::Ordering::Less) => (0.0, 0.0, 0.0),
+                    _ => (1.0, 1.0, 0.0),
+                }
+            };
+            self.cdf_lo.push(lo);
+            self.cdf_hi.push(hi);
+            self.prob_temp.push(pt);
+        }
+        self.prob_t1.extend(lp.iter().map(|x| x.exp()));
+        self.logprob.extend(lp);
+        self.eos_prob.extend(lp_eos.into_iter().map(f64::exp));
+        Ok(())
+    }
+}

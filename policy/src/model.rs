@@ -1,0 +1,419 @@
+//! The Llama-architecture transformer (SmolLM2 family) in libtorch.
+//!
+//! Parameters live in a [`tch::nn::VarStore`] under their GGUF names
+//! (`token_embd.weight`, `blk.7.attn_q.weight`, ...), as f32 by default, so
+//! the trainer can optimise exactly the tensors the validator runs.
+//!
+//! Layout conventions (they reproduce llama.cpp's `llama` graph):
+//! - a GGUF matrix with `ne = [in, out]` is a row-major `[out, in]` tensor, so
+//!   `x.linear(w)` computes `x · wᵀ` directly on the file's data;
+//! - RoPE is llama.cpp's `LLAMA_ROPE_TYPE_NORM`: adjacent pairs
+//!   `(x[2i], x[2i+1])` rotate by `pos · θ^(-2i/head_dim)`. GGUF files made by
+//!   `convert_hf_to_gguf.py` already carry Q/K rows permuted for that layout, so
+//!   no permutation is applied here (an HF export would need the inverse);
+//! - the hidden state returned is the post-final-RMSNorm state
+//!   `rmsnorm(x) · output_norm.weight`, the LM head's input, like llama.cpp's
+//!   `result_norm` embeddings;
+//! - without `output.weight` the LM head is tied to `token_embd.weight`.
+
+use tch::{Device, Kind, Tensor, nn};
+
+use tributary_protocol::checkpoint::{Checkpoint, ModelConfig};
+
+use crate::PolicyError;
+
+/// Checks the shape constraints the forward pass relies on.
+fn validate(c: &ModelConfig) -> Result<(), PolicyError> {
+    let bad = |why: &str| Err(PolicyError::Config(why.to_owned()));
+    if c.n_layer == 0 || c.d_model == 0 || c.n_head == 0 || c.n_head_kv == 0 {
+        return bad("zero layers, width or heads");
+    }
+    if c.d_ff == 0 || c.vocab_size == 0 || c.context_length == 0 {
+        return bad("zero feed-forward width, vocabulary or context");
+    }
+    if c.d_model % c.n_head != 0 {
+        return bad("d_model is not a multiple of n_head");
+    }
+    if c.n_head % c.n_head_kv != 0 {
+        return bad("n_head is not a multiple of n_head_kv");
+    }
+    if c.head_dim() % 2 != 0 {
+        return bad("head_dim is odd (RoPE rotates pairs)");
+    }
+    if !(c.rms_eps.is_finite() && c.rms_eps > 0.0) {
+        return bad("rms_eps must be positive");
+    }
+    if !(c.rope_theta.is_finite() && c.rope_theta > 1.0) {
+        return bad("rope_theta must be > 1");
+    }
+    if c.vocab_size > i64::MAX as usize / 2 {
+        return bad("vocabulary too large");
+    }
+    Ok(())
+}
+
+/// The GGUF tensor names the model reads, with their shapes in torch
+/// (row-major) order; `output.weight` is listed only when `untied`.
+pub fn tensor_shapes(c: &ModelConfig, untied: bool) -> Vec<(String, Vec<i64>)> {
+    let (d, f, v) = (c.d_model as i64, c.d_ff as i64, c.vocab_size as i64);
+    let kv = (c.n_head_kv * c.head_dim()) as i64;
+    let mut out = vec![("token_embd.weight".to_owned(), vec![v, d])];
+    for l in 0..c.n_layer {
+        for (t, shape) in [
+            ("attn_norm", vec![d]),
+            ("attn_q", vec![d, d]),
+            ("attn_k", vec![kv, d]),
+            ("attn_v", vec![kv, d]),
+            ("attn_output", vec![d, d]),
+            ("ffn_norm", vec![d]),
+            ("ffn_gate", vec![f, d]),
+            ("ffn_up", vec![f, d]),
+            ("ffn_down", vec![d, f]),
+        ] {
+            out.push((format!("blk.{l}.{t}.weight"), shape));
+        }
+    }
+    out.push(("output_norm.weight".to_owned(), vec![d]));
+    if untied {
+        out.push(("output.weight".to_owned(), vec![v, d]));
+    }
+    out
+}
+
+/// One transformer block's parameters (shallow handles into the VarStore).
+#[derive(Debug)]
+struct Block {
+    attn_norm: Tensor,
+    attn_q: Tensor,
+    attn_k: Tensor,
+    attn_v: Tensor,
+    attn_output: Tensor,
+    ffn_norm: Tensor,
+    ffn_gate: Tensor,
+    ffn_up: Tensor,
+    ffn_down: Tensor,
+}
+
+/// Output of a teacher-forced forward pass.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// Post-final-norm hidden states, `[B, L, d_model]`.
+    pub hidden: Tensor,
+    /// LM-head logits, `[B, L, vocab]`.
+    pub logits: Tensor,
+}
+
+/// The reference model: a Llama transformer whose parameters are f32 (or
+/// another float kind) tensors in a [`nn::VarStore`] named after the GGUF.
+#[derive(Debug)]
+pub struct ReferenceModel {
+    vs: nn::VarStore,
+    dims: ModelConfig,
+    token_embd: Tensor,
+    output: Option<Tensor>,
+    output_norm: Tensor,
+    blocks: Vec<Block>,
+}
+
+impl ReferenceModel {
+    /// Loads a checkpoint (any tensor type the checkpoint can dequantize;
+    /// a BF16 checkpoint converts to f32 exactly) onto `device` as f32.
+    pub fn load(ckpt: &Checkpoint, device: Device) -> Result<Self, PolicyError> {
+        Self::from_fn(*ckpt.config(), device, |name| {
+            if ckpt.tensor_info(name).is_none() {
+                return Ok(None);
+            }
+            ckpt.tensor_f32(name).map(Some).map_err(|e| PolicyError::Checkpoint(Box::new(e)))
+        })
+    }
+
+    /// Opens the checkpoint file at `path` and [loads](Self::load) it.
+    pub fn open(path: &std::path::Path, device: Device) -> Result<Self, PolicyError> {
+        let ckpt = Checkpoint::open(path).map_err(|e| PolicyError::Checkpoint(Box::new(e)))?;
+        Self::load(&ckpt, device)
+    }
+
+    /// Builds the model from a tensor provider. `fetch(name)` returns the
+    /// tensor's f32 elements in GGUF (ggml `ne`) order, or `None` if the
+    /// checkpoint has no such tensor (only `output.weight` may be absent: the
+    /// head is then tied to the embedding). Parameters are created on `device`
+    /// as f32 and marked trainable; wrap inference in [`tch::no_grad`].
+    pub fn from_fn<F>(dims: ModelConfig, device: Device, mut fetch: F) -> Result<Self, PolicyError>
+    where
+        F: FnMut(&str) -> Result<Option<Vec<f32>>, PolicyError>,
+    {
+        validate(&dims)?;
+        let vs = nn::VarStore::new(device);
+        let output_data = fetch("output.weight")?;
+        let untied = output_data.is_some();
+        let mut output_data = output_data;
+        let root = vs.root();
+        for (name, shape) in tensor_shapes(&dims, untied) {
+            let data = if name == "output.weight" {
+                output_data.take()
+            } else {
+                fetch(&name)?
+            };
+            let data = data.ok_or_else(|| PolicyError::MissingTensor(name.clone()))?;
+            let expected: i64 = shape.iter().product();
+            if data.len() as i64 != expected {
+                return Err(PolicyError::TensorShape { name, expected: shape, found: data.len() });
+            }
+            let t = Tensor::f_from_slice(&data)?.f_reshape(&shape)?.f_to_device(device)?;
+            let mut path = root.clone();
+            let mut parts: Vec<&str> = name.split('.').collect();
+            let leaf = parts.pop().unwrap_or("weight");
+            for p in parts {
+                path = path.sub(p);
+            }
+            let _param = path.add(leaf, t, true);
+        }
+        Self::from_var_store(vs, dims)
+    }
+
+    /// Wraps an existing VarStore whose variables carry the GGUF names and
+    /// torch-order shapes of [`tensor_shapes`] (e.g. one loaded from
+    /// a safetensors file the trainer saved).
+    pub fn from_var_store(vs: nn::VarStore, dims: ModelConfig) -> Result<Self, PolicyError> {
+        validate(&dims)?;
+        let vars = vs.variables();
+        let untied = vars.contains_key("output.weight");
+        for (name, shape) in tensor_shapes(&dims, untied) {
+            let t = vars.get(&name).ok_or_else(|| PolicyError::MissingTensor(name.clone()))?;
+            if t.size() != shape {
+                let found = t.size().iter().product::<i64>().max(0) as usize;
+                return Err(PolicyError::TensorShape { name, expected: shape, found });
+            }
+        }
+        let get = |n: &str| -> Result<Tensor, PolicyError> {
+            vars.get(n).map(Tensor::shallow_clone).ok_or_else(|| PolicyError::MissingTensor(n.to_owned()))
+        };
+        let blocks = (0..dims.n_layer)
+            .map(|l| {
+                let g = |t: &str| get(&format!("blk.{l}.{t}.weight"));
+                Ok(Block {
+                    attn_norm: g("attn_norm")?,
+                    attn_q: g("attn_q")?,
+                    attn_k: g("attn_k")?,
+                    attn_v: g("attn_v")?,
+                    attn_output: g("attn_output")?,
+                    ffn_norm: g("ffn_norm")?,
+                    ffn_gate: g("ffn_gate")?,
+                    ffn_up: g("ffn_up")?,
+                    ffn_down: g("ffn_down")?,
+                })
+            })
+            .collect::<Result<Vec<_>, PolicyError>>()?;
+        Ok(Self {
+            token_embd: get("token_embd.weight")?,
+            output: if untied { Some(get("output.weight")?) } else { None },
+            output_norm: get("output_norm.weight")?,
+            blocks,
+            vs,
+            dims,
+        })
+    }
+
+    /// The model's hyperparameters.
+    pub fn dims(&self) -> &ModelConfig {
+        &self.dims
+    }
+
+    /// The device the parameters live on.
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// The parameter store (GGUF names), e.g. for an optimiser.
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    /// Mutable access to the parameter store (e.g. to load trained values).
+    pub fn var_store_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.vs
+    }
+
+    /// Whether the LM head is tied to `token_embd.weight`.
+    pub fn is_tied(&self) -> bool {
+        self.output.is_none()
+    }
+
+    /// Every parameter rounded to BF16 bit patterns, sorted by name, in GGUF
+    /// (`ne`) element order — what a BF16 GGUF checkpoint stores.
+    pub fn export_bf16_tensors(&self) -> Result<Vec<(String, Vec<u16>)>, PolicyError> {
+        let mut vars: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        tch::no_grad(|| {
+            vars.into_iter()
+                .map(|(name, t)| {
+                    let bits = t
+                        .f_to_kind(Kind::BFloat16)?
+                        .f_to_device(Device::Cpu)?
+                        .f_contiguous()?
+                        .f_view_dtype(Kind::Int16)?
+                        .f_flatten(0, -1)?;
+                    let v: Vec<i16> = Vec::try_from(&bits)?;
+                    Ok((name, v.into_iter().map(|x| x as u16).collect()))
+                })
+                .collect()
+        })
+    }
+
+    /// Checks that every id is inside the vocabulary. Call it on untrusted
+    /// token ids before building the tensor for [`ReferenceModel::forward`].
+    pub fn check_tokens(&self, tokens: &[u32]) -> Result<(), PolicyError> {
+        check_tokens(tokens, self.dims.vocab_size)
+    }
+
+    /// Teacher-forced forward of right-padded sequences `tokens` (`[B, L]`
+    /// i64). Attention is causal, so the values at a sequence's real
+    /// positions do not depend on what follows them: right padding (with any
+    /// valid token id) never changes them, and no mask is needed. Returns
+    /// the post-norm hidden states and the logits at every position.
+    /// Differentiable; wrap in [`tch::no_grad`] for inference.
+    pub fn forward(&self, tokens: &Tensor) -> Result<ForwardOutput, PolicyError> {
+        let hidden = self.forward_hidden(tokens)?;
+        let logits = self.lm_head(&hidden)?;
+        Ok(ForwardOutput { hidden, logits })
+    }
+
+    /// The transformer body only: post-final-norm hidden states `[B, L, d]`.
+    pub fn forward_hidden(&self, tokens: &Tensor) -> Result<Tensor, PolicyError> {
+        let size = tokens.size();
+        let &[b, l] = size.as_slice() else {
+            return Err(PolicyError::Request(format!("tokens must be [B, L], got {size:?}")));
+        };
+        if tokens.kind() != Kind::Int64 {
+            return Err(PolicyError::Request(format!("tokens must be Int64, got {:?}", tokens.kind())));
+        }
+        if b == 0 || l == 0 {
+            return Err(PolicyError::Request("empty batch".to_owned()));
+        }
+        if l as usize > self.dims.context_length {
+            return Err(PolicyError::TooLong { len: l as usize, max: self.dims.context_length });
+        }
+        let device = self.device();
+        let tokens = tokens.f_to_device(device)?;
+        let vocab = self.dims.vocab_size as i64;
+        let (lo, hi) = (tokens.f_min()?.f_int64_value(&[])?, tokens.f_max()?.f_int64_value(&[])?);
+        if lo < 0 || hi >= vocab {
+            let id = if lo < 0 { lo } else { hi };
+            return Err(PolicyError::TokenOutOfRange { id, index: None, vocab: self.dims.vocab_size });
+        }
+        let kind = self.token_embd.kind();
+        let (cos, sin) = rope_tables(l, self.dims.head_dim() as i64, f64::from(self.dims.rope_theta), kind, device)?;
+        let mut x = Tensor::f_embedding(&self.token_embd, &tokens, -1, false, false)?;
+        for blk in &self.blocks {
+            x = self.block(blk, &x, &cos, &sin)?;
+        }
+        rms_norm(&x, &self.output_norm, f64::from(self.dims.rms_eps))
+    }
+
+    /// The LM head: logits `[..., vocab]` from post-norm hidden states.
+    pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor, PolicyError> {
+        let w = self.output.as_ref().unwrap_or(&self.token_embd);
+        Ok(hidden.f_linear::<&Tensor>(w, None)?)
+    }
+
+    fn block(&self, blk: &Block, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, PolicyError> {
+        let size = x.size();
+        let (b, l) = (size[0], size[1]);
+        let hd = self.dims.head_dim() as i64;
+        let (nh, nkv) = (self.dims.n_head as i64, self.dims.n_head_kv as i64);
+
+        let h = rms_norm(x, &blk.attn_norm, f64::from(self.dims.rms_eps))?;
+        // [B, L, H*hd] -> [B, H, L, hd]
+        let heads = |t: Tensor, n: i64| -> Result<Tensor, PolicyError> {
+            Ok(t.f_view([b, l, n, hd])?.f_transpose(1, 2)?)
+        };
+        let q = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_q, None)?, nh)?, cos, sin)?;
+        let k = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_k, None)?, nkv)?, cos, sin)?;
+        let v = heads(h.f_linear::<&Tensor>(&blk.attn_v, None)?, nkv)?;
+        let (k, v) = if nkv == nh {
+            (k, v)
+        } else {
+            let rep = nh / nkv;
+            (
+                k.f_repeat_interleave_self_int(rep, 1, None)?,
+                v.f_repeat_interleave_self_int(rep, 1, None)?,
+            )
+        };
+        let scale = 1.0 / (hd as f64).sqrt();
+        let att = Tensor::f_scaled_dot_product_attention::<&Tensor>(&q, &k, &v, None, 0.0, true, scale, false)?;
+        let att = att.f_transpose(1, 2)?.f_reshape([b, l, nh * hd])?;
+        let x = x.f_add(&att.f_linear::<&Tensor>(&blk.attn_output, None)?)?;
+
+        let h = rms_norm(&x, &blk.ffn_norm, f64::from(self.dims.rms_eps))?;
+        let gate = h.f_linear::<&Tensor>(&blk.ffn_gate, None)?.f_silu()?;
+        let up = h.f_linear::<&Tensor>(&blk.ffn_up, None)?;
+        let ff = gate.f_mul(&up)?.f_linear::<&Tensor>(&blk.ffn_down, None)?;
+        Ok(x.f_add(&ff)?)
+    }
+}
+
+/// Checks that every id is `< vocab`; the error names the first bad index.
+pub fn check_tokens(tokens: &[u32], vocab: usize) -> Result<(), PolicyError> {
+    match tokens.iter().position(|&t| t as usize >= vocab) {
+        Some(i) => Err(PolicyError::TokenOutOfRange { id: i64::from(tokens[i]), index: Some(i), vocab }),
+        None => Ok(()),
+    }
+}
+
+/// Builds a right-padded `[B, L]` i64 batch (L = longest sequence) from
+/// sequences of token ids, checking every id against `vocab` first. Padding
+/// uses id `pad`. Returns the batch and each sequence's length.
+pub fn pad_batch(seqs: &[&[u32]], vocab: usize, pad: u32, device: Device) -> Result<(Tensor, Vec<usize>), PolicyError> {
+    if seqs.is_empty() || seqs.iter().any(|s| s.is_empty()) {
+        return Err(PolicyError::Request("empty batch or empty sequence".to_owned()));
+    }
+    check_tokens(&[pad], vocab)?;
+    for s in seqs {
+        check_tokens(s, vocab)?;
+    }
+    let l = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut flat = Vec::with_capacity(seqs.len() * l);
+    for s in seqs {
+        flat.extend(s.iter().map(|&t| i64::from(t)));
+        flat.extend(std::iter::repeat_n(i64::from(pad), l - s.len()));
+    }
+    let t = Tensor::f_from_slice(&flat)?.f_view([seqs.len() as i64, l as i64])?.f_to_device(device)?;
+    Ok((t, seqs.iter().map(|s| s.len()).collect()))
+}
+
+/// `x / sqrt(mean(x²) + eps) * w` over the last dimension.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor, PolicyError> {
+    let d = *x.size().last().unwrap_or(&0);
+    Ok(x.f_rms_norm(&[d], Some(w), eps)?)
+}
+
+/// cos/sin tables `[L, hd/2]` for adjacent-pair RoPE, computed in f64.
+fn rope_tables(l: i64, hd: i64, theta: f64, kind: Kind, device: Device) -> Result<(Tensor, Tensor), PolicyError> {
+    let half = hd / 2;
+    let mut cos = Vec::with_capacity((l * half) as usize);
+    let mut sin = Vec::with_capacity((l * half) as usize);
+    for p in 0..l {
+        for i in 0..half {
+            let freq = theta.powf(-2.0 * i as f64 / hd as f64);
+            let a = p as f64 * freq;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    let mk = |v: &[f64]| -> Result<Tensor, PolicyError> {
+        Ok(Tensor::f_from_slice(v)?.f_view([l, half])?.f_to_kind(kind)?.f_to_device(device)?)
+    };
+    Ok((mk(&cos)?, mk(&sin)?))
+}
+
+/// Adjacent-pair RoPE on `[B, H, L, hd]`: `(x[2i], x[2i+1])` rotated by the
+/// angle of position × frequency i.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, PolicyError> {
+    let s = x.size();
+    let pairs = x.f_view([s[0], s[1], s[2], s[3] / 2, 2])?;
+    let x0 = pairs.f_select(-1, 0)?;
+    let x1 = pairs.f_select(-1, 1)?;
+    let r0 = x0.f_mul(cos)?.f_sub(&x1.f_mul(sin)?)?;
+    let r1 = x0.f_mul(sin)?.f_add(&x1.f_mul(cos)?)?;
+    Ok(Tensor::f_stack(&[r0, r1], -1)?.f_view([s[0], s[1], s[2], s[3]])?)
+}

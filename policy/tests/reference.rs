@@ -1,0 +1,218 @@
+//! The reference model on real checkpoints: the SmolLM2 file (BF16 base if
+//! `trainer init-base` made it, else the original Q4_1 dequantized) and the
+//! protocol's tiny random model.
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use anyhow::{Context, Result};
+use tch::{Device, Kind, Tensor};
+use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel, pad_batch};
+use tributary_protocol::checkpoint::Checkpoint;
+use tributary_protocol::gguf::GgmlType;
+use tributary_protocol::{assets, sampling, tiny, tokenizer::Tokenizer};
+
+struct Smol {
+    model: ReferenceModel,
+    tok: Tokenizer,
+}
+
+/// One SmolLM2 model per test binary (tests run one at a time through the lock).
+fn smol() -> MutexGuard<'static, Smol> {
+    static M: OnceLock<Mutex<Smol>> = OnceLock::new();
+    M.get_or_init(|| {
+        tributary_policy::init_threads(None);
+        let bf16 = assets::smollm2_bf16();
+        let path = if bf16.exists() { bf16 } else { assets::smollm2_q4_1() };
+        let model = ReferenceModel::open(&path, tributary_policy::default_device()).expect("load SmolLM2");
+        let tok = Tokenizer::from_gguf_file(&assets::smollm2_q4_1()).expect("tokenizer");
+        Mutex::new(Smol { model, tok })
+    })
+    .lock()
+    .unwrap_or_else(|e| e.into_inner())
+}
+
+fn chatml(tok: &Tokenizer, user: &str) -> Result<Vec<u32>> {
+    Ok(tok.encode(&format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"))?)
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn greedy_chatml_answer_is_sensible() -> Result<()> {
+    let s = smol();
+    let mut ids = chatml(&s.tok, "What is the capital of France?")?;
+    let prompt_len = ids.len();
+    for _ in 0..8 {
+        let (batch, _) = pad_batch(&[&ids], s.model.dims().vocab_size, 0, s.model.device())?;
+        let logits = tch::no_grad(|| s.model.forward(&batch))?.logits;
+        let next = logits.get(0).get(ids.len() as i64 - 1).argmax(0, false).int64_value(&[]);
+        ids.push(u32::try_from(next)?);
+    }
+    let text = s.tok.decode(&ids[prompt_len..])?;
+    println!("greedy continuation: {text:?}");
+    assert!(text.contains("Paris"), "greedy answer {text:?} does not name Paris");
+    Ok(())
+}
+
+#[test]
+fn right_padding_changes_real_positions_only_by_rounding() -> Result<()> {
+    let s = smol();
+    let a = chatml(&s.tok, "Name three colours.")?;
+    let b = chatml(&s.tok, "Write a short sentence about the sea and the wind that blows over it at night.")?;
+    assert!(b.len() > a.len() + 5);
+    let vocab = s.model.dims().vocab_size;
+    let dev = s.model.device();
+    let (alone, _) = pad_batch(&[&a], vocab, 0, dev)?;
+    // Padding with EOS rather than 0: any valid id must be harmless.
+    let (batch, lens) = pad_batch(&[&b, &a], vocab, 2, dev)?;
+    assert_eq!(lens, [b.len(), a.len()]);
+    let (one, many) = tch::no_grad(|| -> Result<_, PolicyError> { Ok((s.model.forward(&alone)?, s.model.forward(&batch)?)) })?;
+    let n = a.len() as i64;
+    let dh = max_abs_diff(&one.hidden.get(0), &many.hidden.get(1).narrow(0, 0, n));
+    let lsm = |t: &Tensor| t.log_softmax(-1, Kind::Float);
+    let dl = max_abs_diff(&lsm(&one.logits.get(0)), &lsm(&many.logits.get(1).narrow(0, 0, n)));
+    let scale = one.hidden.abs().max().double_value(&[]);
+    println!("padding: max |Δh| = {dh:e} (max |h| = {scale:.1}), max |Δ log p| = {dl:e}");
+    // Not bitwise: libtorch's f32 GEMMs block differently for a different
+    // row count (B·L), which moves the last bits (measured ~6e-7 relative).
+    // Attending to padding would move values by orders of magnitude more.
+    assert!(dh <= 1e-5 * scale, "hidden states differ by {dh} (relative {:e})", dh / scale);
+    assert!(dl <= 5e-4, "log-probabilities differ by {dl}");
+    Ok(())
+}
+
+#[test]
+fn log_softmax_rows_sum_to_one_and_hidden_is_normalised() -> Result<()> {
+    let s = smol();
+    let ids = chatml(&s.tok, "Count from one to five.")?;
+    let (batch, _) = pad_batch(&[&ids], s.model.dims().vocab_size, 0, s.model.device())?;
+    let out = tch::no_grad(|| s.model.forward(&batch))?;
+    assert_eq!(out.logits.size(), [1, ids.len() as i64, s.model.dims().vocab_size as i64]);
+    let sums = out.logits.log_softmax(-1, Kind::Double).exp().sum_dim_intlist(-1, false, Kind::Double);
+    let worst = (sums - 1.0).abs().max().double_value(&[]);
+    assert!(worst < 1e-9, "a row of exp(log_softmax) sums to 1 ± {worst}");
+    // h = rmsnorm(x)·w, so h / w has unit RMS (what llama.cpp's embeddings satisfy).
+    let w = s.model.var_store().variables()["output_norm.weight"].shallow_clone();
+    let rms = (out.hidden.get(0) / w).square().mean_dim(-1, false, Kind::Double).sqrt();
+    let (lo, hi) = (rms.min().double_value(&[]), rms.max().double_value(&[]));
+    assert!((lo - 1.0).abs() < 1e-3 && (hi - 1.0).abs() < 1e-3, "RMS of h/w in [{lo}, {hi}]");
+    Ok(())
+}
+
+#[test]
+fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
+    let s = smol();
+    let prompt = chatml(&s.tok, "Say hello.")?;
+    let mut ids = prompt.clone();
+    ids.extend(s.tok.encode("Hello! How can I help you today?<|im_end|>")?);
+    let eos = s.tok.eos_id();
+    assert_eq!(*ids.last().unwrap(), eos);
+    let hidden_positions: Vec<usize> = (0..ids.len()).collect();
+    let (batch, _) = pad_batch(&[&ids], s.model.dims().vocab_size, 0, s.model.device())?;
+    let full = tch::no_grad(|| s.model.forward(&batch))?;
+    for temperature in [0.7f32, 1.0, 0.0] {
+        let req = EvidenceRequest { tokens: &ids, prompt_len: prompt.len(), temperature, eos, hidden_positions: &hidden_positions };
+        // Alone and next to a longer rollout: the figures must not move.
+        let long: Vec<u32> = ids.iter().chain(ids.iter()).copied().collect();
+        let other = EvidenceRequest { tokens: &long, hidden_positions: &[], ..req };
+        let ev = s.model.evidence(&[req])?.remove(0);
+        let ev2 = s.model.evidence(&[other, req])?.remove(1);
+        assert_eq!(ev.len(), ids.len() - prompt.len());
+        let hidden_full: Vec<f32> = Vec::try_from(full.hidden.get(0).flatten(0, -1))?;
+        let dh = hidden_full.iter().zip(&ev.hidden).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(dh <= 1e-5, "evidence hidden rows differ from forward by {dh}");
+        for j in 0..ev.len() {
+            let p = prompt.len() + j;
+            let row: Vec<f32> = Vec::try_from(full.logits.get(0).get(p as i64 - 1))?;
+            let st = sampling::token_stats(&row, temperature, ids[p] as usize).context("token in range")?;
+            let close = |a: f64, b: f64, what: &str| {
+                assert!((a - b).abs() <= 1e-5, "T={temperature} pos {p} {what}: evidence {a} vs protocol {b}");
+            };
+            close(ev.logprob[j], f64::from(st.logprob_t1), "logprob");
+            close(ev.prob_t1[j], f64::from(st.prob_t1), "prob_t1");
+            close(ev.prob_temp[j], f64::from(st.prob_sampling), "prob_temp");
+            close(ev.cdf_lo[j], st.cdf_lo, "cdf_lo");
+            close(ev.cdf_hi[j], st.cdf_hi, "cdf_hi");
+            close(ev2.cdf_lo[j], ev.cdf_lo[j], "batched cdf_lo");
+            close(ev2.logprob[j], ev.logprob[j], "batched logprob");
+        }
+        let last: Vec<f32> = Vec::try_from(full.logits.get(0).get(ids.len() as i64 - 2))?;
+        let eos_p = sampling::token_stats(&last, 1.0, eos as usize).context("eos")?.prob_t1;
+        assert!((ev.eos_prob_last - f64::from(eos_p)).abs() <= 1e-5);
+        println!("T={temperature}: eos prob at the end {:.4}, mean logprob {:.3}", ev.eos_prob_last, ev.logprob.iter().sum::<f64>() / ev.len() as f64);
+    }
+    Ok(())
+}
+
+#[test]
+fn untrusted_input_is_rejected_not_indexed() -> Result<()> {
+    let s = smol();
+    let vocab = s.model.dims().vocab_size;
+    let dev = s.model.device();
+    let bad = [1u32, 2, vocab as u32];
+    assert!(matches!(pad_batch(&[&bad], vocab, 0, dev), Err(PolicyError::TokenOutOfRange { index: Some(2), .. })));
+    let t = Tensor::from_slice(&[1i64, -3, 5]).view([1, 3]);
+    assert!(matches!(s.model.forward(&t), Err(PolicyError::TokenOutOfRange { .. })));
+    let t = Tensor::from_slice(&[1i64, 70_000]).view([1, 2]);
+    assert!(matches!(s.model.forward(&t), Err(PolicyError::TokenOutOfRange { .. })));
+    assert!(matches!(s.model.forward(&Tensor::from_slice(&[1i64, 2])), Err(PolicyError::Request(_))));
+    let ok = [1u32, 2, 3];
+    let req = EvidenceRequest { tokens: &ok, prompt_len: 3, temperature: 1.0, eos: 2, hidden_positions: &[] };
+    assert!(matches!(s.model.evidence(&[req]), Err(PolicyError::Request(_))), "prompt_len must leave a completion");
+    let req = EvidenceRequest { prompt_len: 1, hidden_positions: &[3], ..req };
+    assert!(matches!(s.model.evidence(&[req]), Err(PolicyError::Request(_))));
+    let req = EvidenceRequest { hidden_positions: &[], eos: vocab as u32, ..req };
+    assert!(matches!(s.model.evidence(&[req]), Err(PolicyError::TokenOutOfRange { .. })));
+    let too_long = vec![1u32; s.model.dims().context_length + 1];
+    let (t, _) = pad_batch(&[&too_long], vocab, 0, dev)?;
+    assert!(matches!(s.model.forward(&t), Err(PolicyError::TooLong { .. })));
+    Ok(())
+}
+
+fn tiny_checkpoint() -> Result<Checkpoint> {
+    let src = Checkpoint::open(&assets::smollm2_q4_1())?;
+    Ok(Checkpoint::from_bytes(tiny::tiny_checkpoint_bytes(7, &src)?)?)
+}
+
+#[test]
+fn tiny_model_is_differentiable_and_exports_its_bf16_bits() -> Result<()> {
+    let ckpt = tiny_checkpoint()?;
+    let model = ReferenceModel::load(&ckpt, Device::Cpu)?;
+    assert!(model.is_tied());
+    assert_eq!(model.dims().n_head_kv * 2, model.dims().n_head);
+
+    // Export: BF16 tensors come back bit-exact, F32 ones rounded.
+    let exported = model.export_bf16_tensors()?;
+    assert_eq!(exported.len(), ckpt.header().tensors.len());
+    for (name, bits) in &exported {
+        let info = ckpt.tensor_info(name).context("exported a tensor the file lacks")?;
+        let raw = ckpt.tensor_bytes(name).context("bytes")?;
+        match info.ty {
+            GgmlType::BF16 => {
+                let file: Vec<u16> = raw.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+                assert!(file == *bits, "{name}: exported BF16 differs from the file");
+            }
+            _ => {
+                let f = ckpt.tensor_f32(name)?;
+                let back: Vec<f32> = bits.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
+                let worst = f.iter().zip(&back).map(|(a, b)| ((a - b) / a).abs()).fold(0f32, f32::max);
+                assert!(worst <= 1.0 / 256.0, "{name}: BF16 rounding off by {worst}");
+            }
+        }
+    }
+
+    // Gradient of a next-token loss reaches the first block's query weights.
+    let ids: Vec<u32> = vec![1, 4093, 198, 19556, 17, 2, 198, 1, 520, 9531, 198, 19556];
+    let (batch, _) = pad_batch(&[&ids], model.dims().vocab_size, 0, Device::Cpu)?;
+    let logits = model.forward(&batch)?.logits;
+    let n = ids.len() as i64;
+    let targets = batch.narrow(1, 1, n - 1).reshape([-1]);
+    let loss = logits.narrow(1, 0, n - 1).reshape([n - 1, -1]).cross_entropy_for_logits(&targets);
+    loss.backward();
+    let q = &model.var_store().variables()["blk.0.attn_q.weight"];
+    let g = q.grad().abs().sum(Kind::Double).double_value(&[]);
+    assert!(g.is_finite() && g > 0.0, "no gradient reached blk.0.attn_q.weight ({g})");
+    Ok(())
+}

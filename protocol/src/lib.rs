@@ -10,6 +10,7 @@ pub mod chat;
 pub mod env;
 pub mod gguf;
 pub mod identity;
+pub mod offline;
 pub mod prf;
 pub mod quant;
 pub mod rollout;

@@ -18,5 +18,6 @@ pub mod sampling;
 pub mod sketch;
 pub mod tiny;
 pub mod tokenizer;
+pub mod verify;
 pub mod window;
 pub mod wire;

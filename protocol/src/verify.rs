@@ -1,0 +1,762 @@
+//! Pure verification of one rollout against the validator's own evidence.
+//!
+//! The validator re-runs the model (libtorch) on the rollout's tokens and
+//! fills an [`Evidence`]: its own sketch at every position and, for every
+//! completion token, the [`PositionEvidence`] of that token
+//! ([`crate::sampling::token_stats`] of the logits that predict it). This
+//! module turns rollout + assignment + evidence into a [`Verdict`]: one
+//! [`CheckOutcome`] per check, each hard or soft, failures carrying the
+//! figures. A failing miner is data, never an `Err`; `Err` only means the
+//! validator's own evidence has the wrong shape.
+//!
+//! Checks, in order:
+//! 1. **Structure** (hard): assignment fields, lengths, token ids < vocab,
+//!    finite numbers, sketch values in the field. If it fails, nothing else runs.
+//! 2. **Prompt** (hard): the prompt tokens equal the assigned task's.
+//! 3. **Reward** (hard): the recomputed reward equals the reported one.
+//! 4. **Sketch** (hard): at the challenged positions (from the revealed
+//!    challenge secret and the rollout digest) the committed sketch is within
+//!    `τ(p)` of the validator's.
+//! 5. **Logprob** (hard): median over completion tokens of
+//!    `exp(|lp_miner − lp_ref|) − 1` ≤ [`VerifyParams::logprob_is_eps`] (grail §3).
+//! 6. **Sampling** (hard): at every completion position the seeded draw lies
+//!    in the chosen token's CDF interval (positions within ε of an edge are
+//!    skipped as ambiguous).
+//! 7. **Sampling coverage** (soft): the fraction of ambiguous positions is
+//!    at most [`VerifyParams::max_ambiguous_frac`].
+//! 8. **Distribution** (soft): grail §2.1 statistics of the chosen tokens'
+//!    sampling probabilities (skipped below `min_steps` tokens: with every
+//!    position checked by 6, short completions need no statistical test).
+//! 9. **Termination** (hard): grail §2.2 — completion at most `max_new_tokens`;
+//!    if shorter, it ends in EOS and `p₁(EOS) ≥ min_eos_prob` there.
+
+use crate::checkpoint::ContentId;
+use crate::env::EnvId;
+use crate::prf::Seed;
+use crate::rollout::{Rollout, SamplingParams};
+use crate::sampling::{self, SampleCheck};
+use crate::sketch::{self, SketchParams};
+
+/// What the validator knows about one position's chosen token (from its own
+/// logits): exactly [`crate::sampling::TokenStats`].
+pub use crate::sampling::TokenStats as PositionEvidence;
+
+/// Thresholds of the statistical token-distribution check (grail.md §2.1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DistributionParams {
+    /// Below this many completion tokens the check is skipped.
+    pub min_steps: usize,
+    /// Suspicious if the median chosen-token probability is ≤ this.
+    pub median_low_max: f64,
+    /// Suspicious if the minimum is ≤ this.
+    pub min_token_prob: f64,
+    /// Suspicious if the 10th percentile (whole completion, or initial window) is ≤ this.
+    pub q10_max: f64,
+    /// Length of the initial window.
+    pub initial_window: usize,
+}
+
+impl DistributionParams {
+    /// grail's constants.
+    pub const GRAIL: DistributionParams =
+        DistributionParams { min_steps: 30, median_low_max: 0.30, min_token_prob: 1e-5, q10_max: 0.025, initial_window: 50 };
+}
+
+/// Every verification constant, in one place.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VerifyParams {
+    /// Sketch parameters and tolerance.
+    pub sketch: SketchParams,
+    /// Challenged positions per rollout.
+    pub challenge_k: usize,
+    /// Median IS deviation bound `exp(|Δlp|) − 1` (grail: 0.10).
+    pub logprob_is_eps: f64,
+    /// Ambiguity margin ε of the sampling check.
+    pub sample_eps: f64,
+    /// Positions allowed clearly outside their interval (0: exact).
+    pub max_sample_outside: usize,
+    /// Largest tolerated fraction of ambiguous (unverifiable) positions.
+    pub max_ambiguous_frac: f64,
+    /// Distribution check thresholds.
+    pub distribution: DistributionParams,
+    /// Minimum `p₁(EOS)` at an EOS ending (grail: 0.02).
+    pub min_eos_prob: f64,
+    /// Largest tolerated |reported − recomputed| reward.
+    pub reward_tol: f32,
+    /// Log-probs above this are impossible (rounding slack above 0).
+    pub max_logprob: f32,
+    /// Largest allowed temperature.
+    pub max_temperature: f32,
+}
+
+impl VerifyParams {
+    /// The protocol's current constants (sketch tolerance and ε provisional
+    /// until calibrated on measured drift).
+    pub const DEFAULT: VerifyParams = VerifyParams {
+        sketch: SketchParams::DEFAULT,
+        challenge_k: sketch::CHALLENGE_K,
+        logprob_is_eps: 0.10,
+        sample_eps: sampling::DEFAULT_SAMPLE_EPS,
+        max_sample_outside: 0,
+        max_ambiguous_frac: 0.5,
+        distribution: DistributionParams::GRAIL,
+        min_eos_prob: 0.02,
+        reward_tol: 1e-6,
+        max_logprob: 1e-3,
+        max_temperature: 4.0,
+    };
+}
+
+impl Default for VerifyParams {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// What the validator expects of a rollout: the miner's assignment in the window.
+#[derive(Debug, Clone)]
+pub struct Assignment<'a> {
+    /// The window.
+    pub window: u64,
+    /// The checkpoint miners had to use.
+    pub checkpoint: ContentId,
+    /// The window's environment.
+    pub env: EnvId,
+    /// The miner whose rollouts these are (the submitter's key).
+    pub miner: [u8; 32],
+    /// `task_seed(window_seed, miner, rollout.group)`.
+    pub task_id: u64,
+    /// The window's sampling parameters.
+    pub sampling: SamplingParams,
+    /// The tokenized prompt of the assigned task.
+    pub prompt_tokens: &'a [u32],
+    /// Groups per miner in the window (`group < groups_per_miner`).
+    pub groups_per_miner: u32,
+    /// Rollouts per group (`rollout < group_size`).
+    pub group_size: u32,
+    /// Vocabulary size (token ids must be below it).
+    pub vocab_size: u32,
+    /// End-of-generation token ids.
+    pub eos_tokens: &'a [u32],
+    /// The window's public seed (sampling draws).
+    pub sampling_seed: Seed,
+    /// The window's revealed challenge secret (challenged positions).
+    pub challenge_secret: Seed,
+}
+
+/// The validator's evidence for one rollout.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Evidence {
+    /// The validator's sketch at every position (`len == tokens.len()`);
+    /// only challenged positions are read.
+    pub sketches: Vec<u32>,
+    /// One entry per completion token, in order: stats of token
+    /// `prompt_len + i` under the logits at position `prompt_len + i − 1`,
+    /// at the rollout's temperature.
+    pub positions: Vec<PositionEvidence>,
+}
+
+/// The validator's evidence does not fit the rollout (a validator bug).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// Wrong number of evidence sketches.
+    #[error("evidence has {got} sketches for {expected} positions")]
+    Sketches {
+        /// Positions in the rollout.
+        expected: usize,
+        /// Sketches supplied.
+        got: usize,
+    },
+    /// Wrong number of position entries.
+    #[error("evidence has {got} entries for {expected} completion tokens")]
+    Positions {
+        /// Completion tokens in the rollout.
+        expected: usize,
+        /// Entries supplied.
+        got: usize,
+    },
+}
+
+/// Which check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CheckKind {
+    /// Schema, lengths, ranges, assignment fields.
+    Structure,
+    /// Prompt equals the assigned task's.
+    Prompt,
+    /// Recomputed reward equals the reported one.
+    Reward,
+    /// Sketches at challenged positions.
+    Sketch,
+    /// Miner log-probs against the reference.
+    Logprob,
+    /// Exact seeded-sampling check at every position.
+    Sampling,
+    /// Share of positions the sampling check could decide.
+    SamplingCoverage,
+    /// grail's token-distribution statistics.
+    Distribution,
+    /// Length limit / EOS ending.
+    Termination,
+}
+
+/// Hard failures reject the rollout; soft ones count toward a per-miner gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// Rejects the rollout (and marks the miner).
+    Hard,
+    /// Statistical suspicion.
+    Soft,
+}
+
+impl CheckKind {
+    /// The check's severity.
+    pub fn severity(self) -> Severity {
+        match self {
+            CheckKind::SamplingCoverage | CheckKind::Distribution => Severity::Soft,
+            _ => Severity::Hard,
+        }
+    }
+}
+
+/// A failed check, with the figures.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// An assignment field differs (`field` names it).
+    AssignmentMismatch {
+        /// Which field: window, checkpoint, env, miner, task_id, sampling.
+        field: &'static str,
+    },
+    /// Group or rollout index out of range.
+    IndexOutOfRange {
+        /// `"group"` or `"rollout"`.
+        field: &'static str,
+        /// The index.
+        index: u32,
+        /// The bound it must be below.
+        bound: u32,
+    },
+    /// `prompt_len` is 0 or leaves no completion.
+    BadPromptLen {
+        /// The prompt length.
+        prompt_len: u32,
+        /// The token count.
+        tokens: usize,
+    },
+    /// A list has the wrong length.
+    LengthMismatch {
+        /// `"logprobs"` or `"sketches"`.
+        what: &'static str,
+        /// Expected length.
+        expected: usize,
+        /// Actual length.
+        got: usize,
+    },
+    /// A token id is not in the vocabulary.
+    TokenOutOfVocab {
+        /// Absolute position.
+        position: usize,
+        /// The token id.
+        token: u32,
+        /// Vocabulary size.
+        vocab: u32,
+    },
+    /// A log-prob is NaN, infinite or positive.
+    BadLogprob {
+        /// Completion index.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// A sketch value is not below `Q`.
+    SketchOutOfField {
+        /// Absolute position.
+        position: usize,
+        /// The value.
+        value: u32,
+    },
+    /// The temperature is not in `[0, max]` (or not finite).
+    BadTemperature {
+        /// The value.
+        value: f32,
+    },
+    /// The reported reward is not finite.
+    BadReward {
+        /// The value.
+        value: f32,
+    },
+    /// Prompt tokens differ from the assigned task's.
+    PromptMismatch {
+        /// Expected prompt length.
+        expected_len: usize,
+        /// Reported prompt length.
+        got_len: usize,
+        /// First differing index (or the shorter length).
+        first_diff: usize,
+    },
+    /// Reward differs from the recomputed one.
+    RewardMismatch {
+        /// Reported by the miner.
+        reported: f32,
+        /// Recomputed by the validator.
+        recomputed: f32,
+    },
+    /// Sketches too far from the validator's at challenged positions.
+    SketchMismatch {
+        /// Positions that failed.
+        failed: usize,
+        /// Positions checked.
+        checked: usize,
+        /// The worst position (largest distance − tolerance).
+        position: usize,
+        /// Its distance.
+        distance: u32,
+        /// Its tolerance.
+        tolerance: u32,
+    },
+    /// Log-probs deviate from the reference.
+    LogprobDeviation {
+        /// Median `exp(|Δ|) − 1`.
+        median: f64,
+        /// The bound.
+        threshold: f64,
+        /// Completion index of the largest |Δ|.
+        worst_index: usize,
+        /// That |Δ| in nats.
+        worst_delta: f64,
+    },
+    /// Draws clearly outside the chosen tokens' CDF intervals.
+    SampleOutside {
+        /// Positions outside.
+        outside: usize,
+        /// First such absolute position.
+        position: usize,
+        /// Its draw.
+        u: f64,
+        /// Its interval start.
+        lo: f64,
+        /// Its interval end.
+        hi: f64,
+    },
+    /// Too many positions within ε of an interval edge.
+    TooManyAmbiguous {
+        /// Ambiguous positions.
+        ambiguous: usize,
+        /// Completion positions.
+        total: usize,
+    },
+    /// Chosen-token probabilities look unlike sampling from the model.
+    Distribution {
+        /// Median probability.
+        median: f64,
+        /// Minimum probability.
+        min: f64,
+        /// 10th percentile over the completion.
+        q10: f64,
+        /// 10th percentile over the initial window.
+        q10_initial: f64,
+    },
+    /// Longer than `max_new_tokens`.
+    TooLong {
+        /// Completion length.
+        len: usize,
+        /// The limit.
+        max: u32,
+    },
+    /// Shorter than the limit but not ending in EOS.
+    NoEos {
+        /// The last token.
+        last: u32,
+    },
+    /// Ends in EOS the model found unlikely.
+    LowEosProb {
+        /// `p₁(EOS)` at the last position.
+        prob: f32,
+        /// The bound.
+        min: f64,
+    },
+}
+
+/// Outcome of one check.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    /// Passed.
+    Pass,
+    /// Not applicable (reason).
+    Skipped(&'static str),
+    /// Failed.
+    Fail(Failure),
+}
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckOutcome {
+    /// Which check.
+    pub kind: CheckKind,
+    /// Its severity.
+    pub severity: Severity,
+    /// The result.
+    pub status: Status,
+}
+
+impl CheckOutcome {
+    fn new(kind: CheckKind, status: Status) -> Self {
+        Self { kind, severity: kind.severity(), status }
+    }
+
+    fn of(kind: CheckKind, r: Result<(), Failure>) -> Self {
+        Self::new(kind, r.map_or_else(Status::Fail, |()| Status::Pass))
+    }
+
+    /// Whether this check failed.
+    pub fn failed(&self) -> bool {
+        matches!(self.status, Status::Fail(_))
+    }
+}
+
+/// The outcome of every check run on one rollout.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Verdict {
+    /// One entry per check run.
+    pub checks: Vec<CheckOutcome>,
+    /// Positions the sampling check classified inside / ambiguous / outside.
+    pub sampling_counts: SamplingCounts,
+}
+
+/// Tally of the sampling check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SamplingCounts {
+    /// Draws inside the interval.
+    pub inside: usize,
+    /// Draws within ε of an edge.
+    pub ambiguous: usize,
+    /// Draws clearly outside.
+    pub outside: usize,
+}
+
+impl Verdict {
+    /// No hard check failed.
+    pub fn accepted(&self) -> bool {
+        !self.checks.iter().any(|c| c.severity == Severity::Hard && c.failed())
+    }
+
+    /// Some soft check failed.
+    pub fn soft_failed(&self) -> bool {
+        self.checks.iter().any(|c| c.severity == Severity::Soft && c.failed())
+    }
+
+    /// The failed checks.
+    pub fn failures(&self) -> impl Iterator<Item = (CheckKind, &Failure)> + '_ {
+        self.checks.iter().filter_map(|c| match &c.status {
+            Status::Fail(f) => Some((c.kind, f)),
+            _ => None,
+        })
+    }
+
+    /// The outcome of `kind`, if it ran.
+    pub fn get(&self, kind: CheckKind) -> Option<&CheckOutcome> {
+        self.checks.iter().find(|c| c.kind == kind)
+    }
+}
+
+/// Structural check (cheap; run before any model work).
+pub fn check_structure(r: &Rollout, a: &Assignment<'_>, p: &VerifyParams) -> CheckOutcome {
+    CheckOutcome::of(CheckKind::Structure, structure(r, a, p))
+}
+
+fn structure(r: &Rollout, a: &Assignment<'_>, p: &VerifyParams) -> Result<(), Failure> {
+    let mismatch = |field| Err(Failure::AssignmentMismatch { field });
+    if r.window != a.window {
+        return mismatch("window");
+    }
+    if r.checkpoint != a.checkpoint {
+        return mismatch("checkpoint");
+    }
+    if r.env != a.env {
+        return mismatch("env");
+    }
+    if r.miner != a.miner {
+        return mismatch("miner");
+    }
+    if r.task_id != a.task_id {
+        return mismatch("task_id");
+    }
+    let t = r.sampling.temperature;
+    if !(t.is_finite() && (0.0..=p.max_temperature).contains(&t)) {
+        return Err(Failure::BadTemperature { value: t });
+    }
+    if r.sampling.temperature.to_bits() != a.sampling.temperature.to_bits()
+        || r.sampling.max_new_tokens != a.sampling.max_new_tokens
+    {
+        return mismatch("sampling");
+    }
+    if r.group >= a.groups_per_miner {
+        return Err(Failure::IndexOutOfRange { field: "group", index: r.group, bound: a.groups_per_miner });
+    }
+    if r.rollout >= a.group_size {
+        return Err(Failure::IndexOutOfRange { field: "rollout", index: r.rollout, bound: a.group_size });
+    }
+    let n = r.tokens.len();
+    let pl = r.prompt_len as usize;
+    if pl == 0 || pl >= n {
+        return Err(Failure::BadPromptLen { prompt_len: r.prompt_len, tokens: n });
+    }
+    if r.logprobs.len() != n - pl {
+        return Err(Failure::LengthMismatch { what: "logprobs", expected: n - pl, got: r.logprobs.len() });
+    }
+    if r.sketches.len() != n {
+        return Err(Failure::LengthMismatch { what: "sketches", expected: n, got: r.sketches.len() });
+    }
+    if let Some((position, &token)) = r.tokens.iter().enumerate().find(|(_, t)| **t >= a.vocab_size) {
+        return Err(Failure::TokenOutOfVocab { position, token, vocab: a.vocab_size });
+    }
+    if let Some((index, &value)) =
+        r.logprobs.iter().enumerate().find(|(_, v)| !(v.is_finite() && **v <= p.max_logprob))
+    {
+        return Err(Failure::BadLogprob { index, value });
+    }
+    if let Some((position, &value)) = r.sketches.iter().enumerate().find(|(_, s)| **s >= sketch::Q) {
+        return Err(Failure::SketchOutOfField { position, value });
+    }
+    if !r.reward.is_finite() {
+        return Err(Failure::BadReward { value: r.reward });
+    }
+    Ok(())
+}
+
+/// Prompt check: the rollout's prompt tokens equal the assigned task's.
+pub fn check_prompt(r: &Rollout, a: &Assignment<'_>) -> CheckOutcome {
+    let got = r.prompt();
+    let want = a.prompt_tokens;
+    let res = if got == want {
+        Ok(())
+    } else {
+        let first_diff = got.iter().zip(want).position(|(x, y)| x != y).unwrap_or(got.len().min(want.len()));
+        Err(Failure::PromptMismatch { expected_len: want.len(), got_len: got.len(), first_diff })
+    };
+    CheckOutcome::of(CheckKind::Prompt, res)
+}
+
+/// Reward check: `|reported − recomputed| ≤ reward_tol` (NaN fails).
+pub fn check_reward(r: &Rollout, recomputed: f32, p: &VerifyParams) -> CheckOutcome {
+    let ok = (r.reward - recomputed).abs() <= p.reward_tol;
+    let res = if ok { Ok(()) } else { Err(Failure::RewardMismatch { reported: r.reward, recomputed }) };
+    CheckOutcome::of(CheckKind::Reward, res)
+}
+
+/// The challenged positions of `r` (see [`sketch::challenged_positions`]).
+pub fn challenged(r: &Rollout, challenge_secret: &Seed, p: &VerifyParams) -> Vec<usize> {
+    sketch::challenged_positions(challenge_secret, &r.digest(), r.prompt_len as usize, r.tokens.len(), p.challenge_k)
+}
+
+/// Sketch check at the challenged positions. `reference[p]` is the
+/// validator's sketch at absolute position `p`; positions beyond either list
+/// count as failures.
+pub fn check_sketches(r: &Rollout, positions: &[usize], reference: &[u32], p: &VerifyParams) -> CheckOutcome {
+    let mut failed = 0;
+    let mut worst: Option<(i64, usize, u32, u32)> = None;
+    for &pos in positions {
+        let tol = sketch::tolerance(pos, &p.sketch);
+        let dist = match (r.sketches.get(pos), reference.get(pos)) {
+            (Some(&m), Some(&v)) => sketch::distance(m, v),
+            _ => u32::MAX,
+        };
+        if dist > tol {
+            failed += 1;
+            let excess = i64::from(dist) - i64::from(tol);
+            if worst.is_none_or(|w| excess > w.0) {
+                worst = Some((excess, pos, dist, tol));
+            }
+        }
+    }
+    let res = match worst {
+        None => Ok(()),
+        Some((_, position, distance, tolerance)) => {
+            Err(Failure::SketchMismatch { failed, checked: positions.len(), position, distance, tolerance })
+        }
+    };
+    CheckOutcome::of(CheckKind::Sketch, res)
+}
+
+/// numpy-style median (mean of the two middle values) of sorted data.
+fn median_sorted(x: &[f64]) -> f64 {
+    let n = x.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 { x[n / 2] } else { (x[n / 2 - 1] + x[n / 2]) / 2.0 }
+}
+
+/// numpy `quantile(x, q)` with linear interpolation, on sorted data.
+pub fn quantile_sorted(x: &[f64], q: f64) -> f64 {
+    let n = x.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    let h = (n - 1) as f64 * q.clamp(0.0, 1.0);
+    let lo = h.floor() as usize;
+    let hi = (lo + 1).min(n - 1);
+    x[lo] + (h - lo as f64) * (x[hi] - x[lo])
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// Log-prob check over every completion token.
+pub fn check_logprobs(r: &Rollout, ev: &[PositionEvidence], p: &VerifyParams) -> CheckOutcome {
+    let deltas: Vec<f64> =
+        r.logprobs.iter().zip(ev).map(|(&m, e)| (f64::from(m) - f64::from(e.logprob_t1)).abs()).collect();
+    let devs = sorted(deltas.iter().map(|d| d.exp() - 1.0).map(|d| if d.is_nan() { f64::INFINITY } else { d }).collect());
+    let median = median_sorted(&devs);
+    let res = if median <= p.logprob_is_eps {
+        Ok(())
+    } else {
+        let (worst_index, worst_delta) = deltas
+            .iter()
+            .copied()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((0, f64::NAN));
+        Err(Failure::LogprobDeviation { median, threshold: p.logprob_is_eps, worst_index, worst_delta })
+    };
+    CheckOutcome::of(CheckKind::Logprob, res)
+}
+
+/// Exact seeded-sampling check at every completion position; also returns
+/// the coverage (soft) outcome and the tally.
+pub fn check_sampling(
+    r: &Rollout,
+    ev: &[PositionEvidence],
+    sampling_seed: &Seed,
+    p: &VerifyParams,
+) -> (CheckOutcome, CheckOutcome, SamplingCounts) {
+    let mut counts = SamplingCounts::default();
+    let mut first: Option<(usize, f64, f64, f64)> = None;
+    let pl = r.prompt_len as usize;
+    for (i, e) in ev.iter().enumerate() {
+        let pos = pl + i;
+        let u = sampling::draw_u(sampling_seed, &r.miner, r.group, r.rollout, pos as u32);
+        match sampling::check_sample(u, e.cdf_lo, e.cdf_hi, p.sample_eps) {
+            SampleCheck::Inside => counts.inside += 1,
+            SampleCheck::Ambiguous => counts.ambiguous += 1,
+            SampleCheck::Outside { u, lo, hi } => {
+                counts.outside += 1;
+                first.get_or_insert((pos, u, lo, hi));
+            }
+        }
+    }
+    let exact = match first {
+        Some((position, u, lo, hi)) if counts.outside > p.max_sample_outside => {
+            Err(Failure::SampleOutside { outside: counts.outside, position, u, lo, hi })
+        }
+        _ => Ok(()),
+    };
+    let total = ev.len();
+    let coverage = if (counts.ambiguous as f64) <= p.max_ambiguous_frac * total as f64 {
+        Ok(())
+    } else {
+        Err(Failure::TooManyAmbiguous { ambiguous: counts.ambiguous, total })
+    };
+    (CheckOutcome::of(CheckKind::Sampling, exact), CheckOutcome::of(CheckKind::SamplingCoverage, coverage), counts)
+}
+
+/// grail's token-distribution check on the chosen tokens' sampling probabilities.
+pub fn check_distribution(ev: &[PositionEvidence], p: &VerifyParams) -> CheckOutcome {
+    let d = &p.distribution;
+    if ev.len() < d.min_steps {
+        return CheckOutcome::new(CheckKind::Distribution, Status::Skipped("completion shorter than min_steps"));
+    }
+    let probs: Vec<f64> = ev.iter().map(|e| f64::from(e.prob_sampling)).collect();
+    let all = sorted(probs.clone());
+    let init = sorted(probs[..d.initial_window.min(probs.len())].to_vec());
+    let median = median_sorted(&all);
+    let min = all[0];
+    let q10 = quantile_sorted(&all, 0.10);
+    let q10_initial = quantile_sorted(&init, 0.10);
+    let suspicious = !(median > d.median_low_max && min > d.min_token_prob && q10 > d.q10_max && q10_initial > d.q10_max);
+    let res = if suspicious { Err(Failure::Distribution { median, min, q10, q10_initial }) } else { Ok(()) };
+    CheckOutcome::of(CheckKind::Distribution, res)
+}
+
+/// Termination check (grail §2.2).
+pub fn check_termination(r: &Rollout, ev: &[PositionEvidence], eos_tokens: &[u32], p: &VerifyParams) -> CheckOutcome {
+    let len = r.completion().len();
+    let max = r.sampling.max_new_tokens;
+    let res = if len > max as usize {
+        Err(Failure::TooLong { len, max })
+    } else if len == max as usize {
+        Ok(())
+    } else {
+        match (r.completion().last(), ev.last()) {
+            (Some(&last), _) if !eos_tokens.contains(&last) => Err(Failure::NoEos { last }),
+            (Some(_), Some(e)) if f64::from(e.prob_t1) < p.min_eos_prob => {
+                Err(Failure::LowEosProb { prob: e.prob_t1, min: p.min_eos_prob })
+            }
+            (Some(_), Some(_)) => Ok(()),
+            (None, _) | (_, None) => Err(Failure::NoEos { last: u32::MAX }),
+        }
+    };
+    CheckOutcome::of(CheckKind::Termination, res)
+}
+
+/// Runs every check. `recomputed_reward` is the environment's reward of the
+/// detokenized completion. If the structure check fails only it is reported.
+pub fn verify_rollout(
+    r: &Rollout,
+    a: &Assignment<'_>,
+    recomputed_reward: f32,
+    evidence: &Evidence,
+    p: &VerifyParams,
+) -> Result<Verdict, VerifyError> {
+    let structure = check_structure(r, a, p);
+    if structure.failed() {
+        return Ok(Verdict { checks: vec![structure], sampling_counts: SamplingCounts::default() });
+    }
+    if evidence.sketches.len() != r.tokens.len() {
+        return Err(VerifyError::Sketches { expected: r.tokens.len(), got: evidence.sketches.len() });
+    }
+    let ev = &evidence.positions[..];
+    if ev.len() != r.completion().len() {
+        return Err(VerifyError::Positions { expected: r.completion().len(), got: ev.len() });
+    }
+    let positions = challenged(r, &a.challenge_secret, p);
+    let (sampling, coverage, counts) = check_sampling(r, ev, &a.sampling_seed, p);
+    let checks = vec![
+        structure,
+        check_prompt(r, a),
+        check_reward(r, recomputed_reward, p),
+        check_sketches(r, &positions, &evidence.sketches, p),
+        check_logprobs(r, ev, p),
+        sampling,
+        coverage,
+        check_distribution(ev, p),
+        check_termination(r, ev, a.eos_tokens, p),
+    ];
+    Ok(Verdict { checks, sampling_counts: counts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_match_numpy() {
+        let x = [1.0, 2.0, 3.0, 4.0, 10.0];
+        assert_eq!(median_sorted(&x), 3.0);
+        assert_eq!(median_sorted(&x[..4]), 2.5);
+        assert!((quantile_sorted(&x, 0.1) - 1.4).abs() < 1e-12);
+        assert_eq!(quantile_sorted(&x, 0.0), 1.0);
+        assert_eq!(quantile_sorted(&x, 1.0), 10.0);
+        assert_eq!(quantile_sorted(&[7.0], 0.1), 7.0);
+        assert!(quantile_sorted(&[], 0.1).is_nan());
+    }
+
+    #[test]
+    fn severities() {
+        assert_eq!(CheckKind::Sampling.severity(), Severity::Hard);
+        assert_eq!(CheckKind::Distribution.severity(), Severity::Soft);
+        assert_eq!(CheckKind::SamplingCoverage.severity(), Severity::Soft);
+    }
+}

@@ -4,3 +4,8 @@
 //! - [`core`]: the sans-IO state machine (windows, admission, verdicts, weights, bans).
 
 pub mod core;
+pub mod net;
+pub mod server;
+pub mod store;
+pub mod http;
+pub mod node;

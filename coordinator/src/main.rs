@@ -1,3 +1,103 @@
-fn main() {
-    println!("coordinator");
+//! `coordinator run --dev` or `coordinator run --config FILE`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use coordinator::node::{self, Config};
+
+#[derive(Parser)]
+#[command(about = "Tributary coordinator")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the coordinator.
+    Run {
+        /// A single-machine throwaway network: loopback, self-signed certificate, short windows.
+        #[arg(long)]
+        dev: bool,
+        /// Configuration file (TOML); required without `--dev`.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Genesis model (GGUF); with `--dev` the tiny model is used otherwise.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Data folder (with `--dev`: a temporary one unless given).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Validator key (hex) allowed to post verdicts; repeatable (adds to the config).
+        #[arg(long = "validator")]
+        validators: Vec<String>,
+        /// Trainer key (hex) (overrides the config).
+        #[arg(long)]
+        trainer: Option<String>,
+        /// Window length in milliseconds (overrides the config).
+        #[arg(long)]
+        window_ms: Option<u64>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let Cmd::Run { dev, config, model, data, validators, trainer, window_ms } = Cli::parse().cmd;
+    let mut _tmp = None;
+    let mut cfg = match (dev, &config) {
+        (_, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str::<Config>(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        (true, None) => {
+            let dir = match &data {
+                Some(d) => d.clone(),
+                None => {
+                    let t = tempfile::tempdir()?;
+                    let p = t.path().to_path_buf();
+                    _tmp = Some(t);
+                    p
+                }
+            };
+            Config::dev(dir)
+        }
+        (false, None) => anyhow::bail!("give --config FILE, or --dev"),
+    };
+    if let Some(d) = data {
+        cfg.data_dir = d;
+    }
+    if model.is_some() {
+        cfg.model = model;
+    }
+    cfg.validators.extend(validators);
+    if trainer.is_some() {
+        cfg.trainer = trainer;
+    }
+    if let Some(w) = window_ms {
+        cfg.window_ms = w;
+    }
+    if !dev && cfg.model.is_none() {
+        anyhow::bail!("the configuration must name the genesis `model`");
+    }
+    let genesis = node::genesis_checkpoint(cfg.model.as_deref())?;
+    let n = node::start(&cfg, genesis).await?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "quic={}", n.quic)?;
+        writeln!(out, "http=http://{}", n.http)?;
+        writeln!(out, "fingerprint={}", n.fingerprint)?;
+        writeln!(out, "checkpoint={genesis}")?;
+        writeln!(out, "data={}", cfg.data_dir.display())?;
+        out.flush()?;
+    }
+    tracing::info!(quic = %n.quic, http = %n.http, "coordinator running");
+    tokio::signal::ctrl_c().await?;
+    n.server.endpoint.close(0u32.into(), b"shutdown");
+    Ok(())
 }

@@ -1,0 +1,128 @@
+//! The operators' HTTP listener: Prometheus `/metrics`, `/api/miners`,
+//! `/api/weights` and a minimal status page at `/`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::Html;
+use axum::routing::get;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::server::{Shared, now_ms};
+
+/// Installs the process-wide Prometheus recorder once and returns its handle.
+pub fn prometheus() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .clone()
+}
+
+#[derive(Clone)]
+struct AppState {
+    shared: Arc<Shared>,
+    prom: Option<PrometheusHandle>,
+}
+
+/// Binds the HTTP listener and serves it in the background; returns the bound address.
+pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<SocketAddr> {
+    let state = AppState { shared, prom: prometheus() };
+    let app = axum::Router::new()
+        .route("/", get(status))
+        .route("/metrics", get(metrics_page))
+        .route("/api/miners", get(miners))
+        .route("/api/weights", get(weights))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "http listener failed");
+        }
+    });
+    Ok(addr)
+}
+
+async fn metrics_page(State(s): State<AppState>) -> String {
+    let now = now_ms();
+    {
+        let core = s.shared.core();
+        if let Some(w) = core.current_window(now) {
+            metrics::gauge!("tributary_window").set(w as f64);
+            metrics::gauge!("tributary_window_rollouts").set(core.window_count(w) as f64);
+        }
+        metrics::gauge!("tributary_miners").set(core.miners().len() as f64);
+    }
+    s.prom.map(|p| p.render()).unwrap_or_default()
+}
+
+#[derive(serde::Serialize)]
+struct MinerJson {
+    accepted: u64,
+    rejected: BTreeMap<&'static str, u64>,
+    banned: bool,
+    banned_through: Option<u64>,
+}
+
+async fn miners(State(s): State<AppState>) -> Json<BTreeMap<String, MinerJson>> {
+    let core = s.shared.core();
+    let w = core.current_window(now_ms()).unwrap_or(0);
+    Json(
+        core.miners()
+            .iter()
+            .map(|(k, m)| {
+                (
+                    k.to_string(),
+                    MinerJson {
+                        accepted: m.accepted,
+                        rejected: m.rejected.clone(),
+                        banned: core.is_banned(k, w),
+                        banned_through: m.banned_through,
+                    },
+                )
+            })
+            .collect(),
+    )
+}
+
+async fn weights(State(s): State<AppState>) -> Json<BTreeMap<String, f64>> {
+    let core = s.shared.core();
+    let upto = core.current_window(now_ms()).unwrap_or(0).saturating_sub(2);
+    Json(
+        core.weights(upto, s.shared.key.public())
+            .weights
+            .into_iter()
+            .map(|(k, w)| (k.to_string(), w))
+            .collect(),
+    )
+}
+
+async fn status(State(s): State<AppState>) -> Html<String> {
+    let now = now_ms();
+    let core = s.shared.core();
+    let w = core.current_window(now);
+    let rows: String = core
+        .miners()
+        .iter()
+        .map(|(k, m)| {
+            format!(
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                k,
+                m.accepted,
+                m.rejected.values().sum::<u64>()
+            )
+        })
+        .collect();
+    Html(format!(
+        "<!doctype html><title>Tributary coordinator</title><h1>Tributary coordinator</h1>\
+         <p>key <code>{}</code></p><p>window {} ({} rollouts)</p>\
+         <table><tr><th>miner</th><th>accepted</th><th>rejected</th></tr>{}</table>",
+        s.shared.key.public(),
+        w.map_or("-".into(), |w| w.to_string()),
+        w.map_or(0, |w| core.window_count(w)),
+        rows
+    ))
+}

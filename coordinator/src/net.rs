@@ -1,0 +1,244 @@
+//! QUIC plumbing shared by the coordinator and its clients: TLS with a pinned
+//! self-signed certificate, frame I/O with size limits, and the client
+//! handshake.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tributary_protocol::identity::{self, Keypair, PublicKey};
+use tributary_protocol::wire::{
+    self, Auth, ErrorFrame, Frame, HEADER_LEN, Hello, PROTOCOL_VERSION, Role, WireError, Welcome,
+};
+
+/// Errors on a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The peer sent bad frame bytes.
+    #[error("wire: {0}")]
+    Wire(#[from] WireError),
+    /// Reading failed.
+    #[error("read: {0}")]
+    Read(#[from] quinn::ReadExactError),
+    /// Writing failed.
+    #[error("write: {0}")]
+    Write(#[from] quinn::WriteError),
+    /// Connecting failed.
+    #[error("connect: {0}")]
+    Connect(#[from] quinn::ConnectError),
+    /// The connection failed.
+    #[error("connection: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    /// TLS setup failed.
+    #[error("tls: {0}")]
+    Tls(String),
+    /// Local I/O failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    /// The stream ended.
+    #[error("stream closed")]
+    Closed,
+    /// The peer answered with an error frame.
+    #[error("refused: {0:?}: {1}")]
+    Refused(wire::ErrorCode, String),
+    /// The peer answered with an unexpected frame.
+    #[error("unexpected frame {0:?}")]
+    Unexpected(wire::Tag),
+}
+
+/// The provider every endpoint uses (ring).
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A certificate's fingerprint: blake3 of its DER, in hex.
+pub fn fingerprint(cert_der: &[u8]) -> String {
+    blake3::hash(cert_der).to_hex().to_string()
+}
+
+/// A self-signed certificate for `localhost`/`127.0.0.1`: (cert DER, PKCS#8 key DER).
+pub fn self_signed() -> Result<(Vec<u8>, Vec<u8>), NetError> {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .map_err(|e| NetError::Tls(e.to_string()))?;
+    Ok((ck.cert.der().to_vec(), ck.key_pair.serialize_der()))
+}
+
+/// A QUIC server config with the ALPN and transport limits.
+pub fn server_config(cert_der: Vec<u8>, key_der: Vec<u8>) -> Result<quinn::ServerConfig, NetError> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| NetError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(cert_der)],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der)),
+        )
+        .map_err(|e| NetError::Tls(e.to_string()))?;
+    tls.alpn_protocols = vec![wire::ALPN.to_vec()];
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| NetError::Tls(e.to_string()))?;
+    let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    // One control stream per connection; memory per connection is bounded by
+    // streams × stream window.
+    transport.max_concurrent_bidi_streams(4u32.into());
+    transport.max_concurrent_uni_streams(0u32.into());
+    transport.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
+    cfg.transport_config(Arc::new(transport));
+    Ok(cfg)
+}
+
+/// Accepts exactly the server certificate whose fingerprint is pinned.
+#[derive(Debug)]
+struct Pinned {
+    fingerprint: String,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if fingerprint(end_entity).eq_ignore_ascii_case(&self.fingerprint) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General("certificate fingerprint does not match the pin".into()))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not used".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A QUIC client config that pins the coordinator's certificate fingerprint.
+pub fn client_config(fingerprint: &str) -> Result<quinn::ClientConfig, NetError> {
+    let provider = provider();
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| NetError::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Pinned {
+            fingerprint: fingerprint.trim().to_string(),
+            provider,
+        }))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![wire::ALPN.to_vec()];
+    let crypto = QuicClientConfig::try_from(tls).map_err(|e| NetError::Tls(e.to_string()))?;
+    Ok(quinn::ClientConfig::new(Arc::new(crypto)))
+}
+
+/// Reads one frame; `Ok(None)` on a clean end of stream before a header.
+/// The header is checked before the body is read, so at most the tag's
+/// limit is ever allocated.
+pub async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Option<Frame>, NetError> {
+    let mut header = [0u8; HEADER_LEN];
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let (tag, len) = wire::parse_header(&header)?;
+    let mut body = vec![0u8; len as usize];
+    recv.read_exact(&mut body).await?;
+    Ok(Some(Frame::decode_body(tag, &body)?))
+}
+
+/// Writes one frame.
+pub async fn write_frame(send: &mut quinn::SendStream, frame: &Frame) -> Result<(), NetError> {
+    send.write_all(&frame.encode()).await?;
+    Ok(())
+}
+
+/// An authenticated client session on one control stream.
+#[derive(Debug)]
+pub struct Session {
+    /// The connection.
+    pub conn: quinn::Connection,
+    /// Frames to the coordinator.
+    pub send: quinn::SendStream,
+    /// Frames from the coordinator.
+    pub recv: quinn::RecvStream,
+    /// The coordinator's key.
+    pub coordinator: PublicKey,
+    /// The coordinator's greeting.
+    pub welcome: Welcome,
+    /// The endpoint (kept alive with the session).
+    pub endpoint: quinn::Endpoint,
+}
+
+impl Session {
+    /// Connects, pins the certificate, and proves possession of `key` for `role`.
+    pub async fn connect(addr: SocketAddr, fingerprint: &str, key: &Keypair, role: Role) -> Result<Self, NetError> {
+        let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .map_err(|_| NetError::Closed)?;
+        let mut endpoint = quinn::Endpoint::client(bind)?;
+        endpoint.set_default_client_config(client_config(fingerprint)?);
+        let conn = endpoint.connect(addr, "localhost")?.await?;
+        let (mut send, mut recv) = conn.open_bi().await?;
+        let hello = Hello { version: PROTOCOL_VERSION, role, key: key.public() };
+        write_frame(&mut send, &Frame::Hello(hello.clone())).await?;
+        let challenge = match read_frame(&mut recv).await?.ok_or(NetError::Closed)? {
+            Frame::Challenge(c) => c,
+            Frame::Error(ErrorFrame { code, detail }) => return Err(NetError::Refused(code, detail)),
+            other => return Err(NetError::Unexpected(other.tag())),
+        };
+        let signature = key.sign(
+            identity::domain::HANDSHAKE,
+            &wire::handshake_bytes(&challenge.nonce, &challenge.coordinator, &hello),
+        );
+        write_frame(&mut send, &Frame::Auth(Auth { signature })).await?;
+        let welcome = match read_frame(&mut recv).await?.ok_or(NetError::Closed)? {
+            Frame::Welcome(w) => w,
+            Frame::Error(ErrorFrame { code, detail }) => return Err(NetError::Refused(code, detail)),
+            other => return Err(NetError::Unexpected(other.tag())),
+        };
+        Ok(Self { conn, send, recv, coordinator: challenge.coordinator, welcome, endpoint })
+    }
+
+    /// Sends one frame.
+    pub async fn send(&mut self, frame: &Frame) -> Result<(), NetError> {
+        write_frame(&mut self.send, frame).await
+    }
+
+    /// Receives one frame; an error frame becomes [`NetError::Refused`].
+    pub async fn recv(&mut self) -> Result<Frame, NetError> {
+        match read_frame(&mut self.recv).await?.ok_or(NetError::Closed)? {
+            Frame::Error(ErrorFrame { code, detail }) => Err(NetError::Refused(code, detail)),
+            f => Ok(f),
+        }
+    }
+
+    /// Sends a request and waits for its answer.
+    pub async fn request(&mut self, frame: &Frame) -> Result<Frame, NetError> {
+        self.send(frame).await?;
+        self.recv().await
+    }
+}

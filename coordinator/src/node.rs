@@ -1,0 +1,211 @@
+//! Starting a coordinator from a configuration: data folder, keys,
+//! certificate, database, core, QUIC server and HTTP listener.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use tributary_protocol::checkpoint::{Checkpoint, ContentId};
+use tributary_protocol::env::EnvId;
+use tributary_protocol::identity::{Keypair, PublicKey};
+use tributary_protocol::window::Schedule;
+
+use crate::core::{Access, Core, CoreConfig};
+use crate::server::{self, Limits, Server, Shared};
+use crate::store::Store;
+
+/// Seed of the tiny model every `--dev` role generates, so all agree on its content id.
+pub const DEV_TINY_SEED: u64 = 0;
+
+/// The coordinator's configuration file (TOML). Every field has a default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// QUIC address. Default `0.0.0.0:4433`.
+    pub listen: SocketAddr,
+    /// HTTP address. Default `127.0.0.1:9090`.
+    pub http: SocketAddr,
+    /// Data folder (database, keys, certificate). Default `./coordinator-data`.
+    pub data_dir: PathBuf,
+    /// Window length in milliseconds. Default 360 000 (grail's 30 blocks).
+    pub window_ms: u64,
+    /// Submission grace after a window ends, in milliseconds. Default 5 000.
+    pub grace_ms: u64,
+    /// Active environment. Default `arith`.
+    pub env: EnvId,
+    /// Groups per miner per window. Default 32.
+    pub groups_per_miner: u32,
+    /// Rollouts per group. Default 16.
+    pub group_size: u32,
+    /// The genesis model (its content id is the first checkpoint). Required outside `--dev`.
+    pub model: Option<PathBuf>,
+    /// Validator keys (hex).
+    pub validators: Vec<String>,
+    /// Trainer key (hex).
+    pub trainer: Option<String>,
+    /// If set, only these miner keys (hex) may mine.
+    pub miner_allow: Option<Vec<String>>,
+    /// Miner keys (hex) that may not mine.
+    pub miner_deny: Vec<String>,
+    /// Windows a hard failure bans for. Default 14 (grail).
+    pub ban_windows: u64,
+    /// Soft failures in one verdict that ban. Default 3.
+    pub soft_failure_threshold: u32,
+    /// Windows the weights look back over. Default 12 (grail).
+    pub weight_windows: u64,
+    /// Valid rollouts counted per window at most. Default 5000 (grail).
+    pub unique_cap_per_window: u64,
+    /// Connection attempts per second per address. Default 20.
+    pub connections_per_sec: u32,
+    /// KiB per second per miner. Default 65 536.
+    pub kib_per_sec: u32,
+    /// Rollouts per second per miner. Default 20 000.
+    pub rollouts_per_sec: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let l = Limits::default();
+        Self {
+            listen: ([0, 0, 0, 0], 4433).into(),
+            http: ([127, 0, 0, 1], 9090).into(),
+            data_dir: "coordinator-data".into(),
+            window_ms: 360_000,
+            grace_ms: 5_000,
+            env: EnvId::Arith,
+            groups_per_miner: 32,
+            group_size: 16,
+            model: None,
+            validators: vec![],
+            trainer: None,
+            miner_allow: None,
+            miner_deny: vec![],
+            ban_windows: 14,
+            soft_failure_threshold: 3,
+            weight_windows: 12,
+            unique_cap_per_window: 5000,
+            connections_per_sec: l.connections_per_sec,
+            kib_per_sec: l.kib_per_sec,
+            rollouts_per_sec: l.rollouts_per_sec,
+        }
+    }
+}
+
+impl Config {
+    /// The `--dev` configuration: loopback, 20-second windows, small groups.
+    pub fn dev(data_dir: PathBuf) -> Self {
+        Self {
+            listen: ([127, 0, 0, 1], 0).into(),
+            http: ([127, 0, 0, 1], 0).into(),
+            data_dir,
+            window_ms: 20_000,
+            grace_ms: 2_000,
+            groups_per_miner: 4,
+            group_size: 4,
+            ..Self::default()
+        }
+    }
+}
+
+/// A running coordinator.
+pub struct Node {
+    /// QUIC address.
+    pub quic: SocketAddr,
+    /// HTTP address.
+    pub http: SocketAddr,
+    /// Certificate fingerprint (hex).
+    pub fingerprint: String,
+    /// The QUIC server.
+    pub server: Server,
+    /// Shared state.
+    pub shared: Arc<Shared>,
+}
+
+fn keys(list: &[String]) -> anyhow::Result<HashSet<PublicKey>> {
+    list.iter().map(|s| Ok(s.parse::<PublicKey>()?)).collect()
+}
+
+fn read_or_create(path: &Path, make: impl FnOnce() -> anyhow::Result<Vec<u8>>) -> anyhow::Result<Vec<u8>> {
+    if path.exists() {
+        return Ok(std::fs::read(path)?);
+    }
+    let v = make()?;
+    std::fs::write(path, &v)?;
+    Ok(v)
+}
+
+/// The content id of the genesis model: `model`, or the `--dev` tiny model.
+pub fn genesis_checkpoint(model: Option<&Path>) -> anyhow::Result<ContentId> {
+    Ok(match model {
+        Some(p) => Checkpoint::open(p)?.content_id(),
+        None => {
+            let src = Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1())?;
+            let bytes = tributary_protocol::tiny::tiny_checkpoint_bytes(DEV_TINY_SEED, &src)?;
+            Checkpoint::from_bytes(bytes)?.content_id()
+        }
+    })
+}
+
+/// Starts a coordinator. The data folder keeps the database, the coordinator
+/// key and the certificate, so a restart on it resumes the same network.
+pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    let store = Arc::new(Store::open(&cfg.data_dir.join("coordinator.redb"))?);
+    let key_path = cfg.data_dir.join("coordinator.key");
+    let key = if key_path.exists() {
+        Keypair::load(&key_path)?
+    } else {
+        let k = Keypair::generate();
+        k.save(&key_path)?;
+        k
+    };
+    let master: [u8; 32] = store
+        .meta_or_init("master_secret", || rand::random::<[u8; 32]>().to_vec())?
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("corrupt master secret"))?;
+    let genesis_ms = u64::from_le_bytes(
+        store
+            .meta_or_init("genesis_ms", || server::now_ms().to_le_bytes().to_vec())?
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("corrupt genesis"))?,
+    );
+    let cert = read_or_create(&cfg.data_dir.join("cert.der"), || {
+        let (c, k) = crate::net::self_signed()?;
+        std::fs::write(cfg.data_dir.join("cert.key.der"), k)?;
+        Ok(c)
+    })?;
+    let cert_key = std::fs::read(cfg.data_dir.join("cert.key.der"))?;
+    let access = Access {
+        miner_allow: cfg.miner_allow.as_deref().map(keys).transpose()?,
+        miner_deny: keys(&cfg.miner_deny)?,
+        validators: keys(&cfg.validators)?,
+        trainer: cfg.trainer.as_deref().map(str::parse).transpose()?,
+    };
+    let core = Core::new(CoreConfig {
+        schedule: Schedule::new(genesis_ms, cfg.window_ms, cfg.grace_ms)?,
+        master,
+        env: cfg.env,
+        groups_per_miner: cfg.groups_per_miner,
+        group_size: cfg.group_size,
+        genesis_checkpoint: genesis,
+        access,
+        ban_windows: cfg.ban_windows,
+        soft_failure_threshold: cfg.soft_failure_threshold,
+        weight_windows: cfg.weight_windows,
+        unique_cap_per_window: cfg.unique_cap_per_window,
+        weight_exponent: 4,
+    });
+    let limits = Limits {
+        connections_per_sec: cfg.connections_per_sec,
+        kib_per_sec: cfg.kib_per_sec,
+        rollouts_per_sec: cfg.rollouts_per_sec,
+    };
+    let _ = crate::http::prometheus();
+    let shared = server::shared(core, store, key, limits)?;
+    let fingerprint = crate::net::fingerprint(&cert);
+    let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;
+    let http = crate::http::start(cfg.http, shared.clone()).await?;
+    Ok(Node { quic: server.addr, http, fingerprint, server, shared })
+}

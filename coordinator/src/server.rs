@@ -1,0 +1,508 @@
+//! The QUIC server: handshake, ingestion with durable acknowledgements,
+//! serving, verdicts, checkpoints and rate limits, around [`Core`] and [`Store`].
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tokio::sync::{mpsc, oneshot};
+use tributary_protocol::identity::{self, Keypair, PublicKey};
+use tributary_protocol::rollout::{Rollout, RolloutLimits};
+use tributary_protocol::wire::{
+    self, Ack, Challenge, ErrorCode, ErrorFrame, Frame, Progress, Refused, RejectReason, Reveal, Role, Rollouts,
+    VerdictAck, Welcome,
+};
+
+use crate::core::{Candidate, Core};
+use crate::net::{self, NetError};
+use crate::store::{Store, StoreError, StoredRollout};
+
+/// Rate limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connection attempts per second per source address.
+    pub connections_per_sec: u32,
+    /// Submitted KiB per second per miner key (burst: one second's worth).
+    pub kib_per_sec: u32,
+    /// Submissions per second per miner key.
+    pub rollouts_per_sec: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { connections_per_sec: 20, kib_per_sec: 64 << 10, rollouts_per_sec: 20_000 }
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+struct WriteJob {
+    rollouts: Vec<StoredRollout>,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// State shared by every connection.
+pub struct Shared {
+    /// The state machine.
+    pub core: Mutex<Core>,
+    /// The database.
+    pub store: Arc<Store>,
+    /// The coordinator's key.
+    pub key: Keypair,
+    writer: mpsc::Sender<WriteJob>,
+    conn_limit: DefaultKeyedRateLimiter<IpAddr>,
+    byte_limit: DefaultKeyedRateLimiter<PublicKey>,
+    rollout_limit: DefaultKeyedRateLimiter<PublicKey>,
+}
+
+impl Shared {
+    /// Locks the core (a poisoned lock is recovered: the core has no invariants a panic can break half-way).
+    pub fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn quota(per_sec: u32) -> Quota {
+    Quota::per_second(NonZeroU32::new(per_sec.max(1)).unwrap_or(NonZeroU32::MIN))
+}
+
+/// Builds the shared state: restores the core from the store and starts the group-commit writer thread.
+pub fn shared(mut core: Core, store: Arc<Store>, key: Keypair, limits: Limits) -> Result<Arc<Shared>, StoreError> {
+    for c in store.candidates()? {
+        core.restore(&c);
+    }
+    for (from, ann) in store.checkpoints()? {
+        core.restore_checkpoint(from, ann.body.id);
+    }
+    for v in store.verdicts()? {
+        core.apply_verdict(&v.body);
+    }
+    core.prune(now_ms());
+    let (tx, rx) = mpsc::channel::<WriteJob>(1024);
+    let st = store.clone();
+    std::thread::Builder::new()
+        .name("redb-writer".into())
+        .spawn(move || writer_loop(st, rx))
+        .map_err(|e| StoreError::Db(redb::Error::Io(e)))?;
+    Ok(Arc::new(Shared {
+        core: Mutex::new(core),
+        store,
+        key,
+        writer: tx,
+        conn_limit: RateLimiter::keyed(quota(limits.connections_per_sec)),
+        byte_limit: RateLimiter::keyed(quota(limits.kib_per_sec)),
+        rollout_limit: RateLimiter::keyed(quota(limits.rollouts_per_sec)),
+    }))
+}
+
+/// Group commit: every job waiting is written in one durable transaction.
+fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut jobs = vec![first];
+        while let Ok(j) = rx.try_recv() {
+            jobs.push(j);
+            if jobs.len() >= 4096 {
+                break;
+            }
+        }
+        let all: Vec<StoredRollout> = jobs.iter().flat_map(|j| j.rollouts.iter().cloned()).collect();
+        let started = Instant::now();
+        let res = store.put_rollouts(&all).map_err(|e| e.to_string());
+        metrics::histogram!("tributary_redb_commit_seconds").record(started.elapsed().as_secs_f64());
+        for j in jobs {
+            let _ = j.done.send(res.clone());
+        }
+    }
+}
+
+/// Door checks that need no state: size, decoding, schema, signature.
+pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
+    if bytes.len() > wire::MAX_ROLLOUT_LEN as usize {
+        return Err(RejectReason::Oversized);
+    }
+    let r = Rollout::decode(bytes, &RolloutLimits::DEFAULT).map_err(|_| RejectReason::Malformed)?;
+    let n = r.tokens.len();
+    let p = r.prompt_len as usize;
+    if p == 0 || p >= n || r.logprobs.len() != n - p || r.sketches.len() != n || !r.reward.is_finite() {
+        return Err(RejectReason::Schema);
+    }
+    r.verify_signature().map_err(|_| RejectReason::BadSignature)?;
+    let content = *blake3::hash(bytemuck_u32(r.completion()).as_slice()).as_bytes();
+    let c = Candidate {
+        window: r.window,
+        checkpoint: r.checkpoint,
+        env: r.env,
+        group: r.group,
+        index: r.rollout,
+        task_id: r.task_id,
+        miner: PublicKey(r.miner),
+        digest: r.digest(),
+        content,
+    };
+    Ok((r, c))
+}
+
+fn bytemuck_u32(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn count_reject(reason: RejectReason) {
+    metrics::counter!("tributary_rollouts_rejected_total", "reason" => reason.as_str()).increment(1);
+}
+
+/// A running QUIC server.
+pub struct Server {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The endpoint.
+    pub endpoint: quinn::Endpoint,
+    /// Shared state.
+    pub shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Binds and starts accepting connections.
+    pub fn start(listen: SocketAddr, cert_der: Vec<u8>, key_der: Vec<u8>, shared: Arc<Shared>) -> Result<Self, NetError> {
+        let endpoint = quinn::Endpoint::server(net::server_config(cert_der, key_der)?, listen)?;
+        let addr = endpoint.local_addr()?;
+        let ep = endpoint.clone();
+        let sh = shared.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                let ip = incoming.remote_address().ip();
+                if sh.conn_limit.check_key(&ip).is_err() {
+                    metrics::counter!("tributary_connections_refused_total", "reason" => "rate_limited").increment(1);
+                    incoming.refuse();
+                    continue;
+                }
+                let sh = sh.clone();
+                tokio::spawn(async move {
+                    match incoming.await {
+                        Ok(conn) => {
+                            metrics::gauge!("tributary_connections").increment(1.0);
+                            if let Err(e) = handle_connection(conn, sh).await {
+                                tracing::debug!(error = %e, "connection ended");
+                            }
+                            metrics::gauge!("tributary_connections").decrement(1.0);
+                        }
+                        Err(e) => tracing::debug!(error = %e, "handshake failed"),
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, endpoint, shared })
+    }
+}
+
+async fn send_error(send: &mut quinn::SendStream, code: ErrorCode, detail: &str) {
+    let _ = net::write_frame(send, &Frame::Error(ErrorFrame { code, detail: detail.into() })).await;
+}
+
+async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(), NetError> {
+    let (mut send, mut recv) = conn.accept_bi().await?;
+    let handshake = tokio::time::timeout(Duration::from_secs(10), handshake(&mut send, &mut recv, &sh)).await;
+    let (role, peer) = match handshake {
+        Ok(Ok(Some(x))) => x,
+        Ok(Ok(None)) => {
+            let _ = send.finish();
+            conn.close(1u32.into(), b"handshake refused");
+            return Ok(());
+        }
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            conn.close(1u32.into(), b"handshake timeout");
+            return Ok(());
+        }
+    };
+    let span = tracing::info_span!("peer", role = role.as_str(), key = %peer.short());
+    let _enter = span.enter();
+    tracing::info!("authenticated");
+    // Answers go out in request order, as their results become ready.
+    let (ans_tx, mut ans_rx) = mpsc::channel::<oneshot::Receiver<Frame>>(4096);
+    let writer = tokio::spawn(async move {
+        while let Some(rx) = ans_rx.recv().await {
+            let Ok(frame) = rx.await else { continue };
+            let close = matches!(frame, Frame::Error(_));
+            if net::write_frame(&mut send, &frame).await.is_err() {
+                break;
+            }
+            if close {
+                let _ = send.finish();
+                break;
+            }
+        }
+    });
+    let result = serve_requests(&conn, &mut recv, &sh, role, peer, &ans_tx).await;
+    drop(ans_tx);
+    let _ = writer.await;
+    match &result {
+        Err(NetError::Wire(_)) => conn.close(2u32.into(), b"malformed frame"),
+        Ok(true) => conn.close(3u32.into(), b"protocol violation"),
+        _ => {}
+    }
+    result.map(|_| ())
+}
+
+/// Returns `Ok(true)` if the connection must be closed for a violation.
+async fn serve_requests(
+    _conn: &quinn::Connection,
+    recv: &mut quinn::RecvStream,
+    sh: &Arc<Shared>,
+    role: Role,
+    peer: PublicKey,
+    answers: &mpsc::Sender<oneshot::Receiver<Frame>>,
+) -> Result<bool, NetError> {
+    let ready = |f: Frame| {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(f);
+        rx
+    };
+    loop {
+        let frame = match net::read_frame(recv).await {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(false),
+            Err(NetError::Wire(e)) => {
+                metrics::counter!("tributary_frames_refused_total", "reason" => "malformed").increment(1);
+                let _ = answers
+                    .send(ready(Frame::Error(ErrorFrame { code: ErrorCode::Malformed, detail: e.to_string() })))
+                    .await;
+                return Err(NetError::Wire(e));
+            }
+            Err(e) => return Err(e),
+        };
+        let now = now_ms();
+        let answer = match (role, frame) {
+            (_, Frame::GetWindow(g)) => {
+                let core = sh.core();
+                let w = g.window.or_else(|| core.current_window(now));
+                match w.and_then(|w| core.window_info(w, now)) {
+                    Some(info) => Frame::WindowInfo(info),
+                    None => err(ErrorCode::NotYet, "window not open"),
+                }
+            }
+            (_, Frame::GetReveal(g)) => match sh.core().reveal(g.window, now) {
+                Some(secret) => Frame::Reveal(Reveal { window: g.window, secret: secret.0 }),
+                None => err(ErrorCode::NotYet, "submissions still open"),
+            },
+            (_, Frame::GetWeights(_)) => {
+                let core = sh.core();
+                let upto = core.current_window(now).unwrap_or(0).saturating_sub(2);
+                Frame::Weights(wire::WeightsDoc::sign(core.weights(upto, sh.key.public()), &sh.key))
+            }
+            (Role::Miner, Frame::GetProgress(g)) => {
+                Frame::Progress(Progress { window: g.window, slots: sh.core().progress(g.window, &peer) })
+            }
+            (Role::Miner, Frame::Submit(s)) => {
+                let rx = submit(sh, &peer, s.seq, s.rollout.0, now).await;
+                if answers.send(rx).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
+            }
+            (Role::Validator | Role::Trainer, Frame::FetchRollouts(f)) => fetch(sh, role, f, now),
+            (Role::Validator, Frame::PostVerdict(v)) => {
+                let ok = v.verify().is_ok();
+                let res = sh.core().record_verdict(now, &v.body, ok);
+                match res {
+                    Ok(()) => match sh.store.put_verdict(&v) {
+                        Ok(()) => Frame::VerdictAck(VerdictAck { window: v.body.window, miner: v.body.miner }),
+                        Err(e) => err(ErrorCode::Internal, &e.to_string()),
+                    },
+                    Err(e) => err(ErrorCode::BadSignature, &e.to_string()),
+                }
+            }
+            (Role::Trainer, Frame::PublishCheckpoint(p)) => {
+                match receive_checkpoint(sh, recv, p, now).await {
+                    Ok(f) => f,
+                    Err(e) => return Err(e),
+                }
+            }
+            (_, Frame::GetCheckpoint(g)) => match sh.store.checkpoint_payload(&g.id, g.offset, wire::MAX_CHUNK_LEN as usize) {
+                Ok(Some((data, _total))) => Frame::CheckpointChunk(wire::CheckpointChunk { id: g.id, offset: g.offset, data: wire::Blob(data) }),
+                Ok(None) => err(ErrorCode::NotFound, "no such checkpoint"),
+                Err(e) => err(ErrorCode::Internal, &e.to_string()),
+            },
+            (_, other) => {
+                metrics::counter!("tributary_frames_refused_total", "reason" => "unexpected").increment(1);
+                let _ = answers
+                    .send(ready(err(ErrorCode::UnexpectedFrame, &format!("{:?} not allowed for {}", other.tag(), role.as_str()))))
+                    .await;
+                return Ok(true);
+            }
+        };
+        if answers.send(ready(answer)).await.is_err() {
+            return Ok(false);
+        }
+    }
+}
+
+fn err(code: ErrorCode, detail: &str) -> Frame {
+    Frame::Error(ErrorFrame { code, detail: detail.into() })
+}
+
+async fn handshake(
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    sh: &Shared,
+) -> Result<Option<(Role, PublicKey)>, NetError> {
+    let hello = match net::read_frame(recv).await? {
+        Some(Frame::Hello(h)) => h,
+        _ => {
+            send_error(send, ErrorCode::UnexpectedFrame, "expected Hello").await;
+            return Ok(None);
+        }
+    };
+    if hello.version != wire::PROTOCOL_VERSION {
+        send_error(send, ErrorCode::Version, "unsupported protocol version").await;
+        return Ok(None);
+    }
+    if !sh.core().access().permits(hello.role, &hello.key) {
+        metrics::counter!("tributary_connections_refused_total", "reason" => "unauthorized").increment(1);
+        send_error(send, ErrorCode::Unauthorized, "key may not take this role").await;
+        return Ok(None);
+    }
+    let nonce: [u8; 32] = rand::random();
+    let coordinator = sh.key.public();
+    net::write_frame(send, &Frame::Challenge(Challenge { nonce, coordinator })).await?;
+    let auth = match net::read_frame(recv).await? {
+        Some(Frame::Auth(a)) => a,
+        _ => {
+            send_error(send, ErrorCode::UnexpectedFrame, "expected Auth").await;
+            return Ok(None);
+        }
+    };
+    let msg = wire::handshake_bytes(&nonce, &coordinator, &hello);
+    if hello.key.verify(identity::domain::HANDSHAKE, &msg, &auth.signature).is_err() {
+        metrics::counter!("tributary_connections_refused_total", "reason" => "bad_handshake").increment(1);
+        send_error(send, ErrorCode::BadHandshake, "signature does not verify").await;
+        return Ok(None);
+    }
+    let schedule = *sh.core().schedule();
+    net::write_frame(send, &Frame::Welcome(Welcome { now_ms: now_ms(), schedule })).await?;
+    Ok(Some((hello.role, hello.key)))
+}
+
+async fn submit(sh: &Arc<Shared>, peer: &PublicKey, seq: u64, bytes: Vec<u8>, now: u64) -> oneshot::Receiver<Frame> {
+    let (tx, rx) = oneshot::channel();
+    let started = Instant::now();
+    let refuse = |tx: oneshot::Sender<Frame>, reason: RejectReason| {
+        count_reject(reason);
+        let _ = tx.send(Frame::Refused(Refused { seq, reason }));
+    };
+    let kib = NonZeroU32::new((bytes.len() as u32).div_ceil(1024).max(1)).unwrap_or(NonZeroU32::MIN);
+    if !matches!(sh.byte_limit.check_key_n(peer, kib), Ok(Ok(()))) || sh.rollout_limit.check_key(peer).is_err() {
+        sh.core().count_rejection(Some(peer), RejectReason::RateLimited);
+        refuse(tx, RejectReason::RateLimited);
+        return rx;
+    }
+    metrics::counter!("tributary_rollout_bytes_total").increment(bytes.len() as u64);
+    let (_rollout, cand) = match door_check(&bytes) {
+        Ok(x) => x,
+        Err(reason) => {
+            sh.core().count_rejection(Some(peer), reason);
+            refuse(tx, reason);
+            return rx;
+        }
+    };
+    if let Err(reason) = sh.core().admit(now, peer, &cand) {
+        refuse(tx, reason);
+        return rx;
+    }
+    let (done_tx, done_rx) = oneshot::channel();
+    let job = WriteJob { rollouts: vec![StoredRollout { candidate: cand.clone(), bytes }], done: done_tx };
+    if sh.writer.send(job).await.is_err() {
+        sh.core().abort(&cand);
+        refuse(tx, RejectReason::Internal);
+        return rx;
+    }
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        let ok = matches!(done_rx.await, Ok(Ok(())));
+        if ok {
+            sh.core().commit(&cand);
+            metrics::counter!("tributary_rollouts_accepted_total").increment(1);
+            metrics::histogram!("tributary_ingest_latency_seconds").record(started.elapsed().as_secs_f64());
+            let _ = tx.send(Frame::Ack(Ack { seq, digest: cand.digest }));
+        } else {
+            sh.core().abort(&cand);
+            count_reject(RejectReason::Internal);
+            let _ = tx.send(Frame::Refused(Refused { seq, reason: RejectReason::Internal }));
+        }
+    });
+    rx
+}
+
+fn fetch(sh: &Shared, role: Role, f: wire::FetchRollouts, now: u64) -> Frame {
+    let core = sh.core();
+    if core.reveal(f.window, now).is_none() {
+        return err(ErrorCode::NotYet, "window's submissions have not closed");
+    }
+    if role == Role::Trainer {
+        if let Some(m) = &f.miner {
+            if core.is_banned(m, f.window) {
+                return Frame::Rollouts(Rollouts { window: f.window, items: vec![], next: None });
+            }
+        }
+    }
+    drop(core);
+    // Keep each answer well under the frame limit.
+    let limit = (f.limit as usize).clamp(1, 256);
+    match sh.store.rollouts(f.window, f.miner.as_ref(), f.after, limit) {
+        Ok((items, next)) => {
+            let items = if role == Role::Trainer {
+                let core = sh.core();
+                items
+                    .into_iter()
+                    .filter(|b| {
+                        Rollout::decode(b, &RolloutLimits::DEFAULT)
+                            .is_ok_and(|r| !core.is_banned(&PublicKey(r.miner), f.window))
+                    })
+                    .collect()
+            } else {
+                items
+            };
+            Frame::Rollouts(Rollouts { window: f.window, items: items.into_iter().map(wire::Blob).collect(), next })
+        }
+        Err(e) => err(ErrorCode::Internal, &e.to_string()),
+    }
+}
+
+async fn receive_checkpoint(
+    sh: &Shared,
+    recv: &mut quinn::RecvStream,
+    p: wire::PublishCheckpoint,
+    now: u64,
+) -> Result<Frame, NetError> {
+    if p.verify().is_err() {
+        return Ok(err(ErrorCode::BadSignature, "checkpoint announcement signature"));
+    }
+    // Payloads are bounded: 4 GiB at most, read chunk by chunk in order.
+    if p.body.len > 4 << 30 {
+        return Ok(err(ErrorCode::Malformed, "checkpoint too large"));
+    }
+    let mut payload = Vec::new();
+    while (payload.len() as u64) < p.body.len {
+        match net::read_frame(recv).await?.ok_or(NetError::Closed)? {
+            Frame::CheckpointChunk(c) if c.id == p.body.id && c.offset == payload.len() as u64 => {
+                if payload.len() as u64 + c.data.0.len() as u64 > p.body.len {
+                    return Ok(err(ErrorCode::Malformed, "chunk past the announced length"));
+                }
+                payload.extend_from_slice(&c.data.0);
+            }
+            _ => return Ok(err(ErrorCode::UnexpectedFrame, "expected the next checkpoint chunk")),
+        }
+    }
+    if blake3::hash(&payload).as_bytes() != &p.body.payload_hash {
+        return Ok(err(ErrorCode::Malformed, "payload hash mismatch"));
+    }
+    let from = sh.core().publish_checkpoint(now, &p.body);
+    match sh.store.put_checkpoint(from, &p, &payload) {
+        Ok(()) => Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id })),
+        Err(e) => Ok(err(ErrorCode::Internal, &e.to_string())),
+    }
+}

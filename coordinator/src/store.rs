@@ -1,0 +1,283 @@
+//! Durable state in one redb file: meta (master secret, genesis), rollouts,
+//! verdicts and checkpoints. A write returns only after its transaction is
+//! committed with `Durability::Immediate`, so whatever was acknowledged
+//! survives a `kill -9`.
+
+use std::path::Path;
+
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::EnvId;
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::wire::{PublishCheckpoint, Verdict};
+use tributary_protocol::window::WindowId;
+
+use crate::core::Candidate;
+
+const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
+/// window BE ‖ digest → encoded rollout.
+const ROLLOUTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollouts");
+/// window BE ‖ digest → postcard(IndexEntry).
+const INDEX: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollout_index");
+/// window BE ‖ miner ‖ validator → postcard(Verdict).
+const VERDICTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("verdicts");
+/// from-window BE → postcard(PublishCheckpoint).
+const CHECKPOINTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("checkpoints");
+/// content id → payload.
+const PAYLOADS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("checkpoint_payloads");
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// redb failed.
+    #[error("database: {0}")]
+    Db(#[from] redb::Error),
+    /// A stored value did not decode (corruption or a version mismatch).
+    #[error("corrupt stored value in {0}")]
+    Corrupt(&'static str),
+}
+
+macro_rules! db_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self { StoreError::Db(e.into()) }
+        }
+    )*};
+}
+db_from!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// What the index keeps of a stored rollout (enough to rebuild the core).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct IndexEntry {
+    miner: PublicKey,
+    group: u32,
+    index: u32,
+    task_id: u64,
+    content: [u8; 32],
+    checkpoint: ContentId,
+    env: EnvId,
+}
+
+/// A rollout to store.
+#[derive(Debug, Clone)]
+pub struct StoredRollout {
+    /// Its door-check facts.
+    pub candidate: Candidate,
+    /// Its encoding.
+    pub bytes: Vec<u8>,
+}
+
+fn rollout_key(window: WindowId, digest: &[u8; 32]) -> [u8; 40] {
+    let mut k = [0u8; 40];
+    k[..8].copy_from_slice(&window.to_be_bytes());
+    k[8..].copy_from_slice(digest);
+    k
+}
+
+/// The coordinator's database.
+#[derive(Debug)]
+pub struct Store {
+    db: Database,
+}
+
+impl Store {
+    /// Opens (or creates) the database file and its tables.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db = Database::create(path)?;
+        let tx = db.begin_write()?;
+        {
+            tx.open_table(META)?;
+            tx.open_table(ROLLOUTS)?;
+            tx.open_table(INDEX)?;
+            tx.open_table(VERDICTS)?;
+            tx.open_table(CHECKPOINTS)?;
+            tx.open_table(PAYLOADS)?;
+        }
+        tx.commit()?;
+        Ok(Self { db })
+    }
+
+    /// A meta value.
+    pub fn meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(META)?;
+        Ok(t.get(key)?.map(|v| v.value().to_vec()))
+    }
+
+    /// Returns the meta value, or stores `init()` under `key` and returns it.
+    pub fn meta_or_init(&self, key: &str, init: impl FnOnce() -> Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        if let Some(v) = self.meta(key)? {
+            return Ok(v);
+        }
+        let v = init();
+        let tx = self.db.begin_write()?;
+        tx.open_table(META)?.insert(key, v.as_slice())?;
+        tx.commit()?;
+        Ok(v)
+    }
+
+    /// Stores a batch of rollouts in one durable transaction.
+    pub fn put_rollouts(&self, batch: &[StoredRollout]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        {
+            let mut rollouts = tx.open_table(ROLLOUTS)?;
+            let mut index = tx.open_table(INDEX)?;
+            for r in batch {
+                let c = &r.candidate;
+                let key = rollout_key(c.window, &c.digest);
+                rollouts.insert(key.as_slice(), r.bytes.as_slice())?;
+                let entry = IndexEntry {
+                    miner: c.miner,
+                    group: c.group,
+                    index: c.index,
+                    task_id: c.task_id,
+                    content: c.content,
+                    checkpoint: c.checkpoint,
+                    env: c.env,
+                };
+                let v = postcard::to_stdvec(&entry).map_err(|_| StoreError::Corrupt("index"))?;
+                index.insert(key.as_slice(), v.as_slice())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every stored rollout's door facts, for rebuilding the core at startup.
+    pub fn candidates(&self) -> Result<Vec<Candidate>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(INDEX)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let key = k.value();
+            let (w, d) = key.split_at_checked(8).ok_or(StoreError::Corrupt("index key"))?;
+            let window = u64::from_be_bytes(w.try_into().map_err(|_| StoreError::Corrupt("index key"))?);
+            let digest: [u8; 32] = d.try_into().map_err(|_| StoreError::Corrupt("index key"))?;
+            let e: IndexEntry = postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("index"))?;
+            out.push(Candidate {
+                window,
+                checkpoint: e.checkpoint,
+                env: e.env,
+                group: e.group,
+                index: e.index,
+                task_id: e.task_id,
+                miner: e.miner,
+                digest,
+                content: e.content,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A page of a window's rollouts (by digest order), optionally of one miner.
+    pub fn rollouts(
+        &self,
+        window: WindowId,
+        miner: Option<&PublicKey>,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<(Vec<Vec<u8>>, Option<[u8; 32]>), StoreError> {
+        let tx = self.db.begin_read()?;
+        let rollouts = tx.open_table(ROLLOUTS)?;
+        let index = tx.open_table(INDEX)?;
+        let start = match after {
+            Some(d) => {
+                let mut k = rollout_key(window, &d).to_vec();
+                k.push(0);
+                k
+            }
+            None => window.to_be_bytes().to_vec(),
+        };
+        let end = window.saturating_add(1).to_be_bytes();
+        let mut items = Vec::new();
+        let mut last = None;
+        for item in index.range(start.as_slice()..end.as_slice())? {
+            let (k, v) = item?;
+            let key = k.value().to_vec();
+            if let Some(m) = miner {
+                let e: IndexEntry = postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("index"))?;
+                if e.miner != *m {
+                    continue;
+                }
+            }
+            if items.len() == limit {
+                return Ok((items, last));
+            }
+            let bytes = rollouts.get(key.as_slice())?.ok_or(StoreError::Corrupt("rollouts"))?;
+            items.push(bytes.value().to_vec());
+            last = key.get(8..40).and_then(|d| d.try_into().ok());
+        }
+        Ok((items, None))
+    }
+
+    /// Number of stored rollouts.
+    pub fn rollout_count(&self) -> Result<u64, StoreError> {
+        let tx = self.db.begin_read()?;
+        Ok(tx.open_table(ROLLOUTS)?.len()?)
+    }
+
+    /// Stores a verdict (replacing that validator's earlier verdict on the miner and window).
+    pub fn put_verdict(&self, v: &Verdict) -> Result<(), StoreError> {
+        let mut key = Vec::with_capacity(72);
+        key.extend_from_slice(&v.body.window.to_be_bytes());
+        key.extend_from_slice(v.body.miner.as_bytes());
+        key.extend_from_slice(v.body.validator.as_bytes());
+        let val = postcard::to_stdvec(v).map_err(|_| StoreError::Corrupt("verdict"))?;
+        let tx = self.db.begin_write()?;
+        tx.open_table(VERDICTS)?.insert(key.as_slice(), val.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every stored verdict.
+    pub fn verdicts(&self) -> Result<Vec<Verdict>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(VERDICTS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (_, v) = item?;
+            out.push(postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("verdict"))?);
+        }
+        Ok(out)
+    }
+
+    /// Stores a checkpoint announcement (in force from `from`) and its payload.
+    pub fn put_checkpoint(&self, from: WindowId, ann: &PublishCheckpoint, payload: &[u8]) -> Result<(), StoreError> {
+        let val = postcard::to_stdvec(ann).map_err(|_| StoreError::Corrupt("checkpoint"))?;
+        let tx = self.db.begin_write()?;
+        tx.open_table(CHECKPOINTS)?.insert(from, val.as_slice())?;
+        tx.open_table(PAYLOADS)?.insert(ann.body.id.0.as_slice(), payload)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every checkpoint announcement with the window it is in force from.
+    pub fn checkpoints(&self) -> Result<Vec<(WindowId, PublishCheckpoint)>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(CHECKPOINTS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            out.push((k.value(), postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("checkpoint"))?));
+        }
+        Ok(out)
+    }
+
+    /// Part of a stored checkpoint payload: up to `max` bytes from `offset`, and the total length.
+    pub fn checkpoint_payload(&self, id: &ContentId, offset: u64, max: usize) -> Result<Option<(Vec<u8>, u64)>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(PAYLOADS)?;
+        let Some(v) = t.get(id.0.as_slice())? else { return Ok(None) };
+        let all = v.value();
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(all.len());
+        let end = start.saturating_add(max).min(all.len());
+        Ok(Some((all[start..end].to_vec(), all.len() as u64)))
+    }
+}

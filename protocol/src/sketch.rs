@@ -249,7 +249,7 @@ pub fn sketch(h: &[f32], key: &SketchKey, params: &SketchParams) -> Result<u32, 
 /// (`hidden.len() == rows · key.dim()`).
 pub fn sketch_rows(hidden: &[f32], key: &SketchKey, params: &SketchParams) -> Result<Vec<u32>, SketchError> {
     let d = key.dim();
-    if d == 0 || hidden.len() % d != 0 {
+    if d == 0 || !hidden.len().is_multiple_of(d) {
         return Err(SketchError::DimMismatch { expected: d, got: hidden.len() });
     }
     hidden.chunks_exact(d).map(|row| sketch(row, key, params)).collect()

@@ -29,7 +29,7 @@ fn model(prefix: &[u32], drift: f32) -> (Vec<f32>, Vec<f32>) {
         logits[EOS as usize] = -5.0;
     }
     let hidden: Vec<f32> = (0..D).map(|_| ((st.unit_f64() - 0.5) * 40.0) as f32).collect();
-    let jitter = |x: f32, i: usize| x * (1.0 + drift * if i % 2 == 0 { 1.0 } else { -1.0 });
+    let jitter = |x: f32, i: usize| x * (1.0 + drift * if i.is_multiple_of(2) { 1.0 } else { -1.0 });
     (
         logits.iter().enumerate().map(|(i, &x)| jitter(x, i)).collect(),
         hidden.iter().enumerate().map(|(i, &x)| jitter(x, i)).collect(),
@@ -120,10 +120,10 @@ impl World {
         for p in 0..r.tokens.len() {
             let (logits, hidden) = model(&r.tokens[..=p], drift);
             ev.sketches.push(sketch::sketch(&hidden, &self.key, &sketch::SketchParams::DEFAULT).unwrap());
-            if let Some(&next) = r.tokens.get(p + 1) {
-                if p + 1 >= r.prompt_len as usize {
-                    ev.positions.push(token_stats(&logits, r.sampling.temperature, next as usize).unwrap());
-                }
+            if let Some(&next) = r.tokens.get(p + 1)
+                && p + 1 >= r.prompt_len as usize
+            {
+                ev.positions.push(token_stats(&logits, r.sampling.temperature, next as usize).unwrap());
             }
         }
         ev
@@ -166,7 +166,8 @@ fn structural_problems_are_rejected_with_reasons() {
     let w = World::new();
     let r = w.mine(0);
     let ev = w.evidence(&r, 0.0);
-    let cases: Vec<(Box<dyn Fn(&mut Rollout)>, fn(&Failure) -> bool)> = vec![
+    type Case = (Box<dyn Fn(&mut Rollout)>, fn(&Failure) -> bool);
+    let cases: Vec<Case> = vec![
         (Box::new(|r| r.tokens[9] = V as u32), |f| matches!(f, Failure::TokenOutOfVocab { position: 9, token: 512, vocab: 512 })),
         (Box::new(|r| r.logprobs[3] = f32::NAN), |f| matches!(f, Failure::BadLogprob { index: 3, .. })),
         (Box::new(|r| r.logprobs[0] = f32::NEG_INFINITY), |f| matches!(f, Failure::BadLogprob { index: 0, .. })),

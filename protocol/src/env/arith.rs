@@ -37,7 +37,7 @@ impl ArithEnv {
         let d = self.difficulty;
         let mut st = PrfStream::new(labels::ENV, &[b"arith", &d.to_le_bytes(), &seed.to_le_bytes()]);
         let terms = (2 + d / 2).min(6);
-        let digits = 1 + (d + 1) / 2;
+        let digits = 1 + d.div_ceil(2);
         let ops: &[char] = match d {
             0 => &['+'],
             1 => &['+', '-'],

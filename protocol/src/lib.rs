@@ -7,6 +7,7 @@
 pub mod assets;
 pub mod checkpoint;
 pub mod chat;
+pub mod delta;
 pub mod env;
 pub mod gguf;
 pub mod identity;

@@ -209,7 +209,7 @@ async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(
     let (role, peer) = match handshake {
         Ok(Ok(Some(x))) => x,
         Ok(Ok(None)) => {
-            let _ = send.finish();
+            linger(&mut send).await;
             conn.close(1u32.into(), b"handshake refused");
             return Ok(());
         }
@@ -227,19 +227,23 @@ async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(
     let writer = tokio::spawn(async move {
         while let Some(rx) = ans_rx.recv().await {
             let Ok(frame) = rx.await else { continue };
-            let close = matches!(frame, Frame::Error(_));
+            let close = matches!(&frame, Frame::Error(e) if e.code.closes_connection());
             if net::write_frame(&mut send, &frame).await.is_err() {
                 break;
             }
             if close {
-                let _ = send.finish();
                 break;
             }
         }
+        send
     });
     let result = serve_requests(&conn, &mut recv, &sh, role, peer, &ans_tx).await;
     drop(ans_tx);
-    let _ = writer.await;
+    if let Ok(mut send) = writer.await {
+        if !matches!(result, Ok(false)) {
+            linger(&mut send).await;
+        }
+    }
     match &result {
         Err(NetError::Wire(_)) => conn.close(2u32.into(), b"malformed frame"),
         Ok(true) => conn.close(3u32.into(), b"protocol violation"),
@@ -339,6 +343,13 @@ async fn serve_requests(
             return Ok(false);
         }
     }
+}
+
+/// Finishes the stream and gives the peer a bounded moment to read the last
+/// frame before the connection is closed (a close discards unsent data).
+async fn linger(send: &mut quinn::SendStream) {
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
 }
 
 fn err(code: ErrorCode, detail: &str) -> Frame {

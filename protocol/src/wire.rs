@@ -240,6 +240,16 @@ pub enum ErrorCode {
     Internal,
 }
 
+impl ErrorCode {
+    /// Whether the coordinator closes the connection after sending this error.
+    pub fn closes_connection(self) -> bool {
+        matches!(
+            self,
+            Self::Version | Self::BadHandshake | Self::Unauthorized | Self::UnexpectedFrame | Self::Malformed
+        )
+    }
+}
+
 /// Client → coordinator: the first frame on a connection's control stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {

@@ -1,0 +1,47 @@
+//! Helpers shared by the loopback QUIC tests.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::task_seed;
+use tributary_protocol::identity::Keypair;
+use tributary_protocol::rollout::{Rollout, SamplingParams};
+use tributary_protocol::wire::WindowInfo;
+
+/// Every await in these tests is bounded.
+pub async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f).await.expect("timed out")
+}
+
+/// A realistic signed rollout for `key`'s assigned task `group`, index `index`:
+/// 64 prompt tokens and `completion` completion tokens.
+pub fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32, completion: usize) -> Rollout {
+    let prompt = 64usize;
+    let n = prompt + completion;
+    let salt = u32::from_le_bytes([key.public().0[0], key.public().0[1], group as u8, index as u8]);
+    let mut r = Rollout {
+        window: info.window,
+        checkpoint: info.checkpoint,
+        env: info.env,
+        group,
+        rollout: index,
+        task_id: task_seed(&info.seed, key.public().as_bytes(), group),
+        sampling: SamplingParams { temperature: 0.7, max_new_tokens: completion as u32 },
+        tokens: (0..n as u32).map(|i| (i.wrapping_mul(2654435761) ^ salt) % 49152).collect(),
+        prompt_len: prompt as u32,
+        logprobs: (0..completion).map(|i| -(i as f32) / 100.0).collect(),
+        sketches: (0..n as u32).map(|i| i.wrapping_mul(7919) ^ salt).collect(),
+        reward: 1.0,
+        miner: [0; 32],
+        signature: [0; 64],
+    };
+    r.sign(key);
+    r
+}
+
+/// A checkpoint id that is not the window's.
+pub fn other_checkpoint() -> ContentId {
+    ContentId([0xAB; 32])
+}

@@ -18,7 +18,8 @@
 //! The blocks' output projections are large enough that the residual stream
 //! is dominated by context rather than by the current token's embedding (so
 //! the model does not simply repeat its input), and the EOS embedding is
-//! scaled up by 1.75 so that EOS is sampled now and then.
+//! scaled up by 2.5 so that EOS is sampled now and then (measured on seed 0
+//! with a reference forward pass: logit std ~8, mean P(EOS) ~1.7% per step).
 
 use std::path::Path;
 
@@ -46,7 +47,7 @@ pub const TINY_ROPE_THETA: f32 = 100_000.0;
 /// RMSNorm epsilon.
 pub const TINY_RMS_EPS: f32 = 1e-5;
 /// Scale of the EOS row of the embedding relative to the others.
-const EOS_SCALE: f64 = 1.75;
+const EOS_SCALE: f64 = 2.5;
 
 /// Deterministic approximately-normal generator.
 struct Gauss(ChaCha20Rng);

@@ -157,4 +157,4 @@ fn tiny_model_content_id_is_pinned() {
     assert_eq!(id.to_string(), PINNED_TINY_SEED0);
 }
 
-const PINNED_TINY_SEED0: &str = "9fdffcdfde3c2399f5ecff3d5776c2701050b17a836beab74f0d178598bde56b";
+const PINNED_TINY_SEED0: &str = "536669d45273f3349914c060f3d61dfbb094019ca4ef21d05fa7c929cdcdd590";

@@ -11,3 +11,4 @@
 #![deny(missing_docs)]
 
 pub mod grpo;
+pub mod select;

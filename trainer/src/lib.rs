@@ -12,3 +12,4 @@
 
 pub mod grpo;
 pub mod select;
+pub mod train;

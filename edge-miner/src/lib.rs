@@ -1,1 +1,17 @@
-//! The Tributary edge miner.
+//! The Tributary edge miner: generates rollouts with llama.cpp (logits,
+//! seeded sampling and a hidden-state sketch at every position from one
+//! decode) and, through the uplink, streams them to the coordinator.
+//!
+//! - [`backend`]: the engine-independent interface ([`backend::Backend`]);
+//! - [`llama`]: the llama.cpp implementation;
+//! - [`offline`]: `edge-miner generate` (tasks → groups → JSONL records);
+//! - [`quantize`]: llama.cpp's quantizer on GGUF files;
+//! - `wgpu` (feature `wgpu`): the second backend, the forward pass in WGSL
+//!   compute shaders.
+
+pub mod backend;
+pub mod llama;
+pub mod offline;
+pub mod quantize;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;

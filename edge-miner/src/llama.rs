@@ -1,0 +1,392 @@
+//! The llama.cpp generation backend (`llama-cpp-2`).
+//!
+//! One decode returns, for every output row, both the full logits and the
+//! post-final-RMSNorm hidden state (`with_embeddings(true)` plus
+//! `LlamaPoolingType::None`), so sketches cost no extra forward pass.
+//!
+//! Schedule of one group (G rollouts of one prompt of P tokens):
+//! 1. the prompt is prefilled once, as sequence 0, in chunks of
+//!    [`PREFILL_CHUNK`] tokens; every prompt row is an output, so row `i` gives
+//!    the state at position `i` (its sketch) and row `P-1` the logits of the
+//!    first completion token. Its KV cache is then copied to sequences 1..G;
+//! 2. every step decodes, in one batch, the last sampled token of every
+//!    sequence that has one pending. The row returns that token's own state
+//!    (its sketch) and the logits of the next token, which is drawn with the
+//!    protocol's seeded sampler unless the sequence has finished (EOG sampled
+//!    or `max_new_tokens` reached). A finished sequence's last token is still
+//!    fed once, so its state is known: `sketches.len() == tokens.len()`.
+//!
+//! Reproducibility (see `shared/reference/llamacpp.md` §4b): `n_ubatch` is
+//! [`N_UBATCH`] (< 64, so prefill and decode take the same attention path) and
+//! each sequence's KV cache holds exactly its prompt and completion.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::token::LlamaToken;
+
+use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest};
+use tributary_protocol::sampling::{self, Sampled};
+use tributary_protocol::sketch::{self, SketchKey, SketchParams};
+
+/// Micro-batch size: below 64 so llama.cpp's CPU flash attention takes the
+/// same code path in prefill and in single-token decode (bit-exact replay).
+pub const N_UBATCH: u32 = 32;
+/// Prompt tokens per prefill `decode` call (a multiple of [`N_UBATCH`]; bounds
+/// the logits buffer to `PREFILL_CHUNK × vocab` floats).
+pub const PREFILL_CHUNK: usize = 256;
+
+static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
+
+/// The process-wide llama.cpp backend (initialised once, logs silenced unless
+/// `TRIBUTARY_LLAMA_LOG` is set).
+pub fn llama_backend() -> Result<&'static LlamaBackend, BackendError> {
+    BACKEND
+        .get_or_init(|| {
+            let mut b = LlamaBackend::init().map_err(|e| e.to_string())?;
+            if std::env::var_os("TRIBUTARY_LLAMA_LOG").is_none() {
+                b.void_logs();
+            }
+            Ok(b)
+        })
+        .as_ref()
+        .map_err(|e| BackendError::Init(e.clone()))
+}
+
+/// Number of CPU threads to use by default: the cores this process may run on.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// How to load and run a model with llama.cpp.
+#[derive(Debug, Clone)]
+pub struct LlamaConfig {
+    /// GGUF file.
+    pub model: PathBuf,
+    /// CPU threads for decode and prefill (never more than the free cores:
+    /// oversubscribed OpenMP barriers are catastrophically slow).
+    pub threads: usize,
+    /// Layers to offload to the GPU (only meaningful with `cuda`/`metal`/`vulkan`).
+    pub gpu_layers: u32,
+}
+
+impl LlamaConfig {
+    /// CPU defaults for `model`: [`default_threads`] threads, no offload.
+    pub fn new(model: impl Into<PathBuf>) -> Self {
+        Self { model: model.into(), threads: default_threads(), gpu_layers: 0 }
+    }
+}
+
+/// A model loaded into llama.cpp, ready to generate groups.
+pub struct LlamaCppBackend {
+    model: LlamaModel,
+    threads: i32,
+    n_vocab: usize,
+    n_embd: usize,
+    n_ctx_train: usize,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for LlamaCppBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaCppBackend")
+            .field("path", &self.path)
+            .field("threads", &self.threads)
+            .field("n_vocab", &self.n_vocab)
+            .field("n_embd", &self.n_embd)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per-sequence state of a group being generated.
+struct SeqState {
+    completion: Vec<u32>,
+    logprobs: Vec<f32>,
+    sketches: Vec<u32>,
+    /// Token sampled but not yet fed to the model.
+    pending: Option<u32>,
+    finished: bool,
+}
+
+impl LlamaCppBackend {
+    /// Loads `cfg.model` (memory-mapped).
+    pub fn load(cfg: &LlamaConfig) -> Result<Self, BackendError> {
+        let backend = llama_backend()?;
+        if !cfg.model.is_file() {
+            return Err(BackendError::Load(format!("{} is not a file", cfg.model.display())));
+        }
+        let threads = i32::try_from(cfg.threads.max(1))
+            .map_err(|_| BackendError::Config(format!("{} threads", cfg.threads)))?;
+        let params = LlamaModelParams::default().with_n_gpu_layers(cfg.gpu_layers);
+        let model = LlamaModel::load_from_file(backend, &cfg.model, &params)
+            .map_err(|e| BackendError::Load(format!("{}: {e}", cfg.model.display())))?;
+        let n_vocab = usize::try_from(model.n_vocab()).unwrap_or(0);
+        let n_embd = usize::try_from(model.n_embd_out()).unwrap_or(0);
+        if n_vocab == 0 || n_embd == 0 {
+            return Err(BackendError::Load(format!("{}: empty vocabulary or embedding", cfg.model.display())));
+        }
+        let n_ctx_train = model.n_ctx_train() as usize;
+        Ok(Self { model, threads, n_vocab, n_embd, n_ctx_train, path: cfg.model.clone() })
+    }
+
+    /// The model file this backend runs.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Vocabulary size (rows of the logits).
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// Width of the hidden state sketched at each position.
+    pub fn n_embd(&self) -> usize {
+        self.n_embd
+    }
+
+    /// The underlying llama.cpp model.
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    /// llama.cpp's own tokenization (`add_special = false, parse_special = true`);
+    /// the reference for [`tributary_protocol::tokenizer::Tokenizer`].
+    pub fn llama_tokenize(&self, text: &str) -> Vec<u32> {
+        // llama.cpp ids are non-negative and below n_vocab.
+        self.model.vocab().tokenize(text.as_bytes(), false, true).iter().map(|t| t.0 as u32).collect()
+    }
+
+    /// llama.cpp's end-of-generation test.
+    pub fn llama_is_eog(&self, id: u32) -> bool {
+        i32::try_from(id).is_ok_and(|i| self.model.vocab().is_eog(LlamaToken(i)))
+    }
+
+    fn token(&self, id: u32) -> Result<LlamaToken, BackendError> {
+        match i32::try_from(id) {
+            Ok(i) if (id as usize) < self.n_vocab => Ok(LlamaToken(i)),
+            _ => Err(BackendError::InvalidRequest(format!("token id {id} outside vocabulary of {}", self.n_vocab))),
+        }
+    }
+
+    fn new_context(&self, n_seq: usize, per_seq: usize) -> Result<LlamaContext<'_>, BackendError> {
+        let backend = llama_backend()?;
+        let n_ctx = u32::try_from(n_seq * per_seq)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(|| BackendError::InvalidRequest(format!("context of {n_seq}×{per_seq} tokens")))?;
+        let n_batch = u32::try_from(PREFILL_CHUNK.max(n_seq))
+            .map_err(|_| BackendError::InvalidRequest(format!("{n_seq} sequences")))?;
+        let params = LlamaContextParams::default()
+            .with_n_ctx(Some(n_ctx))
+            .with_n_batch(n_batch)
+            .with_n_ubatch(N_UBATCH)
+            .with_n_seq_max(n_seq as u32)
+            .with_n_threads(self.threads)
+            .with_n_threads_batch(self.threads)
+            .with_embeddings(true)
+            .with_pooling_type(LlamaPoolingType::None);
+        self.model
+            .new_context(backend, params)
+            .map_err(|e| BackendError::Context(e.to_string()))
+    }
+
+    fn run_group(&self, req: &GroupRequest<'_>) -> Result<Vec<GeneratedSeq>, BackendError> {
+        req.validate()?;
+        let g = req.group_size;
+        let p = req.prompt.len();
+        let per_seq = p + req.max_new_tokens;
+        if per_seq > self.n_ctx_train {
+            return Err(BackendError::InvalidRequest(format!(
+                "prompt {p} + max_new_tokens {} exceeds the model's context {}",
+                req.max_new_tokens, self.n_ctx_train
+            )));
+        }
+        if req.sketch_key.dim() != self.n_embd {
+            return Err(BackendError::InvalidRequest(format!(
+                "sketch key for {} dimensions, model has {}",
+                req.sketch_key.dim(),
+                self.n_embd
+            )));
+        }
+        let prompt: Vec<LlamaToken> = req.prompt.iter().map(|&t| self.token(t)).collect::<Result<_, _>>()?;
+        let mut ctx = self.new_context(g, per_seq)?;
+
+        // 1. prefill (sequence 0), one output row per prompt position
+        let mut prompt_sketches = Vec::with_capacity(p);
+        let mut batch = LlamaBatch::new(PREFILL_CHUNK.max(g), 1);
+        let mut first = Vec::with_capacity(g);
+        for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+            batch.clear();
+            for (j, &t) in chunk.iter().enumerate() {
+                batch.add(t, (c * PREFILL_CHUNK + j) as i32, &[0], true)?;
+            }
+            ctx.decode(&mut batch)?;
+            for j in 0..chunk.len() {
+                prompt_sketches.push(req.sketch(self.embedding(&ctx, j as i32)?)?);
+            }
+            if (c + 1) * PREFILL_CHUNK >= p {
+                let row = (chunk.len() - 1) as i32;
+                let logits = ctx.get_logits_ith(row);
+                for s in 0..g {
+                    first.push(req.choose(logits, s, p));
+                }
+            }
+        }
+        for s in 1..g {
+            ctx.copy_kv_cache_seq(0, s as i32, None, None)
+                .map_err(|e| BackendError::Context(e.to_string()))?;
+        }
+
+        let mut seqs: Vec<SeqState> = first
+            .into_iter()
+            .map(|choice| {
+                let mut st = SeqState {
+                    completion: Vec::with_capacity(req.max_new_tokens),
+                    logprobs: Vec::with_capacity(req.max_new_tokens),
+                    sketches: Vec::with_capacity(req.max_new_tokens),
+                    pending: None,
+                    finished: req.max_new_tokens == 0,
+                };
+                if !st.finished {
+                    st.push(choice, req);
+                }
+                st
+            })
+            .collect();
+
+        // 2. decode steps: feed every pending token, read its state and the next logits
+        let mut rows: Vec<(usize, u32)> = Vec::with_capacity(g);
+        let mut step = LlamaBatch::new(g, 1);
+        loop {
+            step.clear();
+            rows.clear();
+            for (s, st) in seqs.iter_mut().enumerate() {
+                if let Some(tok) = st.pending.take() {
+                    let pos = (p + st.completion.len() - 1) as i32;
+                    step.add(self.token(tok)?, pos, &[s as i32], true)?;
+                    rows.push((s, tok));
+                }
+            }
+            if rows.is_empty() {
+                break;
+            }
+            ctx.decode(&mut step)?;
+            for (row, &(s, _)) in rows.iter().enumerate() {
+                let h = self.embedding(&ctx, row as i32)?;
+                let st = &mut seqs[s];
+                st.sketches.push(req.sketch(h)?);
+                if st.finished {
+                    continue;
+                }
+                let pos = p + st.completion.len();
+                let choice = req.choose(ctx.get_logits_ith(row as i32), s, pos);
+                st.push(choice, req);
+            }
+        }
+
+        Ok(seqs
+            .into_iter()
+            .map(|st| {
+                let mut sketches = prompt_sketches.clone();
+                sketches.extend(st.sketches);
+                GeneratedSeq { completion: st.completion, logprobs: st.logprobs, sketches }
+            })
+            .collect())
+    }
+
+    /// Teacher-forced forward over `tokens` (one sequence, prefilled in chunks
+    /// of [`PREFILL_CHUNK`] with the generation schedule), calling
+    /// `visit(position, hidden_state, logits)` for every position in order:
+    /// the post-norm state computed from `tokens[0..=position]` and the logits
+    /// it gives for `tokens[position + 1]`. With the same build and thread
+    /// count it reproduces generation's states and logits bit for bit.
+    pub fn forward_each(
+        &self,
+        tokens: &[u32],
+        mut visit: impl FnMut(usize, &[f32], &[f32]) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        if tokens.is_empty() {
+            return Err(BackendError::InvalidRequest("no tokens".into()));
+        }
+        if tokens.len() > self.n_ctx_train {
+            return Err(BackendError::InvalidRequest(format!("{} tokens exceed the context", tokens.len())));
+        }
+        let ids: Vec<LlamaToken> = tokens.iter().map(|&t| self.token(t)).collect::<Result<_, _>>()?;
+        let mut ctx = self.new_context(1, tokens.len())?;
+        let mut batch = LlamaBatch::new(PREFILL_CHUNK, 1);
+        for (c, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
+            batch.clear();
+            for (j, &t) in chunk.iter().enumerate() {
+                batch.add(t, (c * PREFILL_CHUNK + j) as i32, &[0], true)?;
+            }
+            ctx.decode(&mut batch)?;
+            for j in 0..chunk.len() {
+                visit(c * PREFILL_CHUNK + j, self.embedding(&ctx, j as i32)?, ctx.get_logits_ith(j as i32))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`forward_each`](Self::forward_each) reduced to what a rollout records:
+    /// the sketch at every position and the raw log-probability of every token
+    /// at positions `1..tokens.len()` (`logprobs[i-1]` is that of `tokens[i]`).
+    pub fn teacher_forced(
+        &self,
+        tokens: &[u32],
+        key: &SketchKey,
+        params: &SketchParams,
+    ) -> Result<(Vec<u32>, Vec<f32>), BackendError> {
+        let mut sketches = Vec::with_capacity(tokens.len());
+        let mut logprobs = Vec::with_capacity(tokens.len().saturating_sub(1));
+        self.forward_each(tokens, |pos, h, logits| {
+            sketches.push(sketch::sketch(h, key, params).map_err(|e| BackendError::Decode(e.to_string()))?);
+            if let Some(&t) = tokens.get(pos + 1) {
+                let lp = sampling::logprob_t1(logits, t as usize)
+                    .ok_or_else(|| BackendError::Decode(format!("token {t} outside the logits")))?;
+                logprobs.push(lp);
+            }
+            Ok(())
+        })?;
+        Ok((sketches, logprobs))
+    }
+
+    fn embedding<'c>(&self, ctx: &'c LlamaContext<'_>, row: i32) -> Result<&'c [f32], BackendError> {
+        let h = ctx.embeddings_ith(row).map_err(|e| BackendError::Decode(format!("hidden state of row {row}: {e}")))?;
+        if h.len() != self.n_embd {
+            return Err(BackendError::Decode(format!("hidden state of width {} (expected {})", h.len(), self.n_embd)));
+        }
+        Ok(h)
+    }
+}
+
+impl SeqState {
+    /// Appends a sampled token; it stays pending until fed, and ends the
+    /// sequence if it is an end-of-generation token or the length limit.
+    fn push(&mut self, choice: Sampled, req: &GroupRequest<'_>) {
+        self.completion.push(choice.token);
+        self.logprobs.push(choice.logprob_t1);
+        self.pending = Some(choice.token);
+        self.finished = req.is_eog(choice.token) || self.completion.len() >= req.max_new_tokens;
+    }
+}
+
+impl Backend for LlamaCppBackend {
+    fn generate_group(&mut self, req: &GroupRequest<'_>) -> Result<Vec<GeneratedSeq>, BackendError> {
+        self.run_group(req)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.n_embd
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.n_vocab
+    }
+}

@@ -1,0 +1,219 @@
+//! Offline generation (`edge-miner generate`): tasks from an environment,
+//! one group of rollouts per task, one JSON record per rollout, no coordinator.
+//!
+//! The seed `S` stands in for the coordinator's randomness ([`OfflineWindow`]):
+//! - master secret = `blake3::derive_key(OFFLINE_MASTER_CONTEXT, S as u64 LE)`;
+//!   the window seed is window 0's seed of that master
+//!   ([`WindowSecrets::derive`]); it is also the sampling seed (tasks via
+//!   [`task_seed`], uniform draws via `draw_u`, sketch coefficients via
+//!   [`SketchKey::derive`]);
+//! - the miner key (offline only) is the ed25519 key whose secret seed is
+//!   `blake3::derive_key(OFFLINE_MINER_CONTEXT, S as u64 LE)`.
+//!
+//! Task `t` (0-based) of the run is group `t` of that miner in that window.
+
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::{EnvId, Environment, task_seed};
+use tributary_protocol::identity::Keypair;
+use tributary_protocol::prf::Seed;
+use tributary_protocol::sketch::{SketchKey, SketchParams};
+use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
+use tributary_protocol::window::WindowSecrets;
+
+use crate::backend::{Backend, BackendError, DrawKey, GeneratedSeq, GroupRequest};
+
+/// blake3 key-derivation context of an offline run's master secret.
+pub const OFFLINE_MASTER_CONTEXT: &str = "tributary 2025 offline generate master v1";
+/// blake3 key-derivation context of an offline run's miner key.
+pub const OFFLINE_MINER_CONTEXT: &str = "tributary 2025 offline generate miner key v1";
+
+/// The window randomness and miner identity an offline run uses in place of a coordinator's.
+#[derive(Clone)]
+pub struct OfflineWindow {
+    /// Window seed (= sampling seed).
+    pub window_seed: Seed,
+    /// The miner's key.
+    pub miner: Keypair,
+}
+
+impl std::fmt::Debug for OfflineWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OfflineWindow")
+            .field("window_seed", &self.window_seed)
+            .field("miner", &self.miner.public())
+            .finish()
+    }
+}
+
+impl OfflineWindow {
+    /// The window seed and miner key for `--seed seed` (module docs).
+    pub fn from_seed(seed: u64) -> Self {
+        let master = blake3::derive_key(OFFLINE_MASTER_CONTEXT, &seed.to_le_bytes());
+        let window_seed = WindowSecrets::derive(&master, 0).seed;
+        let miner = Keypair::from_seed(blake3::derive_key(OFFLINE_MINER_CONTEXT, &seed.to_le_bytes()));
+        Self { window_seed, miner }
+    }
+}
+
+/// What an offline run generates.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Number of tasks (one group each).
+    pub tasks: usize,
+    /// Rollouts per task (G).
+    pub group: usize,
+    /// Most completion tokens per rollout.
+    pub max_new_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    pub temperature: f32,
+    /// Sketch parameters.
+    pub sketch_params: SketchParams,
+}
+
+/// One generated rollout, as written to the JSONL file (byte arrays as hex).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// The environment.
+    pub env: EnvId,
+    /// The task seed (`task_seed(window_seed, miner, group)`).
+    pub task_id: u64,
+    /// Group index (the task's index in the run).
+    pub group: u32,
+    /// Rollout index within the group.
+    pub rollout: u32,
+    /// Window (= sampling) seed, hex.
+    pub window_seed: String,
+    /// Miner public key, hex.
+    pub miner: String,
+    /// Content id of the model checkpoint, hex, when known.
+    pub model: Option<String>,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// All token ids, prompt first.
+    pub tokens: Vec<u32>,
+    /// Number of prompt tokens at the start of `tokens`.
+    pub prompt_len: usize,
+    /// Raw (T = 1) log-probability of each completion token.
+    pub logprobs: Vec<f32>,
+    /// Sketch of the hidden state at every position (`tokens.len()` entries).
+    pub sketches: Vec<u32>,
+    /// Whether the rollout ended with an end-of-generation token.
+    pub eog: bool,
+    /// Completion text (without the final end-of-generation token).
+    pub completion: String,
+    /// The environment's reward for the completion.
+    pub reward: f32,
+}
+
+/// Why an offline run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineError {
+    /// Generation failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// Tokenizing or detokenizing failed.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// Writing a record failed.
+    #[error("writing records: {0}")]
+    Io(#[from] std::io::Error),
+    /// Serializing a record failed.
+    #[error("serializing a record: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Counts that do not fit the protocol's integer types.
+    #[error("invalid options: {0}")]
+    Options(String),
+}
+
+/// Summary of an offline run.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GenerateSummary {
+    /// Rollouts written.
+    pub rollouts: usize,
+    /// Completion tokens generated.
+    pub completion_tokens: usize,
+    /// Mean reward.
+    pub mean_reward: f32,
+}
+
+/// Generates `opts.tasks` groups with `backend` and hands each record to `sink`
+/// in order (task, then rollout). `on_group` is called after every group.
+pub fn generate<B: Backend + ?Sized>(
+    backend: &mut B,
+    tokenizer: &Tokenizer,
+    env: &Environment,
+    model: Option<ContentId>,
+    window: &OfflineWindow,
+    opts: &GenerateOptions,
+    mut sink: impl FnMut(RolloutRecord) -> Result<(), OfflineError>,
+    mut on_group: impl FnMut(usize),
+) -> Result<GenerateSummary, OfflineError> {
+    let miner = *window.miner.public().as_bytes();
+    let key = SketchKey::derive(&window.window_seed, backend.hidden_size());
+    let eog: Vec<u32> = tokenizer.eog_ids().collect();
+    let mut summary = GenerateSummary::default();
+    let mut reward_sum = 0.0f64;
+    for t in 0..opts.tasks {
+        let group = u32::try_from(t).map_err(|_| OfflineError::Options(format!("{} tasks", opts.tasks)))?;
+        let task = env.task(task_seed(&window.window_seed, &miner, group));
+        let prompt = tokenizer.encode(&env.prompt_text(&task))?;
+        let req = GroupRequest {
+            prompt: &prompt,
+            group_size: opts.group,
+            max_new_tokens: opts.max_new_tokens,
+            temperature: opts.temperature,
+            draw: DrawKey { sampling_seed: window.window_seed, miner, group },
+            sketch_key: &key,
+            sketch_params: opts.sketch_params,
+            eog: &eog,
+        };
+        let seqs = backend.generate_group(&req)?;
+        for (r, GeneratedSeq { completion, logprobs, sketches }) in seqs.into_iter().enumerate() {
+            let ended = completion.last().is_some_and(|&t| tokenizer.is_eog(t));
+            let text_ids = if ended { &completion[..completion.len() - 1] } else { &completion[..] };
+            let text = tokenizer.decode(text_ids)?;
+            let reward = env.reward(&task, &text);
+            reward_sum += f64::from(reward);
+            summary.rollouts += 1;
+            summary.completion_tokens += completion.len();
+            let mut tokens = Vec::with_capacity(prompt.len() + completion.len());
+            tokens.extend_from_slice(&prompt);
+            tokens.extend_from_slice(&completion);
+            sink(RolloutRecord {
+                env: task.env,
+                task_id: task.id,
+                group,
+                rollout: r as u32,
+                window_seed: window.window_seed.to_string(),
+                miner: hex::encode(miner),
+                model: model.map(|m| m.to_string()),
+                temperature: opts.temperature,
+                tokens,
+                prompt_len: prompt.len(),
+                logprobs,
+                sketches,
+                eog: ended,
+                completion: text,
+                reward,
+            })?;
+        }
+        on_group(t + 1);
+    }
+    if summary.rollouts > 0 {
+        summary.mean_reward = (reward_sum / summary.rollouts as f64) as f32;
+    }
+    Ok(summary)
+}
+
+/// A sink writing one JSON object per line.
+pub fn jsonl_sink<W: Write>(mut w: W) -> impl FnMut(RolloutRecord) -> Result<(), OfflineError> {
+    move |rec| {
+        serde_json::to_writer(&mut w, &rec)?;
+        w.write_all(b"\n")?;
+        w.flush()?;
+        Ok(())
+    }
+}

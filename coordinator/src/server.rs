@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tracing::Instrument;
 use tokio::sync::{mpsc, oneshot};
 use tributary_protocol::identity::{self, Keypair, PublicKey};
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
@@ -131,7 +132,13 @@ pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
     if p == 0 || p >= n || r.logprobs.len() != n - p || r.sketches.len() != n || !r.reward.is_finite() {
         return Err(RejectReason::Schema);
     }
-    r.verify_signature().map_err(|_| RejectReason::BadSignature)?;
+    // Encode the signed bytes once: they serve the signature check and the digest
+    // (the same computation as `Rollout::verify_signature` and `Rollout::digest`).
+    let signed = r.signing_bytes();
+    PublicKey(r.miner)
+        .verify(identity::domain::ROLLOUT, &signed, &identity::Signature(r.signature))
+        .map_err(|_| RejectReason::BadSignature)?;
+    let digest = *blake3::hash(&signed).as_bytes();
     let content = *blake3::hash(bytemuck_u32(r.completion()).as_slice()).as_bytes();
     let c = Candidate {
         window: r.window,
@@ -141,7 +148,7 @@ pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
         index: r.rollout,
         task_id: r.task_id,
         miner: PublicKey(r.miner),
-        digest: r.digest(),
+        digest,
         content,
     };
     Ok((r, c))
@@ -220,8 +227,7 @@ async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(
         }
     };
     let span = tracing::info_span!("peer", role = role.as_str(), key = %peer.short());
-    let _enter = span.enter();
-    tracing::info!("authenticated");
+    span.in_scope(|| tracing::info!("authenticated"));
     // Answers go out in request order, as their results become ready.
     let (ans_tx, mut ans_rx) = mpsc::channel::<oneshot::Receiver<Frame>>(4096);
     let writer = tokio::spawn(async move {
@@ -237,7 +243,8 @@ async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(
         }
         send
     });
-    let result = serve_requests(&conn, &mut recv, &sh, role, peer, &ans_tx).await;
+    let result = serve_requests(&conn, &mut recv, &sh, role, peer, &ans_tx).instrument(span.clone()).await;
+    span.in_scope(|| tracing::debug!(?result, "connection finished"));
     drop(ans_tx);
     if let Ok(mut send) = writer.await {
         if !matches!(result, Ok(false)) {

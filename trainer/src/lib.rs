@@ -12,4 +12,6 @@
 
 pub mod grpo;
 pub mod select;
+pub mod publish;
+pub mod state;
 pub mod train;

@@ -144,13 +144,10 @@ fn generate(args: GenerateArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let start = std::time::Instant::now();
+    let job = offline::Job { tokenizer: &tokenizer, env: &env, model: model_id, window: &window, opts: &opts };
     let summary = offline::generate(
         &mut backend,
-        &tokenizer,
-        &env,
-        model_id,
-        &window,
-        &opts,
+        &job,
         offline::jsonl_sink(BufWriter::new(out)),
         |done| bar.set_position(done as u64),
     )?;

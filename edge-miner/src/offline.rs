@@ -139,18 +139,30 @@ pub struct GenerateSummary {
     pub mean_reward: f32,
 }
 
-/// Generates `opts.tasks` groups with `backend` and hands each record to `sink`
-/// in order (task, then rollout). `on_group` is called after every group.
+/// Everything an offline run generates from, besides the backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Job<'a> {
+    /// The model's tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// Where tasks come from.
+    pub env: &'a Environment,
+    /// Content id of the model, recorded in every rollout when known.
+    pub model: Option<ContentId>,
+    /// Window randomness and miner identity.
+    pub window: &'a OfflineWindow,
+    /// Counts and sampling settings.
+    pub opts: &'a GenerateOptions,
+}
+
+/// Generates `job.opts.tasks` groups with `backend` and hands each record to
+/// `sink` in order (task, then rollout). `on_group` is called after every group.
 pub fn generate<B: Backend + ?Sized>(
     backend: &mut B,
-    tokenizer: &Tokenizer,
-    env: &Environment,
-    model: Option<ContentId>,
-    window: &OfflineWindow,
-    opts: &GenerateOptions,
+    job: &Job<'_>,
     mut sink: impl FnMut(RolloutRecord) -> Result<(), OfflineError>,
     mut on_group: impl FnMut(usize),
 ) -> Result<GenerateSummary, OfflineError> {
+    let Job { tokenizer, env, model, window, opts } = *job;
     let miner = *window.miner.public().as_bytes();
     let key = SketchKey::derive(&window.window_seed, backend.hidden_size());
     let eog: Vec<u32> = tokenizer.eog_ids().collect();

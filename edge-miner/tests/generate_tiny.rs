@@ -32,13 +32,10 @@ fn tiny_fixture() -> Fixture {
 fn run(f: &mut Fixture, env: &Environment, seed: u64, opts: &GenerateOptions) -> Vec<RolloutRecord> {
     let mut out = Vec::new();
     let window = OfflineWindow::from_seed(seed);
+    let job = offline::Job { tokenizer: &f.tokenizer, env, model: None, window: &window, opts };
     let summary = offline::generate(
         &mut f.backend,
-        &f.tokenizer,
-        env,
-        None,
-        &window,
-        opts,
+        &job,
         |r| {
             out.push(r);
             Ok(())

@@ -31,13 +31,13 @@ fn validate(c: &ModelConfig) -> Result<(), PolicyError> {
     if c.d_ff == 0 || c.vocab_size == 0 || c.context_length == 0 {
         return bad("zero feed-forward width, vocabulary or context");
     }
-    if c.d_model % c.n_head != 0 {
+    if !c.d_model.is_multiple_of(c.n_head) {
         return bad("d_model is not a multiple of n_head");
     }
-    if c.n_head % c.n_head_kv != 0 {
+    if !c.n_head.is_multiple_of(c.n_head_kv) {
         return bad("n_head is not a multiple of n_head_kv");
     }
-    if c.head_dim() % 2 != 0 {
+    if !c.head_dim().is_multiple_of(2) {
         return bad("head_dim is odd (RoPE rotates pairs)");
     }
     if !(c.rms_eps.is_finite() && c.rms_eps > 0.0) {
@@ -384,7 +384,7 @@ pub fn pad_batch(seqs: &[&[u32]], vocab: usize, pad: u32, device: Device) -> Res
 /// `x / sqrt(mean(x²) + eps) * w` over the last dimension.
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor, PolicyError> {
     let d = *x.size().last().unwrap_or(&0);
-    Ok(x.f_rms_norm(&[d], Some(w), eps)?)
+    Ok(x.f_rms_norm([d], Some(w), eps)?)
 }
 
 /// cos/sin tables `[L, hd/2]` for adjacent-pair RoPE, computed in f64.

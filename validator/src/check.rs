@@ -308,7 +308,7 @@ struct Context {
 
 impl Context {
     fn ensure_env(&mut self, id: EnvId, opts: &CheckOptions) -> Result<(), CheckError> {
-        if !self.envs.contains_key(&id) {
+        if let std::collections::btree_map::Entry::Vacant(slot) = self.envs.entry(id) {
             let env = match id {
                 EnvId::Arith => Environment::Arith(ArithEnv::new(opts.difficulty)),
                 EnvId::Sat => Environment::Sat(SatEnv),
@@ -320,7 +320,7 @@ impl Context {
                     Environment::Gsm8k(Gsm8kEnv::load(data)?)
                 }
             };
-            self.envs.insert(id, env);
+            slot.insert(env);
         }
         Ok(())
     }

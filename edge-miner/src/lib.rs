@@ -13,5 +13,6 @@ pub mod backend;
 pub mod llama;
 pub mod offline;
 pub mod quantize;
+pub mod uplink;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;

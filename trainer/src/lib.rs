@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod grpo;
+pub mod hf;
 pub mod select;
 pub mod publish;
 pub mod state;

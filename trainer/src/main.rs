@@ -43,6 +43,14 @@ enum Cmd {
         /// The checkpoint.
         path: PathBuf,
     },
+    /// Export a checkpoint for Hugging Face transformers (safetensors, config, tokenizer).
+    Export {
+        /// The checkpoint (GGUF).
+        path: PathBuf,
+        /// Output folder.
+        #[arg(long)]
+        hf: PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
@@ -58,6 +66,11 @@ fn main() -> Result<()> {
             init::init_tiny(seed, &src, &out)?;
         }
         Cmd::Info { path } => init::info(&path)?,
+        Cmd::Export { path, hf } => {
+            let ckpt = tributary_protocol::checkpoint::Checkpoint::open(&path)?;
+            trainer::hf::export(&ckpt, &hf)?;
+            println!("exported {} ({}) to {}", path.display(), ckpt.content_id(), hf.display());
+        }
     }
     Ok(())
 }

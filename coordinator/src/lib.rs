@@ -4,7 +4,7 @@
 //! - [`core`]: the sans-IO state machine (windows, admission, verdicts, weights, bans).
 
 pub mod core;
-pub mod net;
+pub use tributary_net as net;
 pub mod server;
 pub mod store;
 pub mod http;

@@ -498,7 +498,7 @@ impl BodyReader<'_> {
         }
         // Every change needs at least one index byte and `size` value bytes:
         // check before allocating.
-        let need = n.checked_mul(1 + elem.size() as u64).unwrap_or(u64::MAX);
+        let need = n.saturating_mul(1 + elem.size() as u64);
         if need > self.remaining() as u64 {
             return Err(DeltaError::Truncated("changes"));
         }

@@ -1,62 +1,22 @@
 //! Offline generation (`edge-miner generate`): tasks from an environment,
 //! one group of rollouts per task, one JSON record per rollout, no coordinator.
 //!
-//! The seed `S` stands in for the coordinator's randomness ([`OfflineWindow`]):
-//! - master secret = `blake3::derive_key(OFFLINE_MASTER_CONTEXT, S as u64 LE)`;
-//!   the window seed is window 0's seed of that master
-//!   ([`WindowSecrets::derive`]); it is also the sampling seed (tasks via
-//!   [`task_seed`], uniform draws via `draw_u`, sketch coefficients via
-//!   [`SketchKey::derive`]);
-//! - the miner key (offline only) is the ed25519 key whose secret seed is
-//!   `blake3::derive_key(OFFLINE_MINER_CONTEXT, S as u64 LE)`.
-//!
-//! Task `t` (0-based) of the run is group `t` of that miner in that window.
+//! The seed `S` stands in for the coordinator's randomness through
+//! [`OfflineWindow::from_seed`] (protocol-side, so the validator derives the
+//! same): window 0's seed drives tasks ([`task_seed`]), the uniform draws and
+//! the sketch coefficients ([`SketchKey::derive`]); the miner key is derived
+//! from `S` too. Task `t` (0-based) of the run is group `t` of that miner.
 
 use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{EnvId, Environment, task_seed};
-use tributary_protocol::identity::Keypair;
-use tributary_protocol::prf::Seed;
+pub use tributary_protocol::offline::OfflineWindow;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
-use tributary_protocol::window::WindowSecrets;
 
 use crate::backend::{Backend, BackendError, DrawKey, GeneratedSeq, GroupRequest};
-
-/// blake3 key-derivation context of an offline run's master secret.
-pub const OFFLINE_MASTER_CONTEXT: &str = "tributary 2025 offline generate master v1";
-/// blake3 key-derivation context of an offline run's miner key.
-pub const OFFLINE_MINER_CONTEXT: &str = "tributary 2025 offline generate miner key v1";
-
-/// The window randomness and miner identity an offline run uses in place of a coordinator's.
-#[derive(Clone)]
-pub struct OfflineWindow {
-    /// Window seed (= sampling seed).
-    pub window_seed: Seed,
-    /// The miner's key.
-    pub miner: Keypair,
-}
-
-impl std::fmt::Debug for OfflineWindow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OfflineWindow")
-            .field("window_seed", &self.window_seed)
-            .field("miner", &self.miner.public())
-            .finish()
-    }
-}
-
-impl OfflineWindow {
-    /// The window seed and miner key for `--seed seed` (module docs).
-    pub fn from_seed(seed: u64) -> Self {
-        let master = blake3::derive_key(OFFLINE_MASTER_CONTEXT, &seed.to_le_bytes());
-        let window_seed = WindowSecrets::derive(&master, 0).seed;
-        let miner = Keypair::from_seed(blake3::derive_key(OFFLINE_MINER_CONTEXT, &seed.to_le_bytes()));
-        Self { window_seed, miner }
-    }
-}
 
 /// What an offline run generates.
 #[derive(Debug, Clone)]
@@ -164,20 +124,21 @@ pub fn generate<B: Backend + ?Sized>(
 ) -> Result<GenerateSummary, OfflineError> {
     let Job { tokenizer, env, model, window, opts } = *job;
     let miner = *window.miner.public().as_bytes();
-    let key = SketchKey::derive(&window.window_seed, backend.hidden_size());
+    let seed = window.secrets.seed;
+    let key = SketchKey::derive(&seed, backend.hidden_size());
     let eog: Vec<u32> = tokenizer.eog_ids().collect();
     let mut summary = GenerateSummary::default();
     let mut reward_sum = 0.0f64;
     for t in 0..opts.tasks {
         let group = u32::try_from(t).map_err(|_| OfflineError::Options(format!("{} tasks", opts.tasks)))?;
-        let task = env.task(task_seed(&window.window_seed, &miner, group));
+        let task = env.task(task_seed(&seed, &miner, group));
         let prompt = tokenizer.encode(&env.prompt_text(&task))?;
         let req = GroupRequest {
             prompt: &prompt,
             group_size: opts.group,
             max_new_tokens: opts.max_new_tokens,
             temperature: opts.temperature,
-            draw: DrawKey { sampling_seed: window.window_seed, miner, group },
+            draw: DrawKey { sampling_seed: seed, miner, group },
             sketch_key: &key,
             sketch_params: opts.sketch_params,
             eog: &eog,
@@ -199,7 +160,7 @@ pub fn generate<B: Backend + ?Sized>(
                 task_id: task.id,
                 group,
                 rollout: r as u32,
-                window_seed: window.window_seed.to_string(),
+                window_seed: seed.to_string(),
                 miner: hex::encode(miner),
                 model: model.map(|m| m.to_string()),
                 temperature: opts.temperature,

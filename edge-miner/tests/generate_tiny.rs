@@ -62,7 +62,7 @@ fn check_shapes(f: &Fixture, env: &Environment, recs: &[RolloutRecord], o: &Gene
         assert_eq!(r.sketches.len(), n, "one sketch per position");
         assert!(r.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0), "logprobs {:?}", r.logprobs);
         // the prompt is the environment's task rendered and tokenized
-        let task = env.task(tributary_protocol::env::task_seed(&window.window_seed, &miner, r.group));
+        let task = env.task(tributary_protocol::env::task_seed(&window.secrets.seed, &miner, r.group));
         assert_eq!(task.id, r.task_id);
         let prompt = f.tokenizer.encode(&env.prompt_text(&task)).unwrap();
         assert_eq!(&r.tokens[..r.prompt_len], &prompt[..]);
@@ -121,7 +121,7 @@ fn generation_matches_teacher_forcing() {
     check_shapes(&f, &env, &recs, &o, seed);
     let window = OfflineWindow::from_seed(seed);
     let miner = *window.miner.public().as_bytes();
-    let key = SketchKey::derive(&window.window_seed, f.backend.hidden_size());
+    let key = SketchKey::derive(&window.secrets.seed, f.backend.hidden_size());
     for r in &recs {
         let (sketches, logprobs) = f.backend.teacher_forced(&r.tokens, &key, &SketchParams::DEFAULT).unwrap();
         // sketch[i] is the state at position i, exactly as a forward over `tokens` computes it
@@ -137,7 +137,7 @@ fn generation_matches_teacher_forcing() {
         f.backend
             .forward_each(&r.tokens, |pos, _h, logits| {
                 if let Some(&t) = r.tokens.get(pos + 1).filter(|_| pos + 1 >= r.prompt_len) {
-                    let u = sampling::draw_u(&window.window_seed, &miner, r.group, r.rollout, (pos + 1) as u32);
+                    let u = sampling::draw_u(&window.secrets.seed, &miner, r.group, r.rollout, (pos + 1) as u32);
                     assert_eq!(sampling::sample_inverse_cdf(logits, o.temperature, u), t as usize, "token at {}", pos + 1);
                 }
                 Ok(())
@@ -149,9 +149,9 @@ fn generation_matches_teacher_forcing() {
 #[test]
 fn invalid_requests_are_errors() {
     let mut f = tiny_fixture();
-    let key = SketchKey::derive(&OfflineWindow::from_seed(0).window_seed, f.backend.hidden_size());
+    let key = SketchKey::derive(&OfflineWindow::from_seed(0).secrets.seed, f.backend.hidden_size());
     let draw = edge_miner::backend::DrawKey {
-        sampling_seed: OfflineWindow::from_seed(0).window_seed,
+        sampling_seed: OfflineWindow::from_seed(0).secrets.seed,
         miner: [0; 32],
         group: 0,
     };

@@ -1,5 +1,7 @@
-//! The operators' HTTP listener: Prometheus `/metrics`, `/api/miners`,
-//! `/api/weights` and a minimal status page at `/`.
+//! The operators' HTTP listener: Prometheus `/metrics`, `/api/miners`
+//! (counts, bans and each miner's checkpoint), `/api/weights`,
+//! `/api/checkpoints` (every relayed checkpoint with its full and delta sizes)
+//! and a minimal status page at `/`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -35,6 +37,7 @@ pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<S
         .route("/metrics", get(metrics_page))
         .route("/api/miners", get(miners))
         .route("/api/weights", get(weights))
+        .route("/api/checkpoints", get(checkpoints))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
@@ -65,27 +68,50 @@ struct MinerJson {
     rejected: BTreeMap<&'static str, u64>,
     banned: bool,
     banned_through: Option<u64>,
+    /// Checkpoint of the miner's last accepted rollout (hex).
+    checkpoint: Option<String>,
+    /// Checkpoint the miner last said it holds (hex).
+    synced: Option<String>,
 }
 
 async fn miners(State(s): State<AppState>) -> Json<BTreeMap<String, MinerJson>> {
+    let peers = s.shared.relay.peers();
     let core = s.shared.core();
     let w = core.current_window(now_ms()).unwrap_or(0);
-    Json(
-        core.miners()
-            .iter()
-            .map(|(k, m)| {
-                (
-                    k.to_string(),
-                    MinerJson {
-                        accepted: m.accepted,
-                        rejected: m.rejected.clone(),
-                        banned: core.is_banned(k, w),
-                        banned_through: m.banned_through,
-                    },
-                )
-            })
-            .collect(),
-    )
+    let mut out: BTreeMap<String, MinerJson> = core
+        .miners()
+        .iter()
+        .map(|(k, m)| {
+            let p = peers.get(k).copied().unwrap_or_default();
+            (
+                k.to_string(),
+                MinerJson {
+                    accepted: m.accepted,
+                    rejected: m.rejected.clone(),
+                    banned: core.is_banned(k, w),
+                    banned_through: m.banned_through,
+                    checkpoint: p.generating.map(|c| c.to_string()),
+                    synced: p.holds.map(|c| c.to_string()),
+                },
+            )
+        })
+        .collect();
+    // Peers that synced a checkpoint but have no rollout yet.
+    for (k, p) in peers {
+        out.entry(k.to_string()).or_insert_with(|| MinerJson {
+            accepted: 0,
+            rejected: BTreeMap::new(),
+            banned: core.is_banned(&k, w),
+            banned_through: None,
+            checkpoint: p.generating.map(|c| c.to_string()),
+            synced: p.holds.map(|c| c.to_string()),
+        });
+    }
+    Json(out)
+}
+
+async fn checkpoints(State(s): State<AppState>) -> Json<Vec<crate::relay::CheckpointJson>> {
+    Json(s.shared.relay.entries().iter().map(Into::into).collect())
 }
 
 async fn weights(State(s): State<AppState>) -> Json<BTreeMap<String, f64>> {

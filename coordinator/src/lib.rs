@@ -9,3 +9,4 @@ pub mod server;
 pub mod store;
 pub mod http;
 pub mod node;
+pub mod relay;

@@ -85,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
     if !dev && cfg.model.is_none() {
         anyhow::bail!("the configuration must name the genesis `model`");
     }
-    let genesis = node::genesis_checkpoint(cfg.model.as_deref())?;
+    let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
     {
         let mut out = std::io::stdout().lock();

@@ -12,12 +12,33 @@ use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::window::Schedule;
 
+use tributary_protocol::wire::Role;
+
 use crate::core::{Access, Core, CoreConfig};
+use crate::relay::Relay;
 use crate::server::{self, Limits, Server, Shared};
 use crate::store::Store;
 
 /// Seed of the tiny model every `--dev` role generates, so all agree on its content id.
 pub const DEV_TINY_SEED: u64 = 0;
+
+/// blake3 key-derivation context of the `--dev` role keys.
+pub const DEV_KEY_CONTEXT: &str = "tributary 2025 dev role key v1";
+
+/// The well-known key of a role in a `--dev` network: ed25519 with secret
+/// seed `blake3::derive_key(DEV_KEY_CONTEXT, role name)`. A `--dev`
+/// coordinator authorises the dev trainer and validator keys, so `trainer run
+/// --dev` and `validator run --dev` join without configuration. These keys
+/// are public knowledge: never use them outside `--dev`.
+pub fn dev_key(role: Role) -> Keypair {
+    Keypair::from_seed(blake3::derive_key(DEV_KEY_CONTEXT, role.as_str().as_bytes()))
+}
+
+/// The `--dev` tiny model's bytes (deterministic: every `--dev` role builds the same file).
+pub fn dev_tiny_bytes() -> anyhow::Result<Vec<u8>> {
+    let src = Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1())?;
+    Ok(tributary_protocol::tiny::tiny_checkpoint_bytes(DEV_TINY_SEED, &src)?)
+}
 
 /// The coordinator's configuration file (TOML). Every field has a default.
 #[derive(Debug, Clone, Deserialize)]
@@ -94,9 +115,12 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The `--dev` configuration: loopback, 20-second windows, small groups.
+    /// The `--dev` configuration: loopback, 20-second windows, small groups,
+    /// the [`dev_key`] trainer and validator authorised.
     pub fn dev(data_dir: PathBuf) -> Self {
         Self {
+            trainer: Some(dev_key(Role::Trainer).public().to_string()),
+            validators: vec![dev_key(Role::Validator).public().to_string()],
             listen: ([127, 0, 0, 1], 0).into(),
             http: ([127, 0, 0, 1], 0).into(),
             data_dir,
@@ -140,12 +164,27 @@ fn read_or_create(path: &Path, make: impl FnOnce() -> anyhow::Result<Vec<u8>>) -
 pub fn genesis_checkpoint(model: Option<&Path>) -> anyhow::Result<ContentId> {
     Ok(match model {
         Some(p) => Checkpoint::open(p)?.content_id(),
-        None => {
-            let src = Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1())?;
-            let bytes = tributary_protocol::tiny::tiny_checkpoint_bytes(DEV_TINY_SEED, &src)?;
-            Checkpoint::from_bytes(bytes)?.content_id()
-        }
+        None => Checkpoint::from_bytes(dev_tiny_bytes()?)?.content_id(),
     })
+}
+
+/// The relay folder of a data folder.
+pub fn relay_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("relay")
+}
+
+/// Computes the genesis content id (`cfg.model`, or the `--dev` tiny model)
+/// and installs its full file in the relay, so miners without a model can
+/// download it. Idempotent.
+pub fn prepare_genesis(cfg: &Config) -> anyhow::Result<ContentId> {
+    let bytes = match &cfg.model {
+        Some(p) => {
+            Checkpoint::open(p)?;
+            std::fs::read(p)?
+        }
+        None => dev_tiny_bytes()?,
+    };
+    Ok(crate::relay::install_full(&relay_dir(&cfg.data_dir), &bytes)?)
 }
 
 /// Starts a coordinator. The data folder keeps the database, the coordinator
@@ -203,7 +242,16 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         rollouts_per_sec: cfg.rollouts_per_sec,
     };
     let _ = crate::http::prometheus();
-    let shared = server::shared(core, store, key, limits)?;
+    let mut entries = store.relay_entries()?;
+    let relay = Relay::open(&relay_dir(&cfg.data_dir), vec![])?;
+    if !entries.iter().any(|e| e.id == genesis) {
+        if let Some(e) = relay.genesis_entry(genesis)? {
+            store.put_relay_entry(&e)?;
+            entries.push(e);
+        }
+    }
+    let relay = Arc::new(Relay::open(&relay_dir(&cfg.data_dir), entries)?);
+    let shared = server::shared(core, store, key, limits, relay)?;
     let fingerprint = crate::net::fingerprint(&cert);
     let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;
     let http = crate::http::start(cfg.http, shared.clone()).await?;

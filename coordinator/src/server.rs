@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tracing::Instrument;
 use tokio::sync::{mpsc, oneshot};
+use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{self, Keypair, PublicKey};
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::wire::{
@@ -18,6 +19,7 @@ use tributary_protocol::wire::{
 
 use crate::core::{Candidate, Core};
 use crate::net::{self, NetError};
+use crate::relay::{Payload, Relay, RelayError};
 use crate::store::{Store, StoreError, StoredRollout};
 
 /// Rate limits.
@@ -55,6 +57,8 @@ pub struct Shared {
     pub store: Arc<Store>,
     /// The coordinator's key.
     pub key: Keypair,
+    /// The checkpoint relay.
+    pub relay: Arc<Relay>,
     writer: mpsc::Sender<WriteJob>,
     conn_limit: DefaultKeyedRateLimiter<IpAddr>,
     byte_limit: DefaultKeyedRateLimiter<PublicKey>,
@@ -73,7 +77,13 @@ fn quota(per_sec: u32) -> Quota {
 }
 
 /// Builds the shared state: restores the core from the store and starts the group-commit writer thread.
-pub fn shared(mut core: Core, store: Arc<Store>, key: Keypair, limits: Limits) -> Result<Arc<Shared>, StoreError> {
+pub fn shared(
+    mut core: Core,
+    store: Arc<Store>,
+    key: Keypair,
+    limits: Limits,
+    relay: Arc<Relay>,
+) -> Result<Arc<Shared>, StoreError> {
     for c in store.candidates()? {
         core.restore(&c);
     }
@@ -94,6 +104,7 @@ pub fn shared(mut core: Core, store: Arc<Store>, key: Keypair, limits: Limits) -
         core: Mutex::new(core),
         store,
         key,
+        relay,
         writer: tx,
         conn_limit: RateLimiter::keyed(quota(limits.connections_per_sec)),
         byte_limit: RateLimiter::keyed(quota(limits.kib_per_sec)),
@@ -333,11 +344,26 @@ async fn serve_requests(
                     Err(e) => return Err(e),
                 }
             }
-            (_, Frame::GetCheckpoint(g)) => match sh.store.checkpoint_payload(&g.id, g.offset, wire::MAX_CHUNK_LEN as usize) {
-                Ok(Some((data, _total))) => Frame::CheckpointChunk(wire::CheckpointChunk { id: g.id, offset: g.offset, data: wire::Blob(data) }),
-                Ok(None) => err(ErrorCode::NotFound, "no such checkpoint"),
-                Err(e) => err(ErrorCode::Internal, &e.to_string()),
-            },
+            (_, Frame::GetCheckpointPath(g)) => {
+                sh.relay.note_holds(peer, g.have);
+                match sh.relay.path(g.have, g.want) {
+                    Ok(p) => Frame::CheckpointPath(p),
+                    Err(e) => relay_err(&e),
+                }
+            }
+            (_, Frame::GetCheckpoint(g)) => {
+                if answers.send(read_payload(sh, Payload::Full(g.id), g.id, g.offset)).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
+            }
+            (_, Frame::GetDelta(g)) => {
+                let what = Payload::Delta { base: g.base, id: g.id };
+                if answers.send(read_payload(sh, what, g.id, g.offset)).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
+            }
             (_, other) => {
                 metrics::counter!("tributary_frames_refused_total", "reason" => "unexpected").increment(1);
                 let _ = answers
@@ -357,6 +383,29 @@ async fn serve_requests(
 async fn linger(send: &mut quinn::SendStream) {
     let _ = send.finish();
     let _ = tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
+}
+
+fn relay_err(e: &RelayError) -> Frame {
+    let code = match e {
+        RelayError::NotFound(_) => ErrorCode::NotFound,
+        RelayError::BadPayload(_) | RelayError::Delta(_) | RelayError::WindowTaken { .. } => ErrorCode::Malformed,
+        RelayError::Io { .. } => ErrorCode::Internal,
+    };
+    err(code, &e.to_string())
+}
+
+/// Reads a payload chunk off the connection's task (file I/O).
+fn read_payload(sh: &Arc<Shared>, what: Payload, id: ContentId, offset: u64) -> oneshot::Receiver<Frame> {
+    let (tx, rx) = oneshot::channel();
+    let relay = sh.relay.clone();
+    tokio::task::spawn_blocking(move || {
+        let f = match relay.read(what, offset) {
+            Ok(data) => Frame::CheckpointChunk(wire::CheckpointChunk { id, offset, data: wire::Blob(data) }),
+            Err(e) => relay_err(&e),
+        };
+        let _ = tx.send(f);
+    });
+    rx
 }
 
 fn err(code: ErrorCode, detail: &str) -> Frame {
@@ -443,6 +492,7 @@ async fn submit(sh: &Arc<Shared>, peer: &PublicKey, seq: u64, bytes: Vec<u8>, no
         let ok = matches!(done_rx.await, Ok(Ok(())));
         if ok {
             sh.core().commit(&cand);
+            sh.relay.note_generating(cand.miner, cand.checkpoint);
             metrics::counter!("tributary_rollouts_accepted_total").increment(1);
             metrics::histogram!("tributary_ingest_latency_seconds").record(started.elapsed().as_secs_f64());
             let _ = tx.send(Frame::Ack(Ack { seq, digest: cand.digest }));
@@ -491,36 +541,85 @@ fn fetch(sh: &Shared, role: Role, f: wire::FetchRollouts, now: u64) -> Frame {
 }
 
 async fn receive_checkpoint(
-    sh: &Shared,
+    sh: &Arc<Shared>,
     recv: &mut quinn::RecvStream,
     p: wire::PublishCheckpoint,
     now: u64,
 ) -> Result<Frame, NetError> {
-    if p.verify().is_err() {
-        return Ok(err(ErrorCode::BadSignature, "checkpoint announcement signature"));
-    }
-    // Payloads are bounded: 4 GiB at most, read chunk by chunk in order.
-    if p.body.len > 4 << 30 {
+    use tokio::io::AsyncWriteExt;
+    // Payloads are bounded: 64 GiB at most, streamed to a file chunk by chunk in order.
+    if p.body.len > 64 << 30 {
         return Ok(err(ErrorCode::Malformed, "checkpoint too large"));
     }
-    let mut payload = Vec::new();
-    while (payload.len() as u64) < p.body.len {
+    let upload = sh.relay.incoming_path(&p.body.id);
+    let mut file = tokio::fs::File::create(&upload).await?;
+    let mut hasher = blake3::Hasher::new();
+    let mut got = 0u64;
+    let mut refusal = None;
+    while got < p.body.len {
         match net::read_frame(recv).await?.ok_or(NetError::Closed)? {
-            Frame::CheckpointChunk(c) if c.id == p.body.id && c.offset == payload.len() as u64 => {
-                if payload.len() as u64 + c.data.0.len() as u64 > p.body.len {
-                    return Ok(err(ErrorCode::Malformed, "chunk past the announced length"));
+            Frame::CheckpointChunk(c) if c.id == p.body.id && c.offset == got => {
+                if got + c.data.0.len() as u64 > p.body.len || c.data.0.is_empty() {
+                    refusal = Some(err(ErrorCode::Malformed, "chunk empty or past the announced length"));
+                    break;
                 }
-                payload.extend_from_slice(&c.data.0);
+                hasher.update(&c.data.0);
+                file.write_all(&c.data.0).await?;
+                got += c.data.0.len() as u64;
             }
-            _ => return Ok(err(ErrorCode::UnexpectedFrame, "expected the next checkpoint chunk")),
+            _ => {
+                refusal = Some(err(ErrorCode::UnexpectedFrame, "expected the next checkpoint chunk"));
+                break;
+            }
         }
     }
-    if blake3::hash(&payload).as_bytes() != &p.body.payload_hash {
-        return Ok(err(ErrorCode::Malformed, "payload hash mismatch"));
+    file.sync_all().await?;
+    drop(file);
+    let refuse = |f: Frame| {
+        let _ = std::fs::remove_file(&upload);
+        Ok(f)
+    };
+    if let Some(f) = refusal {
+        return refuse(f);
+    }
+    if hasher.finalize().as_bytes() != &p.body.payload_hash {
+        return refuse(err(ErrorCode::Malformed, "payload hash mismatch"));
+    }
+    if p.verify().is_err() {
+        return refuse(err(ErrorCode::BadSignature, "checkpoint announcement signature"));
+    }
+    // Idempotent for the same checkpoint; never two checkpoints for one window.
+    if sh.relay.entry(&p.body.id).is_some() {
+        return refuse(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }));
+    }
+    match sh.store.checkpoints() {
+        Ok(all) => {
+            if let Some((_, a)) = all.iter().find(|(_, a)| a.body.window == p.body.window) {
+                let e = RelayError::WindowTaken { window: p.body.window, existing: a.body.id };
+                return refuse(relay_err(&e));
+            }
+        }
+        Err(e) => return refuse(err(ErrorCode::Internal, &e.to_string())),
+    }
+    let from = {
+        let core = sh.core();
+        let current = core.current_window(now).unwrap_or(0);
+        p.body.window.max(current).saturating_add(1)
+    };
+    let relay = sh.relay.clone();
+    let ann = p.clone();
+    let ingested = tokio::task::spawn_blocking(move || relay.ingest(&ann, &upload, from)).await;
+    let entry = match ingested {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => return Ok(relay_err(&e)),
+        Err(e) => return Ok(err(ErrorCode::Internal, &e.to_string())),
+    };
+    if let Err(e) = sh.store.put_checkpoint(from, &p, &entry) {
+        return Ok(err(ErrorCode::Internal, &e.to_string()));
     }
     let from = sh.core().publish_checkpoint(now, &p.body);
-    match sh.store.put_checkpoint(from, &p, &payload) {
-        Ok(()) => Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id })),
-        Err(e) => Ok(err(ErrorCode::Internal, &e.to_string())),
-    }
+    sh.relay.insert(entry);
+    metrics::counter!("tributary_checkpoints_published_total").increment(1);
+    tracing::info!(id = %p.body.id, window = p.body.window, from, "checkpoint published");
+    Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }))
 }

@@ -13,6 +13,7 @@ use tributary_protocol::wire::{PublishCheckpoint, Verdict};
 use tributary_protocol::window::WindowId;
 
 use crate::core::Candidate;
+use crate::relay;
 
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
 /// window BE ‖ digest → encoded rollout.
@@ -23,8 +24,8 @@ const INDEX: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollout_i
 const VERDICTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("verdicts");
 /// from-window BE → postcard(PublishCheckpoint).
 const CHECKPOINTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("checkpoints");
-/// content id → payload.
-const PAYLOADS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("checkpoint_payloads");
+/// content id → postcard(relay::Entry) (the payload files live in the relay folder).
+const RELAY: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("relay_entries");
 
 /// Store failures.
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +98,7 @@ impl Store {
             tx.open_table(INDEX)?;
             tx.open_table(VERDICTS)?;
             tx.open_table(CHECKPOINTS)?;
-            tx.open_table(PAYLOADS)?;
+            tx.open_table(RELAY)?;
         }
         tx.commit()?;
         Ok(Self { db })
@@ -248,14 +249,37 @@ impl Store {
         Ok(out)
     }
 
-    /// Stores a checkpoint announcement (in force from `from`) and its payload.
-    pub fn put_checkpoint(&self, from: WindowId, ann: &PublishCheckpoint, payload: &[u8]) -> Result<(), StoreError> {
+    /// Stores a checkpoint announcement (in force from `from`) and its relay
+    /// entry (the payload is already filed in the relay folder) in one transaction.
+    pub fn put_checkpoint(&self, from: WindowId, ann: &PublishCheckpoint, entry: &relay::Entry) -> Result<(), StoreError> {
         let val = postcard::to_stdvec(ann).map_err(|_| StoreError::Corrupt("checkpoint"))?;
+        let e = postcard::to_stdvec(entry).map_err(|_| StoreError::Corrupt("relay entry"))?;
         let tx = self.db.begin_write()?;
         tx.open_table(CHECKPOINTS)?.insert(from, val.as_slice())?;
-        tx.open_table(PAYLOADS)?.insert(ann.body.id.0.as_slice(), payload)?;
+        tx.open_table(RELAY)?.insert(entry.id.0.as_slice(), e.as_slice())?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Stores a relay entry on its own (the genesis checkpoint).
+    pub fn put_relay_entry(&self, entry: &relay::Entry) -> Result<(), StoreError> {
+        let e = postcard::to_stdvec(entry).map_err(|_| StoreError::Corrupt("relay entry"))?;
+        let tx = self.db.begin_write()?;
+        tx.open_table(RELAY)?.insert(entry.id.0.as_slice(), e.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every relay entry.
+    pub fn relay_entries(&self) -> Result<Vec<relay::Entry>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(RELAY)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (_, v) = item?;
+            out.push(postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("relay entry"))?);
+        }
+        Ok(out)
     }
 
     /// Every checkpoint announcement with the window it is in force from.
@@ -268,16 +292,5 @@ impl Store {
             out.push((k.value(), postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("checkpoint"))?));
         }
         Ok(out)
-    }
-
-    /// Part of a stored checkpoint payload: up to `max` bytes from `offset`, and the total length.
-    pub fn checkpoint_payload(&self, id: &ContentId, offset: u64, max: usize) -> Result<Option<(Vec<u8>, u64)>, StoreError> {
-        let tx = self.db.begin_read()?;
-        let t = tx.open_table(PAYLOADS)?;
-        let Some(v) = t.get(id.0.as_slice())? else { return Ok(None) };
-        let all = v.value();
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(all.len());
-        let end = start.saturating_add(max).min(all.len());
-        Ok(Some((all[start..end].to_vec(), all.len() as u64)))
     }
 }

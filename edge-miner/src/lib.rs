@@ -6,6 +6,8 @@
 //! - [`llama`]: the llama.cpp implementation;
 //! - [`offline`]: `edge-miner generate` (tasks → groups → JSONL records);
 //! - [`quantize`]: llama.cpp's quantizer on GGUF files;
+//! - [`uplink`], [`sync`], [`run`]: `edge-miner run` (stream rollouts, fetch
+//!   and swap checkpoints, the mining loop);
 //! - `wgpu` (feature `wgpu`): the second backend, the forward pass in WGSL
 //!   compute shaders.
 
@@ -13,6 +15,8 @@ pub mod backend;
 pub mod llama;
 pub mod offline;
 pub mod quantize;
+pub mod run;
+pub mod sync;
 pub mod uplink;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;

@@ -12,6 +12,7 @@ use edge_miner::offline::{self, GenerateOptions, OfflineWindow};
 use edge_miner::quantize::{FileType, quantize};
 use indicatif::{ProgressBar, ProgressStyle};
 use tributary_protocol::checkpoint::Checkpoint;
+use tributary_protocol::identity::Keypair;
 use tributary_protocol::env::{ArithEnv, EnvId, Environment, Gsm8kEnv, SatEnv};
 use tributary_protocol::sketch::SketchParams;
 use tributary_protocol::tokenizer::Tokenizer;
@@ -25,6 +26,16 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Create the miner key (`miner.key` in the data folder) and print it as `miner=HEX`.
+    Init {
+        /// Data folder.
+        #[arg(long, default_value = "miner-data")]
+        data: PathBuf,
+    },
+    /// Mine against a coordinator.
+    Run(RunArgs),
+    /// List the compute adapters the wgpu backend sees.
+    Doctor,
     /// Generate rollouts offline (no coordinator) and write them as JSONL.
     Generate(GenerateArgs),
     /// Re-quantize a GGUF model with llama.cpp's quantizer.
@@ -103,6 +114,162 @@ struct GenerateArgs {
     /// Layers to offload to a GPU (builds with cuda/metal/vulkan).
     #[arg(long, default_value_t = 0)]
     gpu_layers: u32,
+    /// Inference engine.
+    #[arg(long, value_enum, default_value_t = BackendKind::Llama)]
+    backend: BackendKind,
+    /// wgpu adapter whose name contains this (default: the most capable).
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+/// The generation engines.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    /// llama.cpp (CPU, or CUDA/Metal/Vulkan builds).
+    Llama,
+    /// WGSL compute shaders on any wgpu adapter (builds with `--features wgpu`; BF16 checkpoints).
+    Wgpu,
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_config(model: &std::path::Path, adapter: Option<&String>) -> edge_miner::wgpu::WgpuConfig {
+    let mut cfg = edge_miner::wgpu::WgpuConfig::new(model);
+    if let Some(a) = adapter {
+        cfg.adapter = Some(a.clone());
+    }
+    cfg
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn no_wgpu() -> anyhow::Error {
+    anyhow::anyhow!("--backend wgpu: this edge-miner was built without the `wgpu` feature")
+}
+
+fn doctor() -> Result<()> {
+    #[cfg(feature = "wgpu")]
+    {
+        let adapters = edge_miner::wgpu::list_adapters();
+        if adapters.is_empty() {
+            println!("wgpu: no adapter (install a Vulkan/Metal/DX12 driver; on Linux CI, Mesa's lavapipe)");
+        }
+        for (i, a) in adapters.iter().enumerate() {
+            println!("wgpu adapter {i}: {a}");
+        }
+    }
+    #[cfg(not(feature = "wgpu"))]
+    println!("wgpu: not built (rebuild with --features wgpu to list adapters)");
+    println!("llama.cpp: CPU, {} threads available", default_threads());
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Join a `coordinator run --dev` network: the tiny dev model, a key created if missing.
+    #[arg(long)]
+    dev: bool,
+    /// The coordinator's QUIC address.
+    #[arg(long)]
+    coordinator: std::net::SocketAddr,
+    /// The coordinator's certificate fingerprint (hex).
+    #[arg(long)]
+    fingerprint: String,
+    /// Data folder (key, models).
+    #[arg(long, default_value = "miner-data")]
+    data: PathBuf,
+    /// A model file to start from (default: the slots in the data folder, else
+    /// the dev tiny model with --dev, else a download from the coordinator).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Most completion tokens per rollout.
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f32,
+    /// Difficulty of the arith environment.
+    #[arg(long, default_value_t = 3)]
+    difficulty: u32,
+    /// GSM8K JSONL file (when the coordinator's environment is gsm8k).
+    #[arg(long)]
+    gsm8k: Option<PathBuf>,
+    /// CPU threads (default: available cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Layers to offload to a GPU.
+    #[arg(long, default_value_t = 0)]
+    gpu_layers: u32,
+    /// Inference engine.
+    #[arg(long, value_enum, default_value_t = BackendKind::Llama)]
+    backend: BackendKind,
+    /// wgpu adapter whose name contains this (default: the most capable).
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+fn key_path(data: &std::path::Path) -> PathBuf {
+    data.join("miner.key")
+}
+
+fn init(data: &std::path::Path) -> Result<Keypair> {
+    std::fs::create_dir_all(data)?;
+    let path = key_path(data);
+    if path.exists() {
+        return Ok(Keypair::load(&path)?);
+    }
+    let k = Keypair::generate();
+    k.save(&path)?;
+    Ok(k)
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    use edge_miner::run::{self as mine, RunConfig};
+    use edge_miner::uplink::UplinkConfig;
+    let path = key_path(&args.data);
+    let key = if args.dev { init(&args.data)? } else { Keypair::load(&path).with_context(|| format!("{} (run `edge-miner init`)", path.display()))? };
+    println!("miner={}", key.public());
+    let threads = args.threads.unwrap_or_else(default_threads);
+    let mut cfg = RunConfig::new(UplinkConfig::new(args.coordinator, args.fingerprint), key, args.data.join("models"), threads);
+    cfg.loader = match args.backend {
+        BackendKind::Llama => mine::llama_loader(threads, args.gpu_layers),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => {
+            let adapter = args.adapter.clone();
+            std::sync::Arc::new(move |path: &std::path::Path| {
+                let b = edge_miner::wgpu::WgpuBackend::load(&wgpu_config(path, adapter.as_ref()))?;
+                Ok(Box::new(b) as edge_miner::sync::LoadedBackend)
+            })
+        }
+        #[cfg(not(feature = "wgpu"))]
+        BackendKind::Wgpu => return Err(no_wgpu()),
+    };
+    cfg.max_new_tokens = args.max_new_tokens;
+    cfg.temperature = args.temperature;
+    cfg.arith_difficulty = args.difficulty;
+    cfg.gsm8k = args.gsm8k;
+    cfg.progress = true;
+    cfg.model = match args.model {
+        Some(m) => Some(m),
+        None if args.dev => {
+            let p = args.data.join(format!("dev-tiny-{}.gguf", mine::DEV_TINY_SEED));
+            if !p.exists() {
+                let src = Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1())?;
+                tributary_protocol::tiny::write_tiny(mine::DEV_TINY_SEED, &src, &p)?;
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            let _ = stop_tx.send(true);
+        });
+        let s = mine::run(cfg, stop_rx, None).await?;
+        eprintln!("{} windows, {} rollouts stored, {} refused", s.windows, s.stored, s.refused);
+        Ok(())
+    })
 }
 
 fn environment(args: &GenerateArgs) -> Result<Environment> {
@@ -122,11 +289,17 @@ fn generate(args: GenerateArgs) -> Result<()> {
     // files the checkpoint reader accepts (BF16 checkpoints, the tiny model).
     let tokenizer = Tokenizer::from_gguf_file(&args.model).context("building the tokenizer")?;
     let model_id = Checkpoint::open(&args.model).ok().map(|c| c.content_id());
-    let mut backend = LlamaCppBackend::load(&LlamaConfig {
-        model: args.model.clone(),
-        threads: args.threads.unwrap_or_else(default_threads),
-        gpu_layers: args.gpu_layers,
-    })?;
+    let mut backend: Box<dyn Backend> = match args.backend {
+        BackendKind::Llama => Box::new(LlamaCppBackend::load(&LlamaConfig {
+            model: args.model.clone(),
+            threads: args.threads.unwrap_or_else(default_threads),
+            gpu_layers: args.gpu_layers,
+        })?),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => Box::new(edge_miner::wgpu::WgpuBackend::load(&wgpu_config(&args.model, args.adapter.as_ref()))?),
+        #[cfg(not(feature = "wgpu"))]
+        BackendKind::Wgpu => return Err(no_wgpu()),
+    };
     if tokenizer.vocab_size() != backend.vocab_size() {
         bail!("tokenizer has {} tokens, model {}", tokenizer.vocab_size(), backend.vocab_size());
     }
@@ -146,7 +319,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let start = std::time::Instant::now();
     let job = offline::Job { tokenizer: &tokenizer, env: &env, model: model_id, window: &window, opts: &opts };
     let summary = offline::generate(
-        &mut backend,
+        &mut *backend,
         &job,
         offline::jsonl_sink(BufWriter::new(out)),
         |done| bar.set_position(done as u64),
@@ -167,6 +340,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
 fn main() -> Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     match Cli::parse().command {
+        Command::Init { data } => {
+            let k = init(&data)?;
+            println!("miner={}", k.public());
+            eprintln!("key in {}", key_path(&data).display());
+            Ok(())
+        }
+        Command::Run(args) => run(args),
+        Command::Doctor => doctor(),
         Command::Generate(args) => generate(args),
         Command::Quantize { input, output, ftype, threads } => {
             quantize(&input, &output, ftype.into(), threads.unwrap_or_else(default_threads))?;

@@ -125,7 +125,9 @@ impl Uplink {
         self.session = None;
     }
 
-    async fn request(&mut self, frame: &Frame) -> Result<Frame, UplinkError> {
+    /// Sends a request and waits for its answer, reconnecting (at most
+    /// twice) if the connection was lost; an error frame is [`UplinkError::Refused`].
+    pub async fn request(&mut self, frame: &Frame) -> Result<Frame, UplinkError> {
         let mut tries = 0;
         loop {
             tries += 1;

@@ -580,10 +580,62 @@ pub struct CheckpointChunk {
     pub data: Blob,
 }
 
-/// Asks for part of a stored checkpoint payload.
+/// Asks for part of a stored **full** checkpoint (the GGUF file whose
+/// content id is `id`), from `offset`: resumable by asking again from the
+/// bytes already held. Answered with one [`CheckpointChunk`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetCheckpoint {
     /// The checkpoint's content id.
+    pub id: ContentId,
+    /// Start offset.
+    pub offset: u64,
+}
+
+/// The most steps a [`CheckpointPath`] has (longer chains are answered with a full checkpoint).
+pub const MAX_PATH_STEPS: usize = 16;
+
+/// Asks the way from the checkpoint a peer holds to another one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetCheckpointPath {
+    /// The checkpoint the peer holds, if any.
+    pub have: Option<ContentId>,
+    /// The checkpoint wanted; `None`: the latest published one.
+    pub want: Option<ContentId>,
+}
+
+/// One download of a [`CheckpointPath`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathStep {
+    /// The checkpoint this step produces.
+    pub id: ContentId,
+    /// `Some(base)`: a delta from `base` (fetch with [`GetDelta`]); `None`: the
+    /// full checkpoint (fetch with [`GetCheckpoint`]).
+    pub base: Option<ContentId>,
+    /// Payload bytes.
+    pub len: u64,
+    /// blake3 of the payload.
+    pub payload_hash: [u8; 32],
+}
+
+/// Coordinator → peer: how to get from `have` to `target`, in order (empty
+/// when `have` is already `target`). At most [`MAX_PATH_STEPS`] steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointPath {
+    /// The checkpoint the path ends at.
+    pub target: ContentId,
+    /// The first window that uses `target`.
+    pub from_window: WindowId,
+    /// Downloads, applied in order.
+    pub steps: Vec<PathStep>,
+}
+
+/// Asks for part of a stored delta payload (from `base` to `id`), from `offset`.
+/// Answered with one [`CheckpointChunk`] whose `id` is the delta's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetDelta {
+    /// The delta's base checkpoint.
+    pub base: ContentId,
+    /// The checkpoint the delta produces.
     pub id: ContentId,
     /// Start offset.
     pub offset: u64,
@@ -728,6 +780,12 @@ frames! {
     GetCheckpoint = 42, max SMALL, GetCheckpoint;
     /// A checkpoint is stored.
     CheckpointStored = 43, max SMALL, CheckpointStored;
+    /// Ask the way between two checkpoints.
+    GetCheckpointPath = 44, max SMALL, GetCheckpointPath;
+    /// The way between two checkpoints.
+    CheckpointPath = 45, max 16 << 10, CheckpointPath;
+    /// Ask for part of a delta payload.
+    GetDelta = 46, max SMALL, GetDelta;
 }
 
 impl Frame {

@@ -111,6 +111,16 @@ fn frame() -> impl Strategy<Value = Frame> {
             .prop_map(|(id, offset, data)| Frame::CheckpointChunk(CheckpointChunk { id: ContentId(id), offset, data })),
         (any::<[u8; 32]>(), any::<u64>()).prop_map(|(id, offset)| Frame::GetCheckpoint(GetCheckpoint { id: ContentId(id), offset })),
         any::<[u8; 32]>().prop_map(|id| Frame::CheckpointStored(CheckpointStored { id: ContentId(id) })),
+        (any::<Option<[u8; 32]>>(), any::<Option<[u8; 32]>>())
+            .prop_map(|(have, want)| Frame::GetCheckpointPath(GetCheckpointPath { have: have.map(ContentId), want: want.map(ContentId) })),
+        (any::<[u8; 32]>(), any::<u64>(), proptest::collection::vec((any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>()), 0..MAX_PATH_STEPS))
+            .prop_map(|(target, from_window, steps)| Frame::CheckpointPath(CheckpointPath {
+                target: ContentId(target),
+                from_window,
+                steps: steps.into_iter().map(|(id, base, len)| PathStep { id: ContentId(id), base: base.map(ContentId), len, payload_hash: id }).collect(),
+            })),
+        (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>())
+            .prop_map(|(base, id, offset)| Frame::GetDelta(GetDelta { base: ContentId(base), id: ContentId(id), offset })),
     ]
 }
 

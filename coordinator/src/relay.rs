@@ -1,0 +1,450 @@
+//! The checkpoint relay: every published checkpoint kept once on disk (full
+//! files as anchors, deltas as the trainer uploaded them) with its metadata
+//! in redb, served in chunks to any number of peers from that one copy.
+//!
+//! Layout of the relay folder:
+//!
+//! ```text
+//! full/<id>.gguf            every checkpoint as a full file (genesis, uploaded
+//!                           fulls, and deltas materialised on arrival)
+//! delta/<base>-<id>.delta   every delta payload the trainer uploaded
+//! incoming/                 uploads in progress
+//! ```
+//!
+//! A peer asks for the path from the checkpoint it holds to the one it wants
+//! ([`Relay::path`]): the chain of deltas when one links them (at most
+//! [`MAX_PATH_STEPS`] long and smaller than the full file), otherwise the full
+//! checkpoint. Every payload is fetched by offset, so downloads resume.
+//! Uploads are verified before they are visible: the payload hash, then the
+//! content id of the full file (a delta is applied to the base's full file,
+//! which checks the base and result ids).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use tributary_protocol::checkpoint::{ContentId, content_id_of};
+use tributary_protocol::delta::{self, DeltaError};
+use tributary_protocol::gguf;
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::wire::{CheckpointKind, CheckpointPath, MAX_PATH_STEPS, PathStep, PublishCheckpoint};
+use tributary_protocol::window::WindowId;
+
+/// Bytes served per chunk (below [`tributary_protocol::wire::MAX_CHUNK_LEN`]).
+pub const CHUNK_LEN: usize = 4 << 20;
+
+/// Relay failures.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// File I/O.
+    #[error("I/O on {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// No such checkpoint or delta.
+    #[error("unknown checkpoint {0}")]
+    NotFound(ContentId),
+    /// The uploaded payload is not what was announced.
+    #[error("payload refused: {0}")]
+    BadPayload(String),
+    /// The delta does not apply.
+    #[error("delta refused: {0}")]
+    Delta(#[from] DeltaError),
+    /// A different checkpoint was already published for the window.
+    #[error("window {window} already has checkpoint {existing}")]
+    WindowTaken {
+        /// The window.
+        window: WindowId,
+        /// The checkpoint published for it.
+        existing: ContentId,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RelayError + '_ {
+    move |source| RelayError::Io { path: path.to_owned(), source }
+}
+
+/// What the relay keeps of one checkpoint (its redb metadata).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Content id.
+    pub id: ContentId,
+    /// Publication order (0 for genesis).
+    pub seq: u64,
+    /// The window the trainer published it for.
+    pub window: WindowId,
+    /// The first window that uses it.
+    pub from_window: WindowId,
+    /// Bytes of the full file.
+    pub full_len: u64,
+    /// blake3 of the full file.
+    pub full_hash: [u8; 32],
+    /// The uploaded delta, if the trainer published one: (base, bytes, blake3).
+    pub delta: Option<(ContentId, u64, [u8; 32])>,
+}
+
+/// What a peer holds and runs, as the relay last saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PeerCheckpoint {
+    /// Checkpoint of the peer's last accepted rollout.
+    pub generating: Option<ContentId>,
+    /// Checkpoint the peer said it holds when it last asked for a path.
+    pub holds: Option<ContentId>,
+}
+
+/// Which payload to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// The full file of a checkpoint.
+    Full(ContentId),
+    /// The delta from `base` to `id`.
+    Delta {
+        /// Base.
+        base: ContentId,
+        /// Result.
+        id: ContentId,
+    },
+}
+
+/// The relay.
+#[derive(Debug)]
+pub struct Relay {
+    dir: PathBuf,
+    entries: Mutex<BTreeMap<ContentId, Entry>>,
+    peers: Mutex<HashMap<PublicKey, PeerCheckpoint>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// blake3 of a file, streamed.
+pub fn hash_file(path: &Path) -> Result<(u64, [u8; 32]), RelayError> {
+    let mut f = File::open(path).map_err(io(path))?;
+    let mut h = blake3::Hasher::new();
+    let n = std::io::copy(&mut f, &mut h).map_err(io(path))?;
+    Ok((n, *h.finalize().as_bytes()))
+}
+
+/// Content id of a GGUF file (memory-mapped, not read into memory).
+pub fn file_content_id(path: &Path) -> Result<ContentId, RelayError> {
+    let f = File::open(path).map_err(io(path))?;
+    // SAFETY: relay files are written once to a temporary name and renamed;
+    // nothing writes them in place while they are mapped.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io(path))?;
+    let header = gguf::parse_header(&map).map_err(|e| RelayError::BadPayload(format!("not a GGUF file: {e}")))?;
+    Ok(content_id_of(&header, &map))
+}
+
+impl Relay {
+    /// Opens the relay folder with the entries the store kept.
+    pub fn open(dir: &Path, entries: Vec<Entry>) -> Result<Self, RelayError> {
+        for sub in ["full", "delta", "incoming"] {
+            let p = dir.join(sub);
+            std::fs::create_dir_all(&p).map_err(io(&p))?;
+        }
+        let entries = entries.into_iter().map(|e| (e.id, e)).collect();
+        Ok(Self { dir: dir.to_owned(), entries: Mutex::new(entries), peers: Mutex::new(HashMap::new()) })
+    }
+
+    /// Path of a checkpoint's full file.
+    pub fn full_path(&self, id: &ContentId) -> PathBuf {
+        full_path(&self.dir, id)
+    }
+
+    /// Path of a delta payload.
+    pub fn delta_path(&self, base: &ContentId, id: &ContentId) -> PathBuf {
+        self.dir.join("delta").join(format!("{base}-{id}.delta"))
+    }
+
+    /// A fresh file name for an upload in progress.
+    pub fn incoming_path(&self, id: &ContentId) -> PathBuf {
+        self.dir.join("incoming").join(format!("{id}.{}.part", rand::random::<u64>()))
+    }
+
+    /// Every entry, in publication order.
+    pub fn entries(&self) -> Vec<Entry> {
+        let mut v: Vec<Entry> = lock(&self.entries).values().cloned().collect();
+        v.sort_by_key(|e| e.seq);
+        v
+    }
+
+    /// One entry.
+    pub fn entry(&self, id: &ContentId) -> Option<Entry> {
+        lock(&self.entries).get(id).cloned()
+    }
+
+    /// The genesis entry for a full file already at [`Relay::full_path`] (or
+    /// `None` if there is no such file: a network without a relayed genesis).
+    pub fn genesis_entry(&self, id: ContentId) -> Result<Option<Entry>, RelayError> {
+        if let Some(e) = self.entry(&id) {
+            return Ok(Some(e));
+        }
+        let path = self.full_path(&id);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let (full_len, full_hash) = hash_file(&path)?;
+        Ok(Some(Entry { id, seq: 0, window: 0, from_window: 0, full_len, full_hash, delta: None }))
+    }
+
+    /// Makes an entry visible (after the caller stored it durably).
+    pub fn insert(&self, e: Entry) {
+        lock(&self.entries).insert(e.id, e);
+    }
+
+    /// Verifies an uploaded payload (already checked against the announced
+    /// hash and length, at `upload`) and files it: a full file is checked by
+    /// content id, a delta is applied to its base's full file. Returns the
+    /// new entry (not yet inserted); the upload file is consumed.
+    ///
+    /// Blocking (hashes and writes files).
+    pub fn ingest(&self, ann: &PublishCheckpoint, upload: &Path, from_window: WindowId) -> Result<Entry, RelayError> {
+        let body = &ann.body;
+        let res = self.ingest_inner(ann, upload, from_window);
+        let _ = std::fs::remove_file(upload);
+        if res.is_err() {
+            tracing::warn!(id = %body.id, "checkpoint upload refused");
+        }
+        res
+    }
+
+    fn ingest_inner(&self, ann: &PublishCheckpoint, upload: &Path, from_window: WindowId) -> Result<Entry, RelayError> {
+        let body = &ann.body;
+        let seq = lock(&self.entries).values().map(|e| e.seq).max().map_or(1, |s| s + 1);
+        let full = self.full_path(&body.id);
+        let delta = match body.kind {
+            CheckpointKind::Full => {
+                let found = file_content_id(upload)?;
+                if found != body.id {
+                    return Err(RelayError::BadPayload(format!("full file has content id {found}, announced {}", body.id)));
+                }
+                std::fs::rename(upload, &full).map_err(io(&full))?;
+                None
+            }
+            CheckpointKind::Delta { base } => {
+                let base_full = self.full_path(&base);
+                if !base_full.is_file() {
+                    return Err(RelayError::NotFound(base));
+                }
+                let bytes = std::fs::read(upload).map_err(io(upload))?;
+                let (b, r) = delta::peek_ids(&bytes)?;
+                if b != base || r != body.id {
+                    return Err(RelayError::BadPayload(format!("delta goes {b} -> {r}, announced {base} -> {}", body.id)));
+                }
+                // Applies to a copy of the base and checks base and result ids.
+                delta::apply_file(&bytes, &base_full, &full)?;
+                let dpath = self.delta_path(&base, &body.id);
+                std::fs::rename(upload, &dpath).map_err(io(&dpath))?;
+                Some((base, body.len, body.payload_hash))
+            }
+        };
+        let (full_len, full_hash) = match (&delta, body.kind) {
+            (None, CheckpointKind::Full) => (body.len, body.payload_hash),
+            _ => hash_file(&full)?,
+        };
+        Ok(Entry { id: body.id, seq, window: body.window, from_window, full_len, full_hash, delta })
+    }
+
+    /// The way from `have` to `want` (default: the latest publication).
+    pub fn path(&self, have: Option<ContentId>, want: Option<ContentId>) -> Result<CheckpointPath, RelayError> {
+        let entries = lock(&self.entries);
+        let target = match want {
+            Some(id) => entries.get(&id).ok_or(RelayError::NotFound(id))?,
+            None => entries.values().max_by_key(|e| e.seq).ok_or(RelayError::NotFound(ContentId([0; 32])))?,
+        };
+        let mut out = CheckpointPath { target: target.id, from_window: target.from_window, steps: Vec::new() };
+        if have == Some(target.id) {
+            return Ok(out);
+        }
+        if let Some(have) = have {
+            let mut chain = Vec::new();
+            let mut cur = target;
+            let mut bytes = 0u64;
+            while let Some((base, len, hash)) = cur.delta {
+                chain.push(PathStep { id: cur.id, base: Some(base), len, payload_hash: hash });
+                bytes = bytes.saturating_add(len);
+                if base == have || chain.len() >= MAX_PATH_STEPS {
+                    break;
+                }
+                match entries.get(&base) {
+                    Some(e) => cur = e,
+                    None => break,
+                }
+            }
+            let linked = chain.last().is_some_and(|s| s.base == Some(have));
+            if linked && bytes < target.full_len {
+                chain.reverse();
+                out.steps = chain;
+                return Ok(out);
+            }
+        }
+        out.steps.push(PathStep { id: target.id, base: None, len: target.full_len, payload_hash: target.full_hash });
+        Ok(out)
+    }
+
+    /// Up to [`CHUNK_LEN`] bytes of a payload from `offset` (empty at or past the end).
+    ///
+    /// Blocking (reads a file).
+    pub fn read(&self, what: Payload, offset: u64) -> Result<Vec<u8>, RelayError> {
+        let path = match what {
+            Payload::Full(id) => {
+                if !lock(&self.entries).contains_key(&id) {
+                    return Err(RelayError::NotFound(id));
+                }
+                self.full_path(&id)
+            }
+            Payload::Delta { base, id } => {
+                let known = lock(&self.entries).get(&id).is_some_and(|e| e.delta.is_some_and(|d| d.0 == base));
+                if !known {
+                    return Err(RelayError::NotFound(id));
+                }
+                self.delta_path(&base, &id)
+            }
+        };
+        let mut f = File::open(&path).map_err(io(&path))?;
+        let len = f.metadata().map_err(io(&path))?.len();
+        let start = offset.min(len);
+        f.seek(SeekFrom::Start(start)).map_err(io(&path))?;
+        let n = usize::try_from(len - start).unwrap_or(usize::MAX).min(CHUNK_LEN);
+        let mut buf = vec![0u8; n];
+        f.read_exact(&mut buf).map_err(io(&path))?;
+        let kind = if matches!(what, Payload::Full(_)) { "full" } else { "delta" };
+        metrics::counter!("tributary_relay_bytes_total", "kind" => kind).increment(n as u64);
+        Ok(buf)
+    }
+
+    /// Notes the checkpoint a peer said it holds.
+    pub fn note_holds(&self, peer: PublicKey, id: Option<ContentId>) {
+        lock(&self.peers).entry(peer).or_default().holds = id;
+    }
+
+    /// Notes the checkpoint of a peer's accepted rollout.
+    pub fn note_generating(&self, peer: PublicKey, id: ContentId) {
+        lock(&self.peers).entry(peer).or_default().generating = Some(id);
+    }
+
+    /// What every peer holds and runs.
+    pub fn peers(&self) -> HashMap<PublicKey, PeerCheckpoint> {
+        lock(&self.peers).clone()
+    }
+}
+
+/// Path of a checkpoint's full file in the relay folder `dir`.
+pub fn full_path(dir: &Path, id: &ContentId) -> PathBuf {
+    dir.join("full").join(format!("{id}.gguf"))
+}
+
+/// Installs a genesis checkpoint's full file into the relay folder `dir`
+/// (atomically, only if absent) and returns its content id.
+pub fn install_full(dir: &Path, bytes: &[u8]) -> Result<ContentId, RelayError> {
+    let header = gguf::parse_header(bytes).map_err(|e| RelayError::BadPayload(format!("not a GGUF file: {e}")))?;
+    let id = content_id_of(&header, bytes);
+    let path = full_path(dir, &id);
+    if path.is_file() {
+        return Ok(id);
+    }
+    let parent = dir.join("full");
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let tmp = parent.join(format!(".{id}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    Ok(id)
+}
+
+/// Summary of the relay per checkpoint for operators (`GET /api/checkpoints`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointJson {
+    /// Content id (hex).
+    pub id: String,
+    /// The window the trainer published it for.
+    pub window: WindowId,
+    /// The first window that uses it.
+    pub from_window: WindowId,
+    /// Bytes of the full file.
+    pub full_bytes: u64,
+    /// Bytes of the delta, if one was published.
+    pub delta_bytes: Option<u64>,
+    /// The delta's base (hex).
+    pub base: Option<String>,
+}
+
+impl From<&Entry> for CheckpointJson {
+    fn from(e: &Entry) -> Self {
+        Self {
+            id: e.id.to_string(),
+            window: e.window,
+            from_window: e.from_window,
+            full_bytes: e.full_len,
+            delta_bytes: e.delta.map(|d| d.1),
+            base: e.delta.map(|d| d.0.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: u8, seq: u64, base: Option<u8>, delta_len: u64, full_len: u64) -> Entry {
+        Entry {
+            id: ContentId([id; 32]),
+            seq,
+            window: seq,
+            from_window: seq + 1,
+            full_len,
+            full_hash: [id; 32],
+            delta: base.map(|b| (ContentId([b; 32]), delta_len, [id ^ 0xff; 32])),
+        }
+    }
+
+    #[test]
+    fn paths_prefer_short_delta_chains() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Relay::open(
+            dir.path(),
+            vec![entry(1, 0, None, 0, 1000), entry(2, 1, Some(1), 10, 1000), entry(3, 2, Some(2), 10, 1000), entry(4, 3, None, 0, 1000), entry(5, 4, Some(4), 900, 1000), entry(6, 5, Some(5), 900, 1000)],
+        )
+        .unwrap();
+        let ids = |p: &CheckpointPath| p.steps.iter().map(|s| (s.id.0[0], s.base.map(|b| b.0[0]))).collect::<Vec<_>>();
+        // Up to date.
+        assert!(r.path(Some(ContentId([3; 32])), Some(ContentId([3; 32]))).unwrap().steps.is_empty());
+        // A delta chain links 1 to 3.
+        assert_eq!(ids(&r.path(Some(ContentId([1; 32])), Some(ContentId([3; 32]))).unwrap()), vec![(2, Some(1)), (3, Some(2))]);
+        // Nothing held, or an unknown id: the full file.
+        assert_eq!(ids(&r.path(None, Some(ContentId([3; 32]))).unwrap()), vec![(3, None)]);
+        assert_eq!(ids(&r.path(Some(ContentId([9; 32])), Some(ContentId([3; 32]))).unwrap()), vec![(3, None)]);
+        // The chain breaks at a full publication (4): from 3 the full 6.
+        let p = r.path(Some(ContentId([3; 32])), None).unwrap();
+        assert_eq!(p.target, ContentId([6; 32]));
+        assert_eq!(ids(&p), vec![(6, None)]);
+        // Deltas larger than the full file together: the full file.
+        assert_eq!(ids(&r.path(Some(ContentId([4; 32])), None).unwrap()), vec![(6, None)]);
+        assert_eq!(ids(&r.path(Some(ContentId([5; 32])), None).unwrap()), vec![(6, Some(5))]);
+        assert!(matches!(r.path(None, Some(ContentId([7; 32]))), Err(RelayError::NotFound(_))));
+    }
+
+    #[test]
+    fn reads_are_bounded_and_resumable() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Relay::open(dir.path(), vec![]).unwrap();
+        let id = ContentId([1; 32]);
+        assert!(matches!(r.read(Payload::Full(id), 0), Err(RelayError::NotFound(_))));
+        let data: Vec<u8> = (0..CHUNK_LEN + 100).map(|i| i as u8).collect();
+        std::fs::write(r.full_path(&id), &data).unwrap();
+        r.insert(entry(1, 0, None, 0, data.len() as u64));
+        let a = r.read(Payload::Full(id), 0).unwrap();
+        assert_eq!(a.len(), CHUNK_LEN);
+        let b = r.read(Payload::Full(id), a.len() as u64).unwrap();
+        assert_eq!([a, b].concat(), data);
+        assert!(r.read(Payload::Full(id), u64::MAX).unwrap().is_empty());
+        // A delta that was never published is not served.
+        assert!(r.read(Payload::Delta { base: id, id: ContentId([2; 32]) }, 0).is_err());
+    }
+}

@@ -1,0 +1,517 @@
+//! `edge-miner run`: mine against a coordinator.
+//!
+//! Three parts, joined by bounded channels:
+//! - the **generator**, a blocking thread that owns the llama.cpp model: it
+//!   takes a job (a window and the groups still to do), generates one group at
+//!   a time and hands each group's signed rollouts back; between groups (the
+//!   batch boundary) it swaps in a staged model when the window needs it;
+//! - the **uplink** loop (tokio): learns the window, asks the coordinator which
+//!   slots are already stored, sends the generator the rest, and streams each
+//!   group as it is done ([`crate::uplink`]);
+//! - the **sync** task (tokio, its own connection): fetches, verifies and
+//!   stages the next checkpoint while generation continues ([`crate::sync`]).
+//!
+//! A rollout always carries the content id of the model that generated it,
+//! and the generator only runs a window whose checkpoint is the one loaded:
+//! when the window needs a checkpoint the miner lacks, nothing is generated
+//! until the sync has it.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::{ArithEnv, EnvId, Environment, Gsm8kEnv, SatEnv, task_seed};
+use tributary_protocol::identity::Keypair;
+use tributary_protocol::rollout::{Rollout, SamplingParams};
+use tributary_protocol::sketch::{SketchKey, SketchParams};
+use tributary_protocol::tokenizer::Tokenizer;
+use tributary_protocol::wire::WindowInfo;
+use tributary_protocol::window::WindowId;
+
+use crate::backend::{BackendError, DrawKey, GeneratedSeq, GroupRequest};
+use crate::llama::{LlamaConfig, LlamaCppBackend};
+use crate::sync::{self, LoadedBackend, Loader, Models, SyncConfig, SyncError, SyncEvent};
+use crate::uplink::{Uplink, UplinkConfig, UplinkError};
+
+/// Seed of the `--dev` tiny model; equal to `coordinator::node::DEV_TINY_SEED`
+/// (a test checks it), so every `--dev` role agrees on the genesis id.
+pub const DEV_TINY_SEED: u64 = 0;
+
+/// A hook over each group's rollouts before they are signed: the seam for
+/// adversarial miners (`--attack`, feature `adversary`). Honest miners have none.
+pub trait Tamper: Send {
+    /// May change the group's rollouts in any way; they are signed afterwards.
+    fn tamper(&mut self, info: &WindowInfo, group: &mut Vec<Rollout>);
+}
+
+/// Errors that stop the miner.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The coordinator refused us or is gone.
+    #[error("uplink: {0}")]
+    Uplink(#[from] UplinkError),
+    /// The models folder is unusable.
+    #[error("models: {0}")]
+    Sync(#[from] SyncError),
+    /// Generation failed.
+    #[error("generation: {0}")]
+    Generate(String),
+    /// A bad setting.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// Everything `run` needs.
+pub struct RunConfig {
+    /// Where the coordinator is.
+    pub uplink: UplinkConfig,
+    /// The miner's key.
+    pub key: Keypair,
+    /// The models folder (two slot files, downloads).
+    pub models_dir: PathBuf,
+    /// A model to start from (else the slots, else a download from the relay).
+    pub model: Option<PathBuf>,
+    /// Loads a model file.
+    pub loader: Loader,
+    /// Most completion tokens per rollout.
+    pub max_new_tokens: usize,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// Difficulty of the arith environment.
+    pub arith_difficulty: u32,
+    /// GSM8K JSONL (needed when the coordinator's environment is gsm8k).
+    pub gsm8k: Option<PathBuf>,
+    /// How often to ask for the window when idle.
+    pub poll: Duration,
+    /// How often the sync asks for a newer checkpoint.
+    pub sync_poll: Duration,
+    /// Progress bar for full downloads.
+    pub progress: bool,
+    /// Optional rollout hook (adversarial miners only).
+    pub tamper: Option<Box<dyn Tamper>>,
+}
+
+impl std::fmt::Debug for RunConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunConfig")
+            .field("uplink", &self.uplink)
+            .field("miner", &self.key.public())
+            .field("models_dir", &self.models_dir)
+            .field("model", &self.model)
+            .field("max_new_tokens", &self.max_new_tokens)
+            .field("temperature", &self.temperature)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunConfig {
+    /// Defaults: llama.cpp on `threads` CPU threads, 64 new tokens at T = 0.7,
+    /// arith difficulty 3, polls of 500 ms (window) and 1 s (checkpoints).
+    pub fn new(uplink: UplinkConfig, key: Keypair, models_dir: PathBuf, threads: usize) -> Self {
+        Self {
+            uplink,
+            key,
+            models_dir,
+            model: None,
+            loader: llama_loader(threads, 0),
+            max_new_tokens: 64,
+            temperature: 0.7,
+            arith_difficulty: 3,
+            gsm8k: None,
+            poll: Duration::from_millis(500),
+            sync_poll: Duration::from_secs(1),
+            progress: false,
+            tamper: None,
+        }
+    }
+}
+
+/// A [`Loader`] for llama.cpp.
+pub fn llama_loader(threads: usize, gpu_layers: u32) -> Loader {
+    Arc::new(move |path| {
+        let b = LlamaCppBackend::load(&LlamaConfig { model: path.to_owned(), threads, gpu_layers })?;
+        Ok(Box::new(b) as LoadedBackend)
+    })
+}
+
+/// What the miner reports as it goes.
+#[derive(Debug, Clone)]
+pub enum RunEvent {
+    /// A group was submitted.
+    Submitted {
+        /// Its window.
+        window: WindowId,
+        /// The checkpoint that generated it.
+        checkpoint: ContentId,
+        /// Rollouts stored (acknowledged).
+        stored: usize,
+        /// Rollouts refused, with the reasons.
+        refused: Vec<tributary_protocol::wire::RejectReason>,
+    },
+    /// A staged model was swapped in at a batch boundary.
+    Swapped {
+        /// Its content id.
+        id: ContentId,
+        /// How long generation paused for the swap.
+        pause: Duration,
+        /// When generation could continue.
+        at: Instant,
+    },
+    /// A window's groups are all stored.
+    WindowDone {
+        /// The window.
+        window: WindowId,
+    },
+    /// Something from the sync task.
+    Sync(SyncEvent),
+}
+
+/// Figures of a run.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Windows whose every group is stored.
+    pub windows: u64,
+    /// Rollouts acknowledged.
+    pub stored: u64,
+    /// Rollouts refused.
+    pub refused: u64,
+}
+
+enum GenOut {
+    Group(Vec<Rollout>),
+    NeedModel,
+    Failed(String),
+    Done,
+}
+
+struct Job {
+    info: WindowInfo,
+    groups: Vec<u32>,
+    cancel: Arc<AtomicBool>,
+    out: mpsc::Sender<GenOut>,
+}
+
+/// The blocking side: owns the running model.
+struct Generator {
+    models: Arc<Models>,
+    loader: Loader,
+    current: Option<(ContentId, LoadedBackend)>,
+    tokenizer: Option<Tokenizer>,
+    key: Keypair,
+    max_new_tokens: usize,
+    temperature: f32,
+    arith_difficulty: u32,
+    gsm8k: Option<(PathBuf, Option<Gsm8kEnv>)>,
+    tamper: Option<Box<dyn Tamper>>,
+    events: Option<mpsc::UnboundedSender<RunEvent>>,
+}
+
+impl Generator {
+    /// Makes `id` the running model if it is active or staged; `false` if the miner lacks it.
+    fn ensure_model(&mut self, id: ContentId) -> Result<bool, RunError> {
+        if self.current.as_ref().is_some_and(|(c, _)| *c == id) {
+            return Ok(true);
+        }
+        let mut st = self.models.state();
+        if st.staged.as_ref().is_some_and(|s| s.id == id) {
+            let t0 = Instant::now();
+            if let Some(staged) = st.staged.take() {
+                // The old model is dropped before its slot can be reused.
+                self.current = None;
+                st.active = Some(staged.slot);
+                st.need = None;
+                self.current = Some((staged.id, staged.backend));
+            }
+            drop(st);
+            let pause = t0.elapsed();
+            tracing::info!(%id, ?pause, "swapped to the new checkpoint");
+            self.emit(RunEvent::Swapped { id, pause, at: Instant::now() });
+            return Ok(true);
+        }
+        if self.current.is_none() && st.active_id() == Some(id) {
+            let slot = st.active.unwrap_or(0);
+            drop(st);
+            let b = (self.loader)(&self.models.slot_path(slot)).map_err(|e| RunError::Generate(e.to_string()))?;
+            self.current = Some((id, b));
+            return Ok(true);
+        }
+        st.need = Some(id);
+        drop(st);
+        self.models.wake.notify_one();
+        Ok(false)
+    }
+
+    fn emit(&self, e: RunEvent) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(e);
+        }
+    }
+
+    fn environment(&mut self, env: EnvId) -> Result<Environment, RunError> {
+        Ok(match env {
+            EnvId::Arith => Environment::Arith(ArithEnv::new(self.arith_difficulty)),
+            EnvId::Sat => Environment::Sat(SatEnv),
+            EnvId::Gsm8k => {
+                let Some((path, loaded)) = &mut self.gsm8k else {
+                    return Err(RunError::Config("the window's environment is gsm8k: give --gsm8k FILE".into()));
+                };
+                if loaded.is_none() {
+                    *loaded = Some(Gsm8kEnv::load(path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?);
+                }
+                Environment::Gsm8k(loaded.clone().ok_or_else(|| RunError::Config("gsm8k".into()))?)
+            }
+        })
+    }
+
+    fn run_job(&mut self, job: &Job) -> GenOut {
+        let env = match self.environment(job.info.env) {
+            Ok(e) => e,
+            Err(e) => return GenOut::Failed(e.to_string()),
+        };
+        for &g in &job.groups {
+            if job.cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            match self.ensure_model(job.info.checkpoint) {
+                Ok(true) => {}
+                Ok(false) => return GenOut::NeedModel,
+                Err(e) => return GenOut::Failed(e.to_string()),
+            }
+            match self.group(&job.info, &env, g) {
+                Ok(rs) => {
+                    if job.out.blocking_send(GenOut::Group(rs)).is_err() {
+                        return GenOut::Done;
+                    }
+                }
+                Err(e) => return GenOut::Failed(e.to_string()),
+            }
+        }
+        GenOut::Done
+    }
+
+    fn group(&mut self, info: &WindowInfo, env: &Environment, group: u32) -> Result<Vec<Rollout>, RunError> {
+        let gen_err = |e: BackendError| RunError::Generate(e.to_string());
+        if self.tokenizer.is_none() {
+            let slot = self.models.state().active.unwrap_or(0);
+            let t = Tokenizer::from_gguf_file(&self.models.slot_path(slot)).map_err(|e| RunError::Generate(e.to_string()))?;
+            self.tokenizer = Some(t);
+        }
+        let (Some(tok), Some((checkpoint, backend))) = (&self.tokenizer, &mut self.current) else {
+            return Err(RunError::Generate("no model loaded".into()));
+        };
+        let miner = *self.key.public().as_bytes();
+        let task = env.task(task_seed(&info.seed, &miner, group));
+        let prompt = tok.encode(&env.prompt_text(&task)).map_err(|e| RunError::Generate(e.to_string()))?;
+        let key = SketchKey::derive(&info.seed, backend.hidden_size());
+        let eog: Vec<u32> = tok.eog_ids().collect();
+        let req = GroupRequest {
+            prompt: &prompt,
+            group_size: info.group_size as usize,
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            draw: DrawKey { sampling_seed: info.seed, miner, group },
+            sketch_key: &key,
+            sketch_params: SketchParams::DEFAULT,
+            eog: &eog,
+        };
+        let seqs = backend.generate_group(&req).map_err(gen_err)?;
+        let mut out = Vec::with_capacity(seqs.len());
+        for (i, GeneratedSeq { completion, logprobs, sketches }) in seqs.into_iter().enumerate() {
+            let ended = completion.last().is_some_and(|&t| tok.is_eog(t));
+            let text_ids = if ended { &completion[..completion.len() - 1] } else { &completion[..] };
+            let text = tok.decode(text_ids).map_err(|e| RunError::Generate(e.to_string()))?;
+            let mut tokens = prompt.clone();
+            tokens.extend_from_slice(&completion);
+            out.push(Rollout {
+                window: info.window,
+                checkpoint: *checkpoint,
+                env: task.env,
+                group,
+                rollout: i as u32,
+                task_id: task.id,
+                sampling: SamplingParams { temperature: self.temperature, max_new_tokens: self.max_new_tokens as u32 },
+                tokens,
+                prompt_len: prompt.len() as u32,
+                logprobs,
+                sketches,
+                reward: env.reward(&task, &text),
+                miner,
+                signature: [0; 64],
+            });
+        }
+        if let Some(t) = &mut self.tamper {
+            t.tamper(info, &mut out);
+        }
+        for r in &mut out {
+            r.sign(&self.key);
+        }
+        Ok(out)
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Mines until `stop` turns true (or a fatal error).
+pub async fn run(
+    cfg: RunConfig,
+    mut stop: watch::Receiver<bool>,
+    events: Option<mpsc::UnboundedSender<RunEvent>>,
+) -> Result<RunSummary, RunError> {
+    let models = Models::open(&cfg.models_dir)?;
+    match &cfg.model {
+        Some(m) => {
+            let id = models.install_active(m)?;
+            tracing::info!(%id, "starting from {}", m.display());
+        }
+        None => {
+            let first = models.state().ids.iter().flatten().next().copied();
+            if let Some(id) = first {
+                models.activate(id);
+            }
+        }
+    }
+    // The sync task, on its own connection.
+    let (sync_tx, mut sync_rx) = mpsc::unbounded_channel();
+    let sync_cfg = SyncConfig { poll: cfg.sync_poll, attempts: 3, progress: cfg.progress, loader: cfg.loader.clone() };
+    let sync_task = tokio::spawn(sync::run_sync(
+        Uplink::new(cfg.uplink.clone(), cfg.key.clone()),
+        models.clone(),
+        sync_cfg,
+        Some(sync_tx),
+        stop.clone(),
+    ));
+    if let Some(ev) = events.clone() {
+        tokio::spawn(async move {
+            while let Some(e) = sync_rx.recv().await {
+                let _ = ev.send(RunEvent::Sync(e));
+            }
+        });
+    }
+    // The generator thread.
+    let (job_tx, job_rx) = std::sync::mpsc::sync_channel::<Job>(1);
+    let mut generator = Generator {
+        models: models.clone(),
+        loader: cfg.loader.clone(),
+        current: None,
+        tokenizer: None,
+        key: cfg.key.clone(),
+        max_new_tokens: cfg.max_new_tokens,
+        temperature: cfg.temperature,
+        arith_difficulty: cfg.arith_difficulty,
+        gsm8k: cfg.gsm8k.clone().map(|p| (p, None)),
+        tamper: cfg.tamper,
+        events: events.clone(),
+    };
+    let gen_thread = std::thread::Builder::new()
+        .name("generator".into())
+        .spawn(move || {
+            while let Ok(job) = job_rx.recv() {
+                let end = generator.run_job(&job);
+                let _ = job.out.blocking_send(end);
+            }
+        })
+        .map_err(|e| RunError::Generate(e.to_string()))?;
+
+    let mut uplink = Uplink::new(cfg.uplink.clone(), cfg.key.clone());
+    let mut summary = RunSummary::default();
+    let mut finished: HashSet<WindowId> = HashSet::new();
+    let emit = |e: RunEvent| {
+        if let Some(tx) = &events {
+            let _ = tx.send(e);
+        }
+    };
+    let result = loop {
+        if *stop.borrow() {
+            break Ok(());
+        }
+        let info = match uplink.window().await {
+            Ok(i) => i,
+            Err(UplinkError::NoWindow) => {
+                idle(&mut stop, cfg.poll).await;
+                continue;
+            }
+            Err(e) => break Err(e.into()),
+        };
+        if finished.contains(&info.window) || now_ms() >= info.closes_at_ms {
+            idle(&mut stop, cfg.poll).await;
+            continue;
+        }
+        let stored = match uplink.progress(info.window).await {
+            Ok(s) => s,
+            Err(e) => break Err(e.into()),
+        };
+        let groups: Vec<u32> = (0..info.groups_per_miner)
+            .filter(|g| (0..info.group_size).any(|i| !stored.contains(&(*g, i))))
+            .collect();
+        if groups.is_empty() {
+            finished.insert(info.window);
+            summary.windows += 1;
+            emit(RunEvent::WindowDone { window: info.window });
+            continue;
+        }
+        let (out_tx, mut out_rx) = mpsc::channel(2);
+        let cancel = Arc::new(AtomicBool::new(false));
+        if job_tx.send(Job { info: info.clone(), groups, cancel: cancel.clone(), out: out_tx }).is_err() {
+            break Err(RunError::Generate("generator thread ended".into()));
+        }
+        let closes = Duration::from_millis(info.closes_at_ms.saturating_sub(now_ms()));
+        let deadline = tokio::time::Instant::now() + closes;
+        let mut fatal = None;
+        let mut need_model = false;
+        loop {
+            let out = tokio::select! {
+                o = out_rx.recv() => o,
+                _ = tokio::time::sleep_until(deadline) => { cancel.store(true, Ordering::Relaxed); out_rx.recv().await }
+                _ = stop.changed() => { cancel.store(true, Ordering::Relaxed); out_rx.recv().await }
+            };
+            match out {
+                Some(GenOut::Group(rs)) => {
+                    let checkpoint = rs.first().map(|r| r.checkpoint).unwrap_or(info.checkpoint);
+                    match uplink.submit(&rs).await {
+                        Ok(rep) => {
+                            summary.stored += rep.stored.len() as u64;
+                            summary.refused += rep.refused.len() as u64;
+                            if !rep.refused.is_empty() {
+                                tracing::warn!(refused = ?rep.refused, "rollouts refused");
+                            }
+                            let refused = rep.refused.iter().map(|(_, r)| *r).collect();
+                            emit(RunEvent::Submitted { window: info.window, checkpoint, stored: rep.stored.len(), refused });
+                        }
+                        Err(e) => {
+                            cancel.store(true, Ordering::Relaxed);
+                            fatal.get_or_insert(RunError::from(e));
+                        }
+                    }
+                }
+                Some(GenOut::NeedModel) => need_model = true,
+                Some(GenOut::Failed(e)) => {
+                    fatal.get_or_insert(RunError::Generate(e));
+                }
+                Some(GenOut::Done) | None => break,
+            }
+        }
+        if let Some(e) = fatal {
+            break Err(e);
+        }
+        if need_model {
+            idle(&mut stop, cfg.poll).await;
+        }
+    };
+    drop(job_tx);
+    sync_task.abort();
+    let _ = tokio::task::spawn_blocking(move || gen_thread.join()).await;
+    result.map(|()| summary)
+}
+
+async fn idle(stop: &mut watch::Receiver<bool>, d: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.changed() => {}
+    }
+}

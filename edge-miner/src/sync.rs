@@ -1,0 +1,545 @@
+//! Checkpoint sync: fetch, verify and prepare the next model while generation
+//! continues on the current one.
+//!
+//! The miner keeps two model files, `slot-0.gguf` and `slot-1.gguf`, in its
+//! models folder. One is *active* (llama.cpp runs it); the other is free or
+//! *staged* (verified, loaded, waiting to be swapped in at a batch boundary).
+//! A new checkpoint is prepared in the free slot:
+//!
+//! - by **deltas**: the free slot is first brought to the active checkpoint
+//!   (replaying the deltas that last moved the other slot, in place; a full
+//!   copy only as a last resort), then each delta of the path is applied in
+//!   place through a memory map ([`delta::apply_in_place`] checks the base
+//!   and result content ids and restores the bytes on a mismatch);
+//! - by a **full download**: resumable (`download.part` and `download.id`),
+//!   checked against the payload hash and the content id, then renamed onto
+//!   the slot.
+//!
+//! A payload that fails any check is refused: the sync retries, and falls
+//! back from deltas to a full download. Nothing unverified is ever loaded.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tributary_protocol::checkpoint::{ContentId, content_id_of};
+use tributary_protocol::delta::{self, DeltaError, DeltaLimits};
+use tributary_protocol::gguf;
+use tributary_protocol::wire::{CheckpointPath, Frame, GetCheckpoint, GetCheckpointPath, GetDelta, PathStep};
+use tributary_protocol::window::WindowId;
+
+use crate::backend::{Backend, BackendError};
+use crate::uplink::{Uplink, UplinkError};
+
+/// Number of model files a miner keeps.
+pub const SLOTS: usize = 2;
+
+/// Largest delta payload a miner accepts (deltas are small; a bigger one is refused).
+pub const MAX_DELTA_LEN: u64 = 1 << 30;
+
+/// A loaded model, ready to generate.
+pub type LoadedBackend = Box<dyn Backend + Send>;
+
+/// Loads a model file into a backend (llama.cpp by default; a seam for other engines).
+pub type Loader = Arc<dyn Fn(&Path) -> Result<LoadedBackend, BackendError> + Send + Sync>;
+
+/// Sync failures.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// File I/O.
+    #[error("I/O on {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The coordinator could not be reached or refused.
+    #[error("uplink: {0}")]
+    Uplink(#[from] UplinkError),
+    /// A payload failed a check (length, hash, content id).
+    #[error("payload refused: {0}")]
+    BadPayload(String),
+    /// A delta failed to decode or apply.
+    #[error("delta refused: {0}")]
+    Delta(#[from] DeltaError),
+    /// The model did not load.
+    #[error("loading the model: {0}")]
+    Load(#[from] BackendError),
+    /// No slot is free (both hold live models).
+    #[error("no free model slot")]
+    NoFreeSlot,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SyncError + '_ {
+    move |source| SyncError::Io { path: path.to_owned(), source }
+}
+
+/// Content id of a GGUF file (memory-mapped), or `None` if it is not one.
+pub fn file_content_id(path: &Path) -> Option<ContentId> {
+    let f = std::fs::File::open(path).ok()?;
+    // SAFETY: slot files are only written by this module while no backend
+    // maps them, and this map lives only for the hash.
+    let map = unsafe { memmap2::Mmap::map(&f) }.ok()?;
+    let header = gguf::parse_header(&map).ok()?;
+    Some(content_id_of(&header, &map))
+}
+
+/// A model staged for the next swap.
+pub struct Staged {
+    /// The slot its file is in.
+    pub slot: usize,
+    /// Its content id.
+    pub id: ContentId,
+    /// The first window that uses it.
+    pub from_window: WindowId,
+    /// The loaded model.
+    pub backend: LoadedBackend,
+    /// When it became ready.
+    pub ready_at: Instant,
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staged").field("slot", &self.slot).field("id", &self.id).field("from_window", &self.from_window).finish()
+    }
+}
+
+/// What the slots hold, shared by the sync task and the generator.
+#[derive(Debug, Default)]
+pub struct SlotState {
+    /// Verified content of each slot file (`None`: unknown or being written).
+    pub ids: [Option<ContentId>; SLOTS],
+    /// The slot the generator runs.
+    pub active: Option<usize>,
+    /// A loaded model waiting to be swapped in.
+    pub staged: Option<Staged>,
+    /// The checkpoint the current window needs, when the miner lacks it.
+    pub need: Option<ContentId>,
+    /// Deltas (base, result, bytes) of the last preparation, to replay onto the other slot.
+    pub last_chain: Vec<(ContentId, ContentId, Vec<u8>)>,
+}
+
+impl SlotState {
+    /// Content id of the active model.
+    pub fn active_id(&self) -> Option<ContentId> {
+        self.active.and_then(|s| self.ids[s])
+    }
+}
+
+/// The models folder and the state shared between sync and generation.
+#[derive(Debug)]
+pub struct Models {
+    dir: PathBuf,
+    state: Mutex<SlotState>,
+    /// Wakes the sync task (a window needs a checkpoint the miner lacks).
+    pub wake: tokio::sync::Notify,
+}
+
+impl Models {
+    /// Opens the models folder, checking what each slot file holds.
+    pub fn open(dir: &Path) -> Result<Arc<Self>, SyncError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let mut state = SlotState::default();
+        for s in 0..SLOTS {
+            state.ids[s] = file_content_id(&slot_path(dir, s));
+        }
+        Ok(Arc::new(Self { dir: dir.to_owned(), state: Mutex::new(state), wake: tokio::sync::Notify::new() }))
+    }
+
+    /// Locks the shared state.
+    pub fn state(&self) -> MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The file of slot `s`.
+    pub fn slot_path(&self, s: usize) -> PathBuf {
+        slot_path(&self.dir, s)
+    }
+
+    /// Installs a model file into a slot (unless one already holds it) and
+    /// makes it the active slot. Returns its content id.
+    pub fn install_active(&self, model: &Path) -> Result<ContentId, SyncError> {
+        let id = file_content_id(model).ok_or_else(|| SyncError::BadPayload(format!("{} is not a GGUF file", model.display())))?;
+        let mut st = self.state();
+        let slot = match st.ids.iter().position(|i| *i == Some(id)) {
+            Some(s) => s,
+            None => {
+                let s = 0;
+                st.ids[s] = None;
+                copy_atomic(model, &self.slot_path(s))?;
+                st.ids[s] = Some(id);
+                s
+            }
+        };
+        st.active = Some(slot);
+        Ok(id)
+    }
+
+    /// Makes the slot holding `id` active (at startup), if any slot does.
+    pub fn activate(&self, id: ContentId) -> bool {
+        let mut st = self.state();
+        match st.ids.iter().position(|i| *i == Some(id)) {
+            Some(s) => {
+                st.active = Some(s);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn slot_path(dir: &Path, s: usize) -> PathBuf {
+    dir.join(format!("slot-{s}.gguf"))
+}
+
+fn copy_atomic(from: &Path, to: &Path) -> Result<(), SyncError> {
+    let tmp = to.with_extension("copy.tmp");
+    std::fs::copy(from, &tmp).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, to).map_err(io(to))
+}
+
+/// Applies a delta in place to the file `path` through a memory map.
+fn apply_to_file(path: &Path, bytes: &[u8]) -> Result<ContentId, SyncError> {
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(io(path))?;
+    let len = f.metadata().map_err(io(path))?.len();
+    let d = delta::decode(bytes, &DeltaLimits::for_base_len(len))?;
+    // SAFETY: the slot is free: no backend maps it while the sync writes it.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }.map_err(io(path))?;
+    delta::apply_in_place(&d, &mut map)?;
+    map.flush().map_err(io(path))?;
+    Ok(d.result)
+}
+
+/// How the sync task behaves.
+#[derive(Clone)]
+pub struct SyncConfig {
+    /// How often to ask for a newer checkpoint.
+    pub poll: Duration,
+    /// Attempts per checkpoint before waiting for the next poll.
+    pub attempts: u32,
+    /// Shows a progress bar for full downloads.
+    pub progress: bool,
+    /// Loads a verified model file.
+    pub loader: Loader,
+}
+
+impl std::fmt::Debug for SyncConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncConfig").field("poll", &self.poll).field("attempts", &self.attempts).finish_non_exhaustive()
+    }
+}
+
+/// What the sync reports.
+#[derive(Debug, Clone)]
+pub enum SyncEvent {
+    /// A checkpoint is verified, loaded and staged.
+    Staged {
+        /// Its content id.
+        id: ContentId,
+        /// Payload bytes downloaded for it.
+        bytes: u64,
+        /// Whether it came as deltas.
+        by_delta: bool,
+        /// When it was ready.
+        at: Instant,
+    },
+    /// A payload was refused.
+    Refused {
+        /// The checkpoint.
+        id: ContentId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The sync task: polls for the latest (or needed) checkpoint and stages it.
+/// Runs until `stop` turns true.
+pub async fn run_sync(
+    mut uplink: Uplink,
+    models: Arc<Models>,
+    cfg: SyncConfig,
+    events: Option<tokio::sync::mpsc::UnboundedSender<SyncEvent>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let emit = |e: SyncEvent| {
+        if let Some(tx) = &events {
+            let _ = tx.send(e);
+        }
+    };
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        if let Err(e) = sync_once(&mut uplink, &models, &cfg, &emit).await {
+            tracing::warn!(error = %e, "checkpoint sync failed; retrying");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(cfg.poll) => {}
+            _ = models.wake.notified() => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+async fn ask_path(uplink: &mut Uplink, have: Option<ContentId>, want: Option<ContentId>) -> Result<CheckpointPath, SyncError> {
+    match uplink.request(&Frame::GetCheckpointPath(GetCheckpointPath { have, want })).await? {
+        Frame::CheckpointPath(p) => Ok(p),
+        f => Err(UplinkError::Unexpected(f.tag()).into()),
+    }
+}
+
+/// One round: find the target, prepare it in the free slot, load and stage it.
+pub async fn sync_once(
+    uplink: &mut Uplink,
+    models: &Arc<Models>,
+    cfg: &SyncConfig,
+    emit: &impl Fn(SyncEvent),
+) -> Result<(), SyncError> {
+    let (active, staged, need) = {
+        let st = models.state();
+        (st.active_id(), st.staged.as_ref().map(|s| s.id), st.need)
+    };
+    let want = need.filter(|n| Some(*n) != active && Some(*n) != staged);
+    let path = ask_path(uplink, active, want).await?;
+    let target = path.target;
+    if Some(target) == active || Some(target) == staged {
+        return Ok(());
+    }
+    // Free a slot: a staged model that is no longer wanted is dropped.
+    let slot = {
+        let mut st = models.state();
+        if st.staged.is_some() {
+            st.staged = None;
+        }
+        let active_slot = st.active;
+        (0..SLOTS).find(|s| Some(*s) != active_slot).ok_or(SyncError::NoFreeSlot)?
+    };
+    let started = Instant::now();
+    let mut last_err = None;
+    let mut prepared = None;
+    for attempt in 0..cfg.attempts.max(1) {
+        // First attempt: the path as given; later ones: a full download.
+        let steps = if attempt == 0 { path.steps.clone() } else { ask_path(uplink, None, Some(target)).await?.steps };
+        match prepare(uplink, models, slot, active, &steps, target, cfg.progress).await {
+            Ok(bytes) => {
+                prepared = Some((bytes, steps.iter().all(|s| s.base.is_some()) && !steps.is_empty()));
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, %target, attempt, "checkpoint refused");
+                emit(SyncEvent::Refused { id: target, reason: e.to_string() });
+                last_err = Some(e);
+            }
+        }
+    }
+    let Some((bytes, by_delta)) = prepared else {
+        return Err(last_err.unwrap_or(SyncError::NoFreeSlot));
+    };
+    let file = models.slot_path(slot);
+    let loader = cfg.loader.clone();
+    let backend = tokio::task::spawn_blocking(move || loader(&file))
+        .await
+        .map_err(|e| SyncError::Load(BackendError::Load(e.to_string())))??;
+    let at = Instant::now();
+    {
+        let mut st = models.state();
+        st.staged = Some(Staged { slot, id: target, from_window: path.from_window, backend, ready_at: at });
+    }
+    tracing::info!(%target, bytes, by_delta, secs = started.elapsed().as_secs_f64(), "checkpoint staged");
+    emit(SyncEvent::Staged { id: target, bytes, by_delta, at });
+    Ok(())
+}
+
+/// Brings `slot` to `target` following `steps`; returns payload bytes downloaded.
+async fn prepare(
+    uplink: &mut Uplink,
+    models: &Arc<Models>,
+    slot: usize,
+    active: Option<ContentId>,
+    steps: &[PathStep],
+    target: ContentId,
+    progress: bool,
+) -> Result<u64, SyncError> {
+    let file = models.slot_path(slot);
+    if models.state().ids[slot] == Some(target) {
+        return Ok(0);
+    }
+    let mut bytes = 0u64;
+    let mut chain = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        match step.base {
+            None => {
+                bytes += download_full(uplink, models, step, progress).await?;
+                let part = models.dir.join("download.part");
+                models.state().ids[slot] = None;
+                std::fs::rename(&part, &file).map_err(io(&file))?;
+                let _ = std::fs::remove_file(models.dir.join("download.id"));
+                models.state().ids[slot] = Some(step.id);
+                chain.clear();
+            }
+            Some(base) => {
+                if i == 0 {
+                    bring_to(models, slot, base, active)?;
+                }
+                if step.len > MAX_DELTA_LEN {
+                    return Err(SyncError::BadPayload(format!("delta of {} bytes", step.len)));
+                }
+                let payload = fetch(uplink, step, |offset| Frame::GetDelta(GetDelta { base, id: step.id, offset })).await?;
+                bytes += payload.len() as u64;
+                check_payload(step, &payload)?;
+                let prev = models.state().ids[slot];
+                models.state().ids[slot] = None;
+                let f = file.clone();
+                let p = payload.clone();
+                let res = tokio::task::spawn_blocking(move || apply_to_file(&f, &p))
+                    .await
+                    .map_err(|e| SyncError::BadPayload(e.to_string()))?;
+                // On error apply_in_place left (or restored) the base bytes.
+                models.state().ids[slot] = if res.is_ok() { Some(step.id) } else { prev };
+                res?;
+                chain.push((base, step.id, payload));
+            }
+        }
+    }
+    if models.state().ids[slot] != Some(target) {
+        return Err(SyncError::BadPayload(format!("path did not end at {target}")));
+    }
+    models.state().last_chain = chain;
+    Ok(bytes)
+}
+
+/// Makes the free `slot` hold `base` (the active checkpoint): replays the
+/// last deltas in place when they start from what the slot holds, else copies.
+fn bring_to(models: &Models, slot: usize, base: ContentId, active: Option<ContentId>) -> Result<(), SyncError> {
+    let (mut have, chain) = {
+        let st = models.state();
+        (st.ids[slot], st.last_chain.clone())
+    };
+    let file = models.slot_path(slot);
+    for (b, r, bytes) in &chain {
+        if have == Some(base) {
+            break;
+        }
+        if have == Some(*b) {
+            models.state().ids[slot] = None;
+            let res = apply_to_file(&file, bytes);
+            have = if res.is_ok() { Some(*r) } else { have };
+            models.state().ids[slot] = have;
+        }
+    }
+    if have == Some(base) {
+        return Ok(());
+    }
+    // Last resort: copy the active file (it holds `base`).
+    let src = {
+        let st = models.state();
+        match (st.active, active) {
+            (Some(a), Some(id)) if id == base && st.ids[a] == Some(base) => models.slot_path(a),
+            _ => return Err(SyncError::BadPayload(format!("no local copy of the delta base {base}"))),
+        }
+    };
+    models.state().ids[slot] = None;
+    copy_atomic(&src, &file)?;
+    models.state().ids[slot] = Some(base);
+    Ok(())
+}
+
+fn check_payload(step: &PathStep, payload: &[u8]) -> Result<(), SyncError> {
+    if payload.len() as u64 != step.len {
+        return Err(SyncError::BadPayload(format!("{} bytes, announced {}", payload.len(), step.len)));
+    }
+    if blake3::hash(payload).as_bytes() != &step.payload_hash {
+        return Err(SyncError::BadPayload("payload hash mismatch".into()));
+    }
+    Ok(())
+}
+
+/// Fetches a payload chunk by chunk into memory (deltas).
+async fn fetch(uplink: &mut Uplink, step: &PathStep, ask: impl Fn(u64) -> Frame) -> Result<Vec<u8>, SyncError> {
+    let mut out = Vec::new();
+    while (out.len() as u64) < step.len {
+        let data = chunk(uplink, &ask, step.id, out.len() as u64).await?;
+        if out.len() as u64 + data.len() as u64 > step.len {
+            return Err(SyncError::BadPayload("delta longer than announced".into()));
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out)
+}
+
+async fn chunk(uplink: &mut Uplink, ask: &impl Fn(u64) -> Frame, id: ContentId, offset: u64) -> Result<Vec<u8>, SyncError> {
+    match uplink.request(&ask(offset)).await? {
+        Frame::CheckpointChunk(c) if c.id == id && c.offset == offset && !c.data.0.is_empty() => Ok(c.data.0),
+        Frame::CheckpointChunk(_) => Err(SyncError::BadPayload("chunk out of order, empty or for another checkpoint".into())),
+        f => Err(UplinkError::Unexpected(f.tag()).into()),
+    }
+}
+
+/// Downloads a full checkpoint into `download.part`, resuming a partial
+/// download of the same checkpoint; checks length, hash and content id.
+async fn download_full(uplink: &mut Uplink, models: &Models, step: &PathStep, progress: bool) -> Result<u64, SyncError> {
+    use std::io::Write;
+    let part = models.dir.join("download.part");
+    let idfile = models.dir.join("download.id");
+    let resume = std::fs::read_to_string(&idfile).ok().is_some_and(|s| s.trim() == step.id.to_string());
+    let mut offset = if resume { std::fs::metadata(&part).map_or(0, |m| m.len()) } else { 0 };
+    if offset > step.len {
+        offset = 0;
+    }
+    if offset == 0 {
+        std::fs::write(&idfile, step.id.to_string()).map_err(io(&idfile))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(offset == 0)
+        .append(offset > 0)
+        .open(&part)
+        .map_err(io(&part))?;
+    let bar = progress.then(|| {
+        let b = indicatif::ProgressBar::new(step.len).with_style(
+            indicatif::ProgressStyle::with_template("checkpoint {bytes}/{total_bytes} [{bar:30}] {bytes_per_sec}, eta {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b.set_position(offset);
+        b
+    });
+    let start = offset;
+    while offset < step.len {
+        let id = step.id;
+        let data = chunk(uplink, &|o| Frame::GetCheckpoint(GetCheckpoint { id, offset: o }), step.id, offset).await?;
+        if offset + data.len() as u64 > step.len {
+            return Err(SyncError::BadPayload("full checkpoint longer than announced".into()));
+        }
+        f.write_all(&data).map_err(io(&part))?;
+        offset += data.len() as u64;
+        if let Some(b) = &bar {
+            b.set_position(offset);
+        }
+    }
+    f.sync_all().map_err(io(&part))?;
+    drop(f);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let p = part.clone();
+    let (hash, id) = tokio::task::spawn_blocking(move || {
+        let hash = std::fs::File::open(&p).and_then(|mut f| {
+            let mut h = blake3::Hasher::new();
+            std::io::copy(&mut f, &mut h)?;
+            Ok(*h.finalize().as_bytes())
+        });
+        (hash, file_content_id(&p))
+    })
+    .await
+    .map_err(|e| SyncError::BadPayload(e.to_string()))?;
+    let hash = hash.map_err(io(&part))?;
+    if hash != step.payload_hash || id != Some(step.id) {
+        // Start over next time: the partial file is bad.
+        let _ = std::fs::remove_file(&part);
+        let _ = std::fs::remove_file(&idfile);
+        return Err(SyncError::BadPayload("full checkpoint hash or content id mismatch".into()));
+    }
+    Ok(step.len - start)
+}

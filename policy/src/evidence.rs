@@ -109,10 +109,30 @@ impl ReferenceModel {
     fn evidence_inner(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError> {
         let device = self.device();
         let d = self.dims().d_model;
-        let seqs: Vec<&[u32]> = reqs.iter().map(|r| r.tokens).collect();
-        let (batch, _) = pad_batch(&seqs, self.dims().vocab_size, 0, device)?;
-        let l = batch.size()[1];
-        let hidden = self.forward_hidden(&batch)?.f_view([-1, d as i64])?;
+        let vocab = self.dims().vocab_size;
+        // Rollouts of one prompt (a group) run the prompt once; otherwise one
+        // right-padded batch. `hidden` is flat `[rows, d]`; `at(i, p)` is the
+        // row of request i's absolute position p.
+        let prompt = &reqs[0].tokens[..reqs[0].prompt_len];
+        let shared = reqs.len() > 1 && reqs.iter().all(|r| r.tokens.get(..r.prompt_len) == Some(prompt));
+        let (hidden, at): (Tensor, Box<dyn Fn(usize, usize) -> i64>) = if shared {
+            let plen = prompt.len();
+            let conts: Vec<&[u32]> = reqs.iter().map(|r| &r.tokens[plen..]).collect();
+            let (pre, _) = pad_batch(&[prompt], vocab, 0, device)?;
+            let (cont, _) = pad_batch(&conts, vocab, 0, device)?;
+            let s = cont.size()[1];
+            let (hp, hs) = self.forward_hidden_shared_prefix(&pre, &cont)?;
+            let hidden = Tensor::f_cat(&[hp.f_view([-1, d as i64])?, hs.f_view([-1, d as i64])?], 0)?;
+            let at = move |i: usize, p: usize| {
+                if p < plen { p as i64 } else { (plen + i * s as usize + (p - plen)) as i64 }
+            };
+            (hidden, Box::new(at))
+        } else {
+            let seqs: Vec<&[u32]> = reqs.iter().map(|r| r.tokens).collect();
+            let (batch, _) = pad_batch(&seqs, vocab, 0, device)?;
+            let l = batch.size()[1] as usize;
+            (self.forward_hidden(&batch)?.f_view([-1, d as i64])?, Box::new(move |i: usize, p: usize| (i * l + p) as i64))
+        };
 
         // Flat row index of every predicting position, the chosen tokens,
         // per-row temperatures (0 = greedy) and EOS ids, in request order.
@@ -124,12 +144,12 @@ impl ReferenceModel {
         for (i, r) in reqs.iter().enumerate() {
             let t = if sampling::is_greedy(r.temperature) { 0.0 } else { f64::from(r.temperature) };
             for p in r.prompt_len..r.tokens.len() {
-                rows.push(i as i64 * l + (p as i64 - 1));
+                rows.push(at(i, p - 1));
                 chosen.push(i64::from(r.tokens[p]));
                 temps.push(t);
                 row_eos.push(i64::from(r.eos));
             }
-            hidden_rows.extend(r.hidden_positions.iter().map(|&p| i as i64 * l + p as i64));
+            hidden_rows.extend(r.hidden_positions.iter().map(|&p| at(i, p)));
         }
         let hidden_all: Vec<f32> = if hidden_rows.is_empty() {
             Vec::new()
@@ -146,7 +166,7 @@ impl ReferenceModel {
         while start < n {
             let len = LOGIT_CHUNK_ROWS.min(n - start);
             let range = start as usize..(start + len) as usize;
-            let logits = self.lm_head(&h_rows.f_narrow(0, start, len)?)?.f_to_kind(Kind::Double)?;
+            let logits = self.lm_head(&h_rows.f_narrow(0, start, len)?)?;
             let tok = Tensor::f_from_slice(&chosen[range.clone()])?.f_to_device(device)?.f_unsqueeze(1)?;
             let eos = Tensor::f_from_slice(&row_eos[range.clone()])?.f_to_device(device)?.f_unsqueeze(1)?;
             figures.push_chunk(&logits, &tok, &eos, &temps[range])?;
@@ -193,33 +213,51 @@ impl RowFigures {
         Self { logprob: v(), prob_t1: v(), prob_temp: v(), cdf_lo: v(), cdf_hi: v(), eos_prob: v() }
     }
 
-    /// `logits` `[R, V]` f64; `tok`, `eos` `[R, 1]` i64; `temps` the rows'
-    /// temperatures (0 = greedy).
+    /// `logits` `[R, V]` f32; `tok`, `eos` `[R, 1]` i64; `temps` the rows'
+    /// temperatures (0 = greedy). As in `sampling::token_stats`, with
+    /// `w_i = exp((l_i − max)/T)`: `lo = Σ_{i<tok} w_i / Z`, `hi = lo + w_tok / Z`.
+    /// The vectorised f32 sums differ from the protocol's sequential f64 sums
+    /// by ~1e-6 relative, far below the sampling check's ε.
     fn push_chunk(&mut self, logits: &Tensor, tok: &Tensor, eos: &Tensor, temps: &[f64]) -> Result<(), PolicyError> {
         let col = |t: &Tensor| -> Result<Vec<f64>, PolicyError> {
             Ok(Vec::try_from(&t.f_flatten(0, -1)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?)
         };
-        let lsm1 = logits.f_log_softmax(1, Kind::Double)?;
-        let lp = col(&lsm1.f_gather(1, tok, false)?)?;
-        let lp_eos = col(&lsm1.f_gather(1, eos, false)?)?;
-        drop(lsm1);
-        // Sampling distribution: greedy rows use T = 1 here and are replaced below.
-        let t: Vec<f64> = temps.iter().map(|&t| if t > 0.0 { t } else { 1.0 }).collect();
-        let t = Tensor::f_from_slice(&t)?.f_to_device(logits.device())?.f_unsqueeze(1)?;
-        let p_temp = logits.f_div(&t)?.f_softmax(1, Kind::Double)?;
-        let cdf = p_temp.f_cumsum(1, Kind::Double)?;
-        let hi = col(&cdf.f_gather(1, tok, false)?)?;
-        // lo = cdf[tok - 1], or 0 for token 0.
-        let prev = tok.f_sub_scalar(1)?.f_clamp_min(0)?;
-        let lo = col(&cdf.f_gather(1, &prev, false)?)?;
-        let pt = col(&p_temp.f_gather(1, tok, false)?)?;
-        let argmax = col(&logits.f_argmax(1, false)?)?;
+        let (max, argmax) = logits.f_max_dim(1, true)?;
+        let shifted = logits.f_sub(&max)?;
+        let e1 = shifted.f_exp()?;
+        // T = 1: log p = (l − max) − ln Σ exp(l − max).
+        let z1 = col(&e1.f_sum_dim_intlist(1, false, Kind::Float)?)?;
+        let at_tok = col(&shifted.f_gather(1, tok, false)?)?;
+        let at_eos = col(&shifted.f_gather(1, eos, false)?)?;
+        // Sampling weights; greedy rows use T = 1 here and are replaced below.
+        let w = if temps.iter().all(|&t| t == 1.0 || t <= 0.0) {
+            e1
+        } else {
+            drop(e1);
+            let t: Vec<f32> = temps.iter().map(|&t| if t > 0.0 { t as f32 } else { 1.0 }).collect();
+            let t = Tensor::f_from_slice(&t)?.f_to_device(logits.device())?.f_unsqueeze(1)?;
+            let mut w = shifted.f_div(&t)?;
+            let _ = w.f_exp_()?;
+            w
+        };
+        drop(shifted);
+        let z = col(&w.f_sum_dim_intlist(1, false, Kind::Float)?)?;
+        let w_tok = col(&w.f_gather(1, tok, false)?)?;
+        let ids = Tensor::f_arange(w.size()[1], (Kind::Int64, w.device()))?.f_unsqueeze(0)?;
+        let below = w.f_mul(&ids.f_lt_tensor(tok)?)?.f_sum_dim_intlist(1, false, Kind::Float)?;
+        let below = col(&below)?;
+        let lp: Vec<f64> = at_tok.iter().zip(&z1).map(|(a, z)| a - z.ln()).collect();
+        let lp_eos: Vec<f64> = at_eos.iter().zip(&z1).map(|(a, z)| a - z.ln()).collect();
+        let lo: Vec<f64> = below.iter().zip(&z).map(|(b, z)| b / z).collect();
+        let hi: Vec<f64> = below.iter().zip(&w_tok).zip(&z).map(|((b, w), z)| (b + w) / z).collect();
+        let pt: Vec<f64> = w_tok.iter().zip(&z).map(|(w, z)| w / z).collect();
+        let argmax = col(&argmax)?;
         let tok_v = col(tok)?;
 
         for (i, &temp) in temps.iter().enumerate() {
             let token = tok_v[i];
             let (lo, hi, pt) = if temp > 0.0 {
-                (if token > 0.0 { lo[i] } else { 0.0 }, hi[i], pt[i])
+                (lo[i], hi[i], pt[i])
             } else {
                 // Greedy: the first argmax owns [0, 1).
                 match token.partial_cmp(&argmax[i]) {

@@ -280,6 +280,47 @@ impl ReferenceModel {
 
     /// The transformer body only: post-final-norm hidden states `[B, L, d]`.
     pub fn forward_hidden(&self, tokens: &Tensor) -> Result<Tensor, PolicyError> {
+        let (tokens, _, l) = self.checked_batch(tokens, 0)?;
+        let (cos, sin) = self.rope(0, l)?;
+        let mut x = Tensor::f_embedding(&self.token_embd, &tokens, -1, false, false)?;
+        for blk in &self.blocks {
+            x = self.block(blk, &x, &cos, &sin, None)?.0;
+        }
+        rms_norm(&x, &self.output_norm, f64::from(self.dims.rms_eps))
+    }
+
+    /// Teacher-forced forward of `B` right-padded continuations `suffix`
+    /// (`[B, S]` i64) of one shared `prefix` (`[1, P]` i64), e.g. the G
+    /// rollouts of one prompt: the prefix runs once and every continuation
+    /// attends to its keys and values. Returns the post-norm hidden states of
+    /// the prefix `[1, P, d]` and of the continuations `[B, S, d]`, equal (up to
+    /// rounding) to [`ReferenceModel::forward_hidden`] on the concatenations.
+    pub fn forward_hidden_shared_prefix(&self, prefix: &Tensor, suffix: &Tensor) -> Result<(Tensor, Tensor), PolicyError> {
+        let (prefix, pb, p) = self.checked_batch(prefix, 0)?;
+        if pb != 1 {
+            return Err(PolicyError::Request(format!("the prefix must be one sequence, got {pb}")));
+        }
+        let (suffix, b, s) = self.checked_batch(suffix, p)?;
+        let (cos_p, sin_p) = self.rope(0, p)?;
+        let (cos_s, sin_s) = self.rope(p, s)?;
+        // Continuation row i sees every prefix position and suffix positions <= i.
+        let mask = Tensor::f_ones([s, s], (Kind::Bool, self.device()))?.f_tril(0)?;
+        let mask = Tensor::f_cat(&[Tensor::f_ones([s, p], (Kind::Bool, self.device()))?, mask], 1)?;
+        let mut xp = Tensor::f_embedding(&self.token_embd, &prefix, -1, false, false)?;
+        let mut xs = Tensor::f_embedding(&self.token_embd, &suffix, -1, false, false)?;
+        for blk in &self.blocks {
+            let (x, k, v) = self.block(blk, &xp, &cos_p, &sin_p, None)?;
+            xp = x;
+            let (k, v) = (k.f_expand([b, -1, -1, -1], false)?, v.f_expand([b, -1, -1, -1], false)?);
+            xs = self.block(blk, &xs, &cos_s, &sin_s, Some((&k, &v, &mask)))?.0;
+        }
+        let eps = f64::from(self.dims.rms_eps);
+        Ok((rms_norm(&xp, &self.output_norm, eps)?, rms_norm(&xs, &self.output_norm, eps)?))
+    }
+
+    /// Validates a `[B, L]` i64 batch starting at position `offset` and moves
+    /// it to the model's device; returns it with `B` and `L`.
+    fn checked_batch(&self, tokens: &Tensor, offset: i64) -> Result<(Tensor, i64, i64), PolicyError> {
         let size = tokens.size();
         let &[b, l] = size.as_slice() else {
             return Err(PolicyError::Request(format!("tokens must be [B, L], got {size:?}")));
@@ -290,24 +331,26 @@ impl ReferenceModel {
         if b == 0 || l == 0 {
             return Err(PolicyError::Request("empty batch".to_owned()));
         }
-        if l as usize > self.dims.context_length {
-            return Err(PolicyError::TooLong { len: l as usize, max: self.dims.context_length });
+        let total = (offset + l) as usize;
+        if total > self.dims.context_length {
+            return Err(PolicyError::TooLong { len: total, max: self.dims.context_length });
         }
-        let device = self.device();
-        let tokens = tokens.f_to_device(device)?;
+        let tokens = tokens.f_to_device(self.device())?;
         let vocab = self.dims.vocab_size as i64;
         let (lo, hi) = (tokens.f_min()?.f_int64_value(&[])?, tokens.f_max()?.f_int64_value(&[])?);
         if lo < 0 || hi >= vocab {
             let id = if lo < 0 { lo } else { hi };
             return Err(PolicyError::TokenOutOfRange { id, index: None, vocab: self.dims.vocab_size });
         }
-        let kind = self.token_embd.kind();
-        let (cos, sin) = rope_tables(l, self.dims.head_dim() as i64, f64::from(self.dims.rope_theta), kind, device)?;
-        let mut x = Tensor::f_embedding(&self.token_embd, &tokens, -1, false, false)?;
-        for blk in &self.blocks {
-            x = self.block(blk, &x, &cos, &sin)?;
-        }
-        rms_norm(&x, &self.output_norm, f64::from(self.dims.rms_eps))
+        Ok((tokens, b, l))
+    }
+
+    /// RoPE tables for positions `offset..offset + len`.
+    fn rope(&self, offset: i64, len: i64) -> Result<(Tensor, Tensor), PolicyError> {
+        let hd = self.dims.head_dim() as i64;
+        let theta = f64::from(self.dims.rope_theta);
+        let (cos, sin) = rope_tables(offset + len, hd, theta, self.token_embd.kind(), self.device())?;
+        Ok((cos.f_narrow(0, offset, len)?, sin.f_narrow(0, offset, len)?))
     }
 
     /// The LM head: logits `[..., vocab]` from post-norm hidden states.
@@ -316,7 +359,19 @@ impl ReferenceModel {
         Ok(hidden.f_linear::<&Tensor>(w, None)?)
     }
 
-    fn block(&self, blk: &Block, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, PolicyError> {
+    /// One transformer block. With `past = (k, v, mask)` the rows of `x`
+    /// also attend to earlier keys/values (`[B, n_head_kv, P, hd]`, RoPE
+    /// applied) under the boolean `mask` `[L, P + L]`; otherwise attention is
+    /// causal over `x` alone. Returns the output and this block's own keys
+    /// and values (before the GQA repeat).
+    fn block(
+        &self,
+        blk: &Block,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        past: Option<(&Tensor, &Tensor, &Tensor)>,
+    ) -> Result<(Tensor, Tensor, Tensor), PolicyError> {
         let size = x.size();
         let (b, l) = (size[0], size[1]);
         let hd = self.dims.head_dim() as i64;
@@ -330,17 +385,22 @@ impl ReferenceModel {
         let q = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_q, None)?, nh)?, cos, sin)?;
         let k = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_k, None)?, nkv)?, cos, sin)?;
         let v = heads(h.f_linear::<&Tensor>(&blk.attn_v, None)?, nkv)?;
-        let (k, v) = if nkv == nh {
-            (k, v)
+        let (k_all, v_all) = match past {
+            Some((pk, pv, _)) => (Tensor::f_cat(&[pk, &k], 2)?, Tensor::f_cat(&[pv, &v], 2)?),
+            None => (k.shallow_clone(), v.shallow_clone()),
+        };
+        let (k_all, v_all) = if nkv == nh {
+            (k_all, v_all)
         } else {
             let rep = nh / nkv;
             (
-                k.f_repeat_interleave_self_int(rep, 1, None)?,
-                v.f_repeat_interleave_self_int(rep, 1, None)?,
+                k_all.f_repeat_interleave_self_int(rep, 1, None)?,
+                v_all.f_repeat_interleave_self_int(rep, 1, None)?,
             )
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let att = Tensor::f_scaled_dot_product_attention::<&Tensor>(&q, &k, &v, None, 0.0, true, scale, false)?;
+        let mask = past.map(|(_, _, m)| m);
+        let att = Tensor::f_scaled_dot_product_attention(&q, &k_all, &v_all, mask, 0.0, mask.is_none(), scale, false)?;
         let att = att.f_transpose(1, 2)?.f_reshape([b, l, nh * hd])?;
         let x = x.f_add(&att.f_linear::<&Tensor>(&blk.attn_output, None)?)?;
 
@@ -348,7 +408,7 @@ impl ReferenceModel {
         let gate = h.f_linear::<&Tensor>(&blk.ffn_gate, None)?.f_silu()?;
         let up = h.f_linear::<&Tensor>(&blk.ffn_up, None)?;
         let ff = gate.f_mul(&up)?.f_linear::<&Tensor>(&blk.ffn_down, None)?;
-        Ok(x.f_add(&ff)?)
+        Ok((x.f_add(&ff)?, k, v))
     }
 }
 

@@ -84,6 +84,35 @@ fn right_padding_changes_real_positions_only_by_rounding() -> Result<()> {
 }
 
 #[test]
+fn shared_prefix_forward_matches_separate_forwards() -> Result<()> {
+    let s = smol();
+    let vocab = s.model.dims().vocab_size;
+    let dev = s.model.device();
+    let prompt = chatml(&s.tok, "What is 12 times 7?")?;
+    let conts = [s.tok.encode("12 times 7 is 84.")?, s.tok.encode("Let me think step by step. 12 × 7 = 84")?, vec![2]];
+    let (pre, _) = pad_batch(&[&prompt], vocab, 0, dev)?;
+    let refs: Vec<&[u32]> = conts.iter().map(Vec::as_slice).collect();
+    let (cont, _) = pad_batch(&refs, vocab, 2, dev)?;
+    let (hp, hs) = tch::no_grad(|| s.model.forward_hidden_shared_prefix(&pre, &cont))?;
+    let p = prompt.len() as i64;
+    for (i, c) in conts.iter().enumerate() {
+        let full: Vec<u32> = prompt.iter().chain(c).copied().collect();
+        let (one, _) = pad_batch(&[&full], vocab, 0, dev)?;
+        let h = tch::no_grad(|| s.model.forward_hidden(&one))?.get(0);
+        let scale = h.abs().max().double_value(&[]);
+        let dp = max_abs_diff(&h.narrow(0, 0, p), &hp.get(0));
+        let ds = max_abs_diff(&h.narrow(0, p, c.len() as i64), &hs.get(i as i64).narrow(0, 0, c.len() as i64));
+        println!("continuation {i}: prefix max |Δh| {dp:e}, continuation {ds:e} (max |h| {scale:.1})");
+        assert!(dp <= 1e-5 * scale && ds <= 1e-5 * scale, "shared-prefix forward differs: {dp} / {ds}");
+    }
+    assert!(matches!(
+        s.model.forward_hidden_shared_prefix(&cont, &pre),
+        Err(PolicyError::Request(_))
+    ), "a prefix must be one sequence");
+    Ok(())
+}
+
+#[test]
 fn log_softmax_rows_sum_to_one_and_hidden_is_normalised() -> Result<()> {
     let s = smol();
     let ids = chatml(&s.tok, "Count from one to five.")?;
@@ -127,16 +156,19 @@ fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
             let p = prompt.len() + j;
             let row: Vec<f32> = Vec::try_from(full.logits.get(0).get(p as i64 - 1))?;
             let st = sampling::token_stats(&row, temperature, ids[p] as usize).context("token in range")?;
-            let close = |a: f64, b: f64, what: &str| {
-                assert!((a - b).abs() <= 1e-5, "T={temperature} pos {p} {what}: evidence {a} vs protocol {b}");
+            let close_to = |a: f64, b: f64, tol: f64, what: &str| {
+                assert!((a - b).abs() <= tol, "T={temperature} pos {p} {what}: evidence {a} vs protocol {b}");
             };
+            let close = |a: f64, b: f64, what: &str| close_to(a, b, 1e-5, what);
             close(ev.logprob[j], f64::from(st.logprob_t1), "logprob");
             close(ev.prob_t1[j], f64::from(st.prob_t1), "prob_t1");
             close(ev.prob_temp[j], f64::from(st.prob_sampling), "prob_temp");
             close(ev.cdf_lo[j], st.cdf_lo, "cdf_lo");
             close(ev.cdf_hi[j], st.cdf_hi, "cdf_hi");
-            close(ev2.cdf_lo[j], ev.cdf_lo[j], "batched cdf_lo");
-            close(ev2.logprob[j], ev.logprob[j], "batched logprob");
+            // Next to a longer rollout the padded length differs: rounding
+            // only (see the padding test).
+            close_to(ev2.cdf_lo[j], ev.cdf_lo[j], 5e-4, "batched cdf_lo");
+            close_to(ev2.logprob[j], ev.logprob[j], 5e-4, "batched logprob");
         }
         let last: Vec<f32> = Vec::try_from(full.logits.get(0).get(ids.len() as i64 - 2))?;
         let eos_p = sampling::token_stats(&last, 1.0, eos as usize).context("eos")?.prob_t1;

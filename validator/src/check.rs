@@ -485,8 +485,12 @@ pub fn run_check(opts: &CheckOptions, out: &mut dyn Write) -> Result<CheckSummar
             to_run.push(i);
         }
     }
-    // Length-sorted batches bounded by count and by padded tokens.
-    to_run.sort_by_key(|&i| prepared[i].rollout.tokens.len());
+    // Batches of one prompt (the reference runs a group's prompt once),
+    // length-sorted, bounded by count and by padded tokens.
+    to_run.sort_by(|&a, &b| {
+        let (ra, rb) = (&prepared[a].rollout, &prepared[b].rollout);
+        ra.prompt().cmp(rb.prompt()).then(ra.tokens.len().cmp(&rb.tokens.len()))
+    });
     let started = Instant::now();
     let mut at = 0;
     while at < to_run.len() {
@@ -494,6 +498,7 @@ pub fn run_check(opts: &CheckOptions, out: &mut dyn Write) -> Result<CheckSummar
         while end < to_run.len()
             && end - at < opts.batch
             && (end - at + 1) * prepared[to_run[end]].rollout.tokens.len() <= opts.batch_tokens
+            && prepared[to_run[end]].rollout.prompt() == prepared[to_run[at]].rollout.prompt()
         {
             end += 1;
         }

@@ -40,10 +40,10 @@ async fn three_miners_follow_three_checkpoints() {
         let id = id_of(&next);
         let d = delta::encode_gguf(&prev, &next, delta::DEFAULT_LEVEL).unwrap();
         let window = net.window();
-        let ans = publish(&mut t, window, id, Some(prev_id), &d).await;
+        let ans = publish(&mut t, window, id, Some(prev_id), &d).await.unwrap();
         assert!(matches!(ans, Frame::CheckpointStored(ref s) if s.id == id), "{ans:?}");
         // Publishing the same checkpoint again is idempotent; another one for the window is refused.
-        assert!(matches!(publish(&mut t, window, id, Some(prev_id), &d).await, Frame::CheckpointStored(_)));
+        assert!(matches!(publish(&mut t, window, id, Some(prev_id), &d).await, Ok(Frame::CheckpointStored(_))));
         for m in &mut miners {
             // Staged by delta before the window uses it, then generating on it.
             m.wait_for(60, |e| matches!(e, RunEvent::Sync(SyncEvent::Staged { id: s, by_delta: true, .. }) if *s == id)).await;
@@ -62,7 +62,10 @@ async fn three_miners_follow_three_checkpoints() {
         publish(&mut t2, last_window, id_of(&other), Some(prev_id), &d).await
     })
     .await;
-    assert!(!matches!(ans, Frame::CheckpointStored(_)), "{ans:?}");
+    assert!(
+        matches!(&ans, Err(tributary_net::NetError::Refused(_, detail)) if detail.contains("already has checkpoint")),
+        "{ans:?}"
+    );
     // Operators see every checkpoint with its sizes, and each miner's checkpoint.
     let entries = net.node.shared.relay.entries();
     assert_eq!(entries.len(), 4);
@@ -88,7 +91,7 @@ async fn late_miner_catches_up_from_a_full_anchor() {
         let next = perturbed(&prev, k, 300);
         let id = id_of(&next);
         let d = delta::encode_gguf(&prev, &next, delta::DEFAULT_LEVEL).unwrap();
-        let ans = publish(&mut t, net.window() + u64::from(k) - 1, id, Some(prev_id), &d).await;
+        let ans = publish(&mut t, net.window() + u64::from(k) - 1, id, Some(prev_id), &d).await.unwrap();
         assert!(matches!(ans, Frame::CheckpointStored(_)), "{ans:?}");
         prev = next;
         prev_id = id;
@@ -111,7 +114,7 @@ async fn corrupted_delta_is_refused_and_recovered() {
     let next = perturbed(&net.genesis_bytes, 7, 300);
     let id = id_of(&next);
     let d = delta::encode_gguf(&net.genesis_bytes, &next, delta::DEFAULT_LEVEL).unwrap();
-    assert!(matches!(publish(&mut t, net.window(), id, Some(net.genesis), &d).await, Frame::CheckpointStored(_)));
+    assert!(matches!(publish(&mut t, net.window(), id, Some(net.genesis), &d).await, Ok(Frame::CheckpointStored(_))));
     // The relay's stored copy of the delta rots on disk.
     let path = net.relay_dir().join("delta").join(format!("{}-{id}.delta", net.genesis));
     let mut bytes = std::fs::read(&path).unwrap();

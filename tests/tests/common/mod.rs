@@ -146,8 +146,15 @@ pub async fn trainer_session(net: &Net) -> Session {
     within(30, Session::connect(net.node.quic, &net.node.fingerprint, &key, Role::Trainer)).await.unwrap()
 }
 
-/// Publishes `payload` (full or delta) as the dev trainer for `window`.
-pub async fn publish(s: &mut Session, window: WindowId, id: ContentId, base: Option<ContentId>, payload: &[u8]) -> Frame {
+/// Publishes `payload` (full or delta) as the dev trainer for `window`;
+/// the coordinator's answer (a refusal is `Err(NetError::Refused)`).
+pub async fn publish(
+    s: &mut Session,
+    window: WindowId,
+    id: ContentId,
+    base: Option<ContentId>,
+    payload: &[u8],
+) -> Result<Frame, tributary_net::NetError> {
     let key = node::dev_key(Role::Trainer);
     let body = CheckpointBody {
         id,
@@ -162,7 +169,7 @@ pub async fn publish(s: &mut Session, window: WindowId, id: ContentId, base: Opt
         let f = Frame::CheckpointChunk(CheckpointChunk { id, offset: (i * MAX_CHUNK_LEN as usize) as u64, data: Blob(c.to_vec()) });
         within(30, s.send(&f)).await.unwrap();
     }
-    within(60, s.recv()).await.unwrap()
+    within(60, s.recv()).await
 }
 
 /// Refusals an honest miner can meet: two rollouts of the tiny model with the

@@ -7,6 +7,7 @@
 //!   checkpoint export;
 //! - [`state`]: durable trainer state (weights, optimiser, step, publications);
 //! - [`publish`]: signed full/delta publications, one per window;
+//! - [`service`]: `trainer run`, the network service;
 //! - [`hf`]: Hugging Face export.
 #![deny(missing_docs)]
 
@@ -14,5 +15,6 @@ pub mod grpo;
 pub mod hf;
 pub mod select;
 pub mod publish;
+pub mod service;
 pub mod state;
 pub mod train;

@@ -1,0 +1,307 @@
+//! `trainer run`: the trainer as a network service.
+//!
+//! Every window `W` whose submissions have closed is trained on once: the
+//! service pulls `W`'s rollouts from the coordinator (banned miners are
+//! already filtered out by the coordinator), selects groups
+//! ([`crate::select`]), takes one GRPO step, exports the BF16 checkpoint and
+//! publishes it for the current window ([`crate::publish`]: a signed full
+//! or delta payload, never two different checkpoints for one window), then
+//! uploads it. Progress (`service.json`: the next window to train on, the
+//! last publication confirmed by the coordinator) and the trainer state are
+//! saved after each step, so a restarted service resumes where it stopped
+//! and re-uploads a publication the coordinator did not confirm.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tch::Device;
+use tributary_net::{NetError, Session};
+use tributary_protocol::checkpoint::{Checkpoint, ContentId};
+use tributary_protocol::identity::Keypair;
+use tributary_protocol::rollout::{Rollout, RolloutLimits};
+use tributary_protocol::wire::{Blob, CheckpointChunk, FetchRollouts, Frame, MAX_CHUNK_LEN, Role};
+use tributary_protocol::window::{Schedule, WindowId};
+
+use crate::publish::{Publication, PublishError, Publisher};
+use crate::select::{SelectConfig, Standing, select};
+use crate::state::{self, StateError, write_atomic};
+use crate::train::{Sample, TrainConfig, TrainError, Trainer};
+
+/// Service failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The coordinator could not be reached or refused.
+    #[error("network: {0}")]
+    Net(#[from] NetError),
+    /// The coordinator answered out of protocol.
+    #[error("unexpected answer {0:?}")]
+    Unexpected(tributary_protocol::wire::Tag),
+    /// Training failed.
+    #[error("training: {0}")]
+    Train(#[from] TrainError),
+    /// Saving or loading state failed.
+    #[error("state: {0}")]
+    State(#[from] StateError),
+    /// Publishing failed.
+    #[error("publish: {0}")]
+    Publish(#[from] PublishError),
+    /// The genesis checkpoint is unusable.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] tributary_protocol::checkpoint::CheckpointError),
+    /// `service.json` is malformed.
+    #[error("service.json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Reading a payload failed.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The service's configuration.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// The coordinator's QUIC address.
+    pub coordinator: SocketAddr,
+    /// Its certificate fingerprint.
+    pub fingerprint: String,
+    /// The trainer key (authorised by the coordinator).
+    pub key: Keypair,
+    /// State folder (trainer state, publications, progress).
+    pub dir: PathBuf,
+    /// The genesis checkpoint (the layout template of every export).
+    pub genesis: PathBuf,
+    /// Optimiser settings.
+    pub train: TrainConfig,
+    /// Selection settings.
+    pub select: SelectConfig,
+    /// A full payload every this many publications.
+    pub full_every: u64,
+    /// Treat rollouts of miners not yet judged as passed (dev networks without validators).
+    pub trust_unjudged: bool,
+    /// How often to check the clock.
+    pub poll: Duration,
+}
+
+/// `service.json`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// The next window to train on.
+    pub next_window: WindowId,
+    /// The last publication (window) the coordinator confirmed.
+    pub uploaded: Option<WindowId>,
+}
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Round {
+    /// Windows trained on.
+    pub windows: Vec<WindowId>,
+    /// Rollouts fetched.
+    pub rollouts: usize,
+    /// Groups trained on.
+    pub groups: usize,
+    /// The checkpoint published, if a step was taken.
+    pub published: Option<(WindowId, ContentId)>,
+}
+
+/// The running service.
+pub struct Service {
+    cfg: ServiceConfig,
+    session: Session,
+    schedule: Schedule,
+    trainer: Trainer,
+    template: Checkpoint,
+    publisher: Publisher,
+    progress: Progress,
+    held: Vec<Rollout>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").field("progress", &self.progress).finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Service {
+    /// Connects and loads (or creates) the trainer state.
+    pub async fn open(cfg: ServiceConfig) -> Result<Self, ServiceError> {
+        let session = Session::connect(cfg.coordinator, &cfg.fingerprint, &cfg.key, Role::Trainer).await?;
+        let schedule = session.welcome.schedule;
+        std::fs::create_dir_all(&cfg.dir)?;
+        let template = Checkpoint::open(&cfg.genesis)?;
+        let trainer = match state::load(&cfg.dir.join("state"), Device::Cpu, cfg.train)? {
+            Some(t) => t,
+            None => Trainer::from_checkpoint(&template, Device::Cpu, cfg.train)?,
+        };
+        let publisher = Publisher::open(&cfg.dir.join("publish"), cfg.key.clone(), cfg.full_every)?;
+        let progress = match std::fs::read(cfg.dir.join("service.json")) {
+            Ok(b) => serde_json::from_slice(&b)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Progress { next_window: schedule.window_at(now_ms()).unwrap_or(0), uploaded: None }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut s = Self { cfg, session, schedule, trainer, template, publisher, progress, held: Vec::new() };
+        s.reupload().await?;
+        Ok(s)
+    }
+
+    /// Progress so far.
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    fn save_progress(&self) -> Result<(), ServiceError> {
+        write_atomic(&self.cfg.dir.join("service.json"), &serde_json::to_vec_pretty(&self.progress)?)?;
+        Ok(())
+    }
+
+    /// Uploads the last publication if the coordinator has not confirmed it.
+    async fn reupload(&mut self) -> Result<(), ServiceError> {
+        let Some(last) = self.publisher.last().cloned() else { return Ok(()) };
+        if self.progress.uploaded == Some(last.window) {
+            return Ok(());
+        }
+        let bytes = std::fs::read(self.publisher.checkpoint_path(&last.id))?;
+        let p = self.publisher.publish(last.window, bytes)?;
+        self.upload(&p).await?;
+        self.progress.uploaded = Some(last.window);
+        self.save_progress()
+    }
+
+    async fn upload(&mut self, p: &Publication) -> Result<(), ServiceError> {
+        let payload = std::fs::read(&p.payload)?;
+        let id = p.announcement.body.id;
+        self.session.send(&Frame::PublishCheckpoint(p.announcement.clone())).await?;
+        for (i, c) in payload.chunks(MAX_CHUNK_LEN as usize).enumerate() {
+            let offset = (i * MAX_CHUNK_LEN as usize) as u64;
+            self.session.send(&Frame::CheckpointChunk(CheckpointChunk { id, offset, data: Blob(c.to_vec()) })).await?;
+        }
+        match self.session.recv().await? {
+            Frame::CheckpointStored(s) if s.id == id => {
+                tracing::info!(%id, window = p.announcement.body.window, bytes = payload.len(), "checkpoint uploaded");
+                Ok(())
+            }
+            f => Err(ServiceError::Unexpected(f.tag())),
+        }
+    }
+
+    async fn fetch(&mut self, window: WindowId) -> Result<Vec<Rollout>, ServiceError> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let req = Frame::FetchRollouts(FetchRollouts { window, miner: None, after, limit: 256 });
+            match self.session.request(&req).await? {
+                Frame::Rollouts(r) => {
+                    out.extend(r.items.iter().filter_map(|b| Rollout::decode(&b.0, &RolloutLimits::DEFAULT).ok()));
+                    match r.next {
+                        Some(n) => after = Some(n),
+                        None => return Ok(out),
+                    }
+                }
+                f => return Err(ServiceError::Unexpected(f.tag())),
+            }
+        }
+    }
+
+    /// Trains on every closed, untrained window and publishes once for the
+    /// current window. Does nothing while the current window is already
+    /// published or no window has closed.
+    pub async fn round(&mut self) -> Result<Round, ServiceError> {
+        let now = now_ms();
+        let current = self.schedule.window_at(now).unwrap_or(0);
+        let mut round = Round::default();
+        if self.publisher.last().is_some_and(|r| r.window >= current) {
+            return Ok(round);
+        }
+        let mut rollouts = std::mem::take(&mut self.held);
+        let mut w = self.progress.next_window;
+        while self.schedule.closes_at(w) <= now {
+            let got = self.fetch(w).await?;
+            round.rollouts += got.len();
+            rollouts.extend(got);
+            round.windows.push(w);
+            w += 1;
+        }
+        if round.windows.is_empty() {
+            self.held = rollouts;
+            return Ok(round);
+        }
+        let genesis = self.template.content_id();
+        let mut published = vec![genesis];
+        published.extend(self.publisher.published_ids());
+        let trust = self.cfg.trust_unjudged;
+        let sel = select(rollouts, &published, |_, _| if trust { Standing::Passed } else { Standing::Pending { good_standing: true } }, &self.cfg.select);
+        sel.record_metrics();
+        self.held = sel.held;
+        round.groups = sel.kept.len();
+        self.progress.next_window = w;
+        if !sel.kept.is_empty() {
+            let samples = Sample::from_groups(&sel.kept);
+            let stats = tokio::task::block_in_place(|| self.trainer.step(&samples))?;
+            stats.record_metrics();
+            tracing::info!(step = stats.step, loss = stats.loss, groups = round.groups, "trained");
+            let bytes = tokio::task::block_in_place(|| self.trainer.export_checkpoint(&self.template))?;
+            let p = self.publisher.publish(current, bytes)?;
+            state::save(&self.cfg.dir.join("state"), &self.trainer)?;
+            self.save_progress()?;
+            self.upload(&p).await?;
+            self.progress.uploaded = Some(current);
+            round.published = Some((current, p.announcement.body.id));
+        }
+        self.save_progress()?;
+        Ok(round)
+    }
+
+    /// Runs rounds until `stop` is set.
+    pub async fn run(&mut self, stop: Arc<AtomicBool>) -> Result<(), ServiceError> {
+        while !stop.load(Ordering::Relaxed) {
+            let r = self.round().await?;
+            if let Some((w, id)) = r.published {
+                println!("published window={w} checkpoint={id} groups={} rollouts={}", r.groups, r.rollouts);
+            }
+            tokio::time::sleep(self.cfg.poll).await;
+        }
+        Ok(())
+    }
+}
+
+/// Serves the Prometheus text of the installed recorder on `addr` (plain HTTP, any path).
+pub async fn serve_metrics(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let body = handle.render();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+                let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// The `--dev` trainer folder's genesis file: the dev tiny model, written once.
+pub fn dev_genesis(dir: &Path) -> Result<PathBuf, ServiceError> {
+    std::fs::create_dir_all(dir)?;
+    let p = dir.join(format!("dev-tiny-{}.gguf", coordinator::node::DEV_TINY_SEED));
+    if !p.exists() {
+        let bytes = coordinator::node::dev_tiny_bytes().map_err(|e| ServiceError::Io(std::io::Error::other(e.to_string())))?;
+        write_atomic(&p, &bytes)?;
+    }
+    Ok(p)
+}

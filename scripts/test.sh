@@ -13,8 +13,13 @@ stamp() { printf 'test.sh: [%4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*" >&2; }
 stamp "setup"
 bash scripts/setup.sh
 
+# The wgpu miner backend is tested on Mesa's lavapipe (software Vulkan), so
+# the one build enables it.
+features=(--features edge-miner/wgpu)
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+
 stamp "build (workspace, all targets)"
-cargo build --workspace --all-targets --locked
+cargo build --workspace --all-targets --locked "${features[@]}"
 
 stamp "model files: BF16 base checkpoint and the tiny test model"
 cargo run -q -p trainer --locked -- init-base
@@ -26,5 +31,5 @@ if [ -d fuzz ]; then
 fi
 
 stamp "tests"
-cargo test --workspace --locked --no-fail-fast
+cargo test --workspace --locked --no-fail-fast "${features[@]}"
 stamp "done"

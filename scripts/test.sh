@@ -22,8 +22,10 @@ stamp "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked "${features[@]}"
 
 stamp "model files: BF16 base checkpoint and the tiny test model"
-cargo run -q -p trainer --locked -- init-base
-cargo run -q -p trainer --locked -- init-tiny
+# (the binaries of the build above: `cargo run -p` would resolve features anew)
+target="${CARGO_TARGET_DIR:-$root/target}/debug"
+"$target/trainer" init-base
+"$target/trainer" init-tiny
 
 if [ -d fuzz ]; then
   stamp "fuzz targets (type-check on stable)"

@@ -1,7 +1,8 @@
 //! The operators' HTTP listener: Prometheus `/metrics`, `/api/miners`
 //! (counts, bans and each miner's checkpoint), `/api/weights`,
-//! `/api/checkpoints` (every relayed checkpoint with its full and delta sizes)
-//! and a minimal status page at `/`.
+//! `/api/checkpoints` (every relayed checkpoint with its full and delta sizes),
+//! `/api/status` (everything the live status page shows, see
+//! [`crate::dashboard`]) and the status page itself at `/`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,17 +28,19 @@ pub fn prometheus() -> Option<PrometheusHandle> {
 struct AppState {
     shared: Arc<Shared>,
     prom: Option<PrometheusHandle>,
+    history: Arc<crate::dashboard::History>,
 }
 
 /// Binds the HTTP listener and serves it in the background; returns the bound address.
 pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<SocketAddr> {
-    let state = AppState { shared, prom: prometheus() };
+    let state = AppState { shared, prom: prometheus(), history: Arc::default() };
     let app = axum::Router::new()
         .route("/", get(status))
         .route("/metrics", get(metrics_page))
         .route("/api/miners", get(miners))
         .route("/api/weights", get(weights))
         .route("/api/checkpoints", get(checkpoints))
+        .route("/api/status", get(api_status))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
@@ -126,29 +129,15 @@ async fn weights(State(s): State<AppState>) -> Json<BTreeMap<String, f64>> {
     )
 }
 
-async fn status(State(s): State<AppState>) -> Html<String> {
-    let now = now_ms();
-    let core = s.shared.core();
-    let w = core.current_window(now);
-    let rows: String = core
-        .miners()
-        .iter()
-        .map(|(k, m)| {
-            format!(
-                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-                k,
-                m.accepted,
-                m.rejected.values().sum::<u64>()
-            )
-        })
-        .collect();
-    Html(format!(
-        "<!doctype html><title>Tributary coordinator</title><h1>Tributary coordinator</h1>\
-         <p>key <code>{}</code></p><p>window {} ({} rollouts)</p>\
-         <table><tr><th>miner</th><th>accepted</th><th>rejected</th></tr>{}</table>",
-        s.shared.key.public(),
-        w.map_or("-".into(), |w| w.to_string()),
-        w.map_or(0, |w| core.window_count(w)),
-        rows
-    ))
+async fn status() -> Html<&'static str> {
+    Html(crate::dashboard::PAGE)
+}
+
+async fn api_status(State(s): State<AppState>) -> Result<Json<crate::dashboard::Status>, (axum::http::StatusCode, String)> {
+    let internal = |e: String| (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e);
+    tokio::task::spawn_blocking(move || crate::dashboard::status(&s.shared, &s.history, now_ms()))
+        .await
+        .map_err(|e| internal(e.to_string()))?
+        .map(Json)
+        .map_err(|e| internal(e.to_string()))
 }

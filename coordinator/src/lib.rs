@@ -8,5 +8,6 @@ pub use tributary_net as net;
 pub mod server;
 pub mod store;
 pub mod http;
+pub mod dashboard;
 pub mod node;
 pub mod relay;

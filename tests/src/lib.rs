@@ -1,1 +1,603 @@
-//! Helpers shared by the integration tests (the mesh factory lands with the end-to-end work).
+//! The loopback mesh factory of the integration tests.
+//!
+//! [`Net`] starts a `--dev` coordinator in-process (real QUIC on loopback, a
+//! real redb file in a temporary folder); [`Mesh`] adds miners (real
+//! llama.cpp on the tiny model, any of them with a rollout hook), and a
+//! trainer (real libtorch GRPO), all with short windows, seeded keys and a
+//! timeout on every wait ([`within`]). [`CoordinatorProcess`] runs the
+//! coordinator as a child process instead, for tests that `kill -9` it.
+//!
+//! These are test helpers: they panic with a message when something the test
+//! relies on fails.
+
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use coordinator::node::{self, Config, Node};
+use edge_miner::run::{self, RunConfig, RunEvent, RunSummary, Tamper};
+use edge_miner::uplink::UplinkConfig;
+use tempfile::TempDir;
+use tokio::sync::{mpsc, watch};
+use tributary_net::Session;
+use tributary_protocol::checkpoint::{Checkpoint, ContentId, content_id_of};
+use tributary_protocol::gguf::{self, GgmlType};
+use tributary_protocol::identity::{Keypair, PublicKey};
+use tributary_protocol::rollout::Rollout;
+use tributary_protocol::wire::{
+    Blob, CheckpointBody, CheckpointChunk, CheckpointKind, Frame, MAX_CHUNK_LEN, PublishCheckpoint, RejectReason, Role,
+    WindowInfo,
+};
+use tributary_protocol::window::WindowId;
+
+/// Every await in these tests is bounded: panics after `secs` seconds.
+pub async fn within<T>(secs: u64, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), f).await.expect("timed out")
+}
+
+/// A key derived from the mesh seed and a name (every run of a test uses the same keys).
+pub fn seeded_key(seed: u64, name: &str) -> Keypair {
+    let mut h = blake3::Hasher::new_derive_key("tributary tests mesh key v1");
+    h.update(&seed.to_le_bytes());
+    h.update(name.as_bytes());
+    Keypair::from_seed(*h.finalize().as_bytes())
+}
+
+/// Coordinator settings of a test network.
+#[derive(Debug, Clone, Copy)]
+pub struct NetConfig {
+    /// Window length.
+    pub window_ms: u64,
+    /// Submission grace.
+    pub grace_ms: u64,
+    /// Groups per miner per window.
+    pub groups_per_miner: u32,
+    /// Rollouts per group.
+    pub group_size: u32,
+    /// Submissions per second per miner key.
+    pub rollouts_per_sec: u32,
+    /// Seed of the coordinator's master secret (window seeds, challenges).
+    pub seed: u64,
+    /// Most completion tokens per rollout (the coordinator's generation contract).
+    pub max_new_tokens: u32,
+}
+
+impl NetConfig {
+    /// Short windows for the tiny model.
+    pub fn new(window_ms: u64, grace_ms: u64, groups_per_miner: u32, group_size: u32) -> Self {
+        Self { window_ms, grace_ms, groups_per_miner, group_size, rollouts_per_sec: 20_000, seed: 0, max_new_tokens: 24 }
+    }
+
+    fn coordinator(&self, data: PathBuf) -> Config {
+        let mut cfg = Config::dev(data);
+        cfg.window_ms = self.window_ms;
+        cfg.grace_ms = self.grace_ms;
+        cfg.groups_per_miner = self.groups_per_miner;
+        cfg.group_size = self.group_size;
+        cfg.rollouts_per_sec = self.rollouts_per_sec;
+        cfg.max_new_tokens = self.max_new_tokens;
+        cfg
+    }
+}
+
+/// Fixes the coordinator's master secret from `seed` before its first start,
+/// so window seeds and challenges are the same on every run.
+fn seed_master_secret(data: &Path, seed: u64) {
+    std::fs::create_dir_all(data).expect("coordinator data folder");
+    let store = coordinator::store::Store::open(&data.join("coordinator.redb")).expect("coordinator database");
+    let secret = *blake3::Hasher::new_derive_key("tributary tests master secret v1")
+        .update(&seed.to_le_bytes())
+        .finalize()
+        .as_bytes();
+    store.meta_or_init("master_secret", || secret.to_vec()).expect("seeding the master secret");
+}
+
+/// A running dev coordinator in a temporary folder.
+pub struct Net {
+    /// The coordinator.
+    pub node: Node,
+    /// Its genesis (the dev tiny model).
+    pub genesis: ContentId,
+    /// The genesis file.
+    pub genesis_bytes: Vec<u8>,
+    /// Its settings.
+    pub config: NetConfig,
+    /// Temporary folder (coordinator data, miners' and the trainer's folders).
+    pub dir: TempDir,
+}
+
+impl Net {
+    /// Starts a dev coordinator with short windows.
+    pub async fn start(window_ms: u64, grace_ms: u64, groups_per_miner: u32, group_size: u32) -> Net {
+        Net::with(NetConfig::new(window_ms, grace_ms, groups_per_miner, group_size)).await
+    }
+
+    /// Starts a dev coordinator with `config`.
+    pub async fn with(config: NetConfig) -> Net {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let data = dir.path().join("coordinator");
+        seed_master_secret(&data, config.seed);
+        let cfg = config.coordinator(data);
+        let genesis = node::prepare_genesis(&cfg).expect("genesis");
+        let genesis_bytes = std::fs::read(coordinator::relay::full_path(&node::relay_dir(&cfg.data_dir), &genesis))
+            .expect("genesis file");
+        let node = within(30, node::start(&cfg, genesis)).await.expect("coordinator start");
+        Net { node, genesis, genesis_bytes, config, dir }
+    }
+
+    /// The current window by the coordinator's clock.
+    pub fn window(&self) -> WindowId {
+        self.node.shared.core().current_window(coordinator::server::now_ms()).unwrap_or(0)
+    }
+
+    /// Where the coordinator is, for miners.
+    pub fn uplink(&self) -> UplinkConfig {
+        UplinkConfig::new(self.node.quic, self.node.fingerprint.clone())
+    }
+
+    /// A miner configuration with a fresh random key: dev tiny model (unless
+    /// `with_model` is false), one thread, a few tokens, fast polls.
+    pub fn miner(&self, name: &str, with_model: bool) -> RunConfig {
+        self.miner_with_key(name, Keypair::generate(), with_model)
+    }
+
+    /// A miner configuration for `key` in the folder `name`.
+    pub fn miner_with_key(&self, name: &str, key: Keypair, with_model: bool) -> RunConfig {
+        miner_config(self.dir.path(), self.uplink(), name, key, with_model.then_some(&self.genesis_bytes[..]))
+    }
+
+    /// Relay folder of the coordinator.
+    pub fn relay_dir(&self) -> PathBuf {
+        node::relay_dir(&self.dir.path().join("coordinator"))
+    }
+
+    /// Polls `f` against the coordinator every 100 ms until it holds (bounded by `secs`).
+    pub async fn until(&self, secs: u64, mut f: impl FnMut(&Net) -> bool) {
+        within(secs, async {
+            while !f(self) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+    }
+
+    /// Sleeps until window `w` is open.
+    pub async fn wait_window(&self, secs: u64, w: WindowId) {
+        self.until(secs, |n| n.window() >= w).await
+    }
+}
+
+/// A miner configuration in `root/name` (tiny model written there if given).
+pub fn miner_config(root: &Path, uplink: UplinkConfig, name: &str, key: Keypair, model: Option<&[u8]>) -> RunConfig {
+    let folder = root.join(name);
+    std::fs::create_dir_all(&folder).expect("miner folder");
+    let mut cfg = RunConfig::new(uplink, key, folder.join("models"), 1);
+    if let Some(bytes) = model {
+        let p = folder.join("dev-tiny.gguf");
+        std::fs::write(&p, bytes).expect("miner model");
+        cfg.model = Some(p);
+    }
+    cfg.poll = Duration::from_millis(100);
+    cfg.sync_poll = Duration::from_millis(200);
+    cfg
+}
+
+/// A miner running in-process.
+pub struct Miner {
+    /// Its key.
+    pub key: Keypair,
+    /// Its events.
+    pub events: mpsc::UnboundedReceiver<RunEvent>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<RunSummary, run::RunError>>,
+}
+
+impl Miner {
+    /// Starts mining.
+    pub fn spawn(cfg: RunConfig) -> Miner {
+        let key = cfg.key.clone();
+        let (stop, rx) = watch::channel(false);
+        let (tx, events) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run::run(cfg, rx, Some(tx)));
+        Miner { key, events, stop, task }
+    }
+
+    /// Waits for an event matching `f`, returning it.
+    pub async fn wait_for(&mut self, secs: u64, mut f: impl FnMut(&RunEvent) -> bool) -> RunEvent {
+        within(secs, async {
+            loop {
+                let e = self.events.recv().await.expect("miner ended");
+                if f(&e) {
+                    return e;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Every event received so far, without waiting.
+    pub fn drain(&mut self) -> Vec<RunEvent> {
+        let mut v = Vec::new();
+        while let Ok(e) = self.events.try_recv() {
+            v.push(e);
+        }
+        v
+    }
+
+    /// Stops and returns the summary.
+    pub async fn stop(self) -> RunSummary {
+        let _ = self.stop.send(true);
+        within(60, self.task).await.expect("miner task panicked").expect("miner failed")
+    }
+
+    /// Drops the miner on the floor: its task (uplink, connections) is
+    /// aborted wherever it is, mid-upload included. Returns the events it
+    /// had sent.
+    pub async fn abort(mut self) -> Vec<RunEvent> {
+        self.task.abort();
+        let _ = within(30, &mut self.task).await;
+        self.drain()
+    }
+}
+
+/// A rollout hook that gives alternating rewards (`rollout % 2`): a stand-in
+/// learning signal on the random tiny model, which never answers right (so
+/// honest groups have zero reward variance and teach nothing). Rollouts with
+/// it are not honest: a validator rejects them.
+#[derive(Debug, Clone, Copy)]
+pub struct AlternateReward;
+
+impl Tamper for AlternateReward {
+    fn tamper(&mut self, _: &WindowInfo, group: &mut Vec<Rollout>) {
+        for r in group {
+            r.reward = (r.rollout % 2) as f32;
+        }
+    }
+}
+
+/// One miner of a [`Mesh`].
+pub struct MinerSpec {
+    /// Folder name and key derivation label.
+    pub name: String,
+    /// Rollout hook (adversaries, or [`AlternateReward`]).
+    pub tamper: Option<Box<dyn Tamper>>,
+}
+
+impl MinerSpec {
+    /// An honest miner.
+    pub fn honest(name: &str) -> Self {
+        Self { name: name.into(), tamper: None }
+    }
+
+    /// A miner with a rollout hook.
+    pub fn with(name: &str, tamper: impl Tamper + 'static) -> Self {
+        Self { name: name.into(), tamper: Some(Box::new(tamper)) }
+    }
+}
+
+/// What a [`Mesh`] starts.
+pub struct MeshConfig {
+    /// The coordinator.
+    pub net: NetConfig,
+    /// The miners.
+    pub miners: Vec<MinerSpec>,
+    /// Whether a trainer runs.
+    pub trainer: bool,
+    /// Most completion tokens per rollout.
+    pub max_new_tokens: usize,
+}
+
+/// What the mesh's trainer reports.
+#[derive(Debug, Clone)]
+pub enum TrainerEvent {
+    /// A round took a step and published.
+    Published {
+        /// The windows trained on.
+        trained: Vec<WindowId>,
+        /// The window published for.
+        window: WindowId,
+        /// The checkpoint.
+        id: ContentId,
+    },
+    /// A round failed; the trainer reopens its service (state on disk) and goes on.
+    Failed(String),
+}
+
+/// The in-process trainer service, in a task.
+pub struct TrainerHandle {
+    /// Its events.
+    pub events: mpsc::UnboundedReceiver<TrainerEvent>,
+    /// Its configuration (its state folder survives restarts).
+    pub config: trainer::service::ServiceConfig,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TrainerHandle {
+    /// Starts `trainer run` in-process with `cfg`.
+    pub fn spawn(cfg: trainer::service::ServiceConfig) -> Self {
+        let (tx, events) = mpsc::unbounded_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let c = cfg.clone();
+        let task = tokio::spawn(async move {
+            while !st.load(Ordering::Relaxed) {
+                let mut s = match trainer::service::Service::open(c.clone()).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(TrainerEvent::Failed(e.to_string()));
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                while !st.load(Ordering::Relaxed) {
+                    match s.round().await {
+                        Ok(r) => {
+                            if let Some((window, id)) = r.published {
+                                let _ = tx.send(TrainerEvent::Published { trained: r.windows, window, id });
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(TrainerEvent::Failed(e.to_string()));
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(c.poll).await;
+                }
+            }
+        });
+        Self { events, config: cfg, stop, task }
+    }
+
+    /// Waits for the next publication.
+    pub async fn next_published(&mut self, secs: u64) -> (Vec<WindowId>, WindowId, ContentId) {
+        within(secs, async {
+            loop {
+                match self.events.recv().await.expect("trainer task ended") {
+                    TrainerEvent::Published { trained, window, id } => return (trained, window, id),
+                    TrainerEvent::Failed(e) => eprintln!("trainer round failed (retrying): {e}"),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Kills the trainer task wherever it is (its state on disk stays).
+    pub async fn kill(mut self) -> trainer::service::ServiceConfig {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.abort();
+        let _ = within(60, &mut self.task).await;
+        self.config
+    }
+}
+
+/// The dev trainer's service configuration for a coordinator (state in `dir`).
+pub fn trainer_config(quic: SocketAddr, fingerprint: &str, dir: &Path, genesis_bytes: &[u8]) -> trainer::service::ServiceConfig {
+    std::fs::create_dir_all(dir).expect("trainer folder");
+    let genesis = dir.join("genesis.gguf");
+    if !genesis.exists() {
+        std::fs::write(&genesis, genesis_bytes).expect("trainer genesis");
+    }
+    trainer::service::ServiceConfig {
+        coordinator: quic,
+        fingerprint: fingerprint.to_string(),
+        key: node::dev_key(Role::Trainer),
+        dir: dir.join("state"),
+        genesis,
+        train: trainer::train::TrainConfig { lr: 1e-3, warmup_steps: 1, ..Default::default() },
+        select: trainer::select::SelectConfig::new(49152),
+        full_every: 8,
+        trust_unjudged: true,
+        poll: Duration::from_millis(200),
+    }
+}
+
+/// A whole network in one process: coordinator, miners and trainer.
+pub struct Mesh {
+    /// The coordinator and the folder.
+    pub net: Net,
+    /// The miners, in the order of [`MeshConfig::miners`].
+    pub miners: Vec<Miner>,
+    /// The miners' names.
+    pub names: Vec<String>,
+    /// The trainer, if any.
+    pub trainer: Option<TrainerHandle>,
+}
+
+impl Mesh {
+    /// Starts everything.
+    pub async fn start(cfg: MeshConfig) -> Mesh {
+        let net = Net::with(NetConfig { max_new_tokens: u32::try_from(cfg.max_new_tokens).unwrap_or(u32::MAX), ..cfg.net }).await;
+        let mut miners = Vec::new();
+        let mut names = Vec::new();
+        for spec in cfg.miners {
+            let key = seeded_key(cfg.net.seed, &spec.name);
+            let mut rc = net.miner_with_key(&spec.name, key, true);
+            rc.tamper = spec.tamper;
+            miners.push(Miner::spawn(rc));
+            names.push(spec.name);
+        }
+        let trainer = cfg.trainer.then(|| {
+            TrainerHandle::spawn(trainer_config(
+                net.node.quic,
+                &net.node.fingerprint,
+                &net.dir.path().join("trainer"),
+                &net.genesis_bytes,
+            ))
+        });
+        Mesh { net, miners, names, trainer }
+    }
+
+    /// The miner called `name`.
+    pub fn miner(&mut self, name: &str) -> &mut Miner {
+        let i = self.names.iter().position(|n| n == name).expect("no such miner");
+        &mut self.miners[i]
+    }
+
+    /// The coordinator's counts for a miner.
+    pub fn stats(&self, key: &PublicKey) -> coordinator::core::MinerStats {
+        self.net.node.shared.core().miners().get(key).cloned().unwrap_or_default()
+    }
+
+    /// Stops every miner and the trainer; the miners' summaries.
+    pub async fn stop(self) -> Vec<RunSummary> {
+        if let Some(t) = self.trainer {
+            t.kill().await;
+        }
+        let mut out = Vec::new();
+        for m in self.miners {
+            out.push(m.stop().await);
+        }
+        out
+    }
+}
+
+/// A coordinator as a child process (`mesh-coordinator`, this crate's
+/// binary), for tests that kill it. Killed on drop.
+pub struct CoordinatorProcess {
+    /// The child.
+    pub child: Child,
+    /// QUIC address.
+    pub quic: SocketAddr,
+    /// HTTP address.
+    pub http: SocketAddr,
+    /// Certificate fingerprint.
+    pub fingerprint: String,
+    /// Genesis checkpoint.
+    pub genesis: ContentId,
+}
+
+impl Drop for CoordinatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl CoordinatorProcess {
+    /// Starts `exe` (the `mesh-coordinator` binary) on `data`; `quic` port 0 picks one.
+    /// The master secret is seeded on the first start.
+    pub fn spawn(exe: &Path, data: &Path, cfg: &NetConfig, quic_port: u16) -> Self {
+        if !data.join("coordinator.redb").exists() {
+            seed_master_secret(data, cfg.seed);
+        }
+        let mut child = Command::new(exe)
+            .arg(data)
+            .args([
+                cfg.window_ms.to_string(),
+                cfg.grace_ms.to_string(),
+                cfg.groups_per_miner.to_string(),
+                cfg.group_size.to_string(),
+                cfg.rollouts_per_sec.to_string(),
+                quic_port.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting mesh-coordinator");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut get = |prefix: &str| {
+            // Bounded: the child prints these lines first or exits (closing stdout).
+            let line = lines.next().expect("coordinator exited").expect("coordinator stdout");
+            line.strip_prefix(prefix).unwrap_or_else(|| panic!("expected {prefix}, got {line}")).to_string()
+        };
+        let quic = get("quic=").parse().expect("quic address");
+        let http = get("http=").parse().expect("http address");
+        let fingerprint = get("fingerprint=");
+        let genesis = get("checkpoint=").parse().expect("checkpoint id");
+        Self { child, quic, http, fingerprint, genesis }
+    }
+
+    /// `kill -9`.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A checkpoint derived from `base` by changing `n` BF16 elements of the
+/// first matrix (deterministic in `salt`): a valid model with a new content id.
+pub fn perturbed(base: &[u8], salt: u32, n: usize) -> Vec<u8> {
+    let mut out = base.to_vec();
+    let h = gguf::parse_header(base).expect("GGUF header");
+    let t = h.tensors.iter().find(|t| t.ty == GgmlType::BF16 && t.name.starts_with("blk.")).expect("a BF16 matrix");
+    let r = h.tensor_range(t);
+    let elems = (r.end - r.start) / 2;
+    for k in 0..n {
+        let i = (k * 7919 + salt as usize * 104_729) % elems;
+        let at = r.start + 2 * i;
+        out[at] ^= 1 + (salt as u8 & 0x3);
+    }
+    assert_ne!(content_id_of(&h, &out), content_id_of(&h, base));
+    Checkpoint::from_bytes(out.clone()).expect("perturbed checkpoint parses");
+    out
+}
+
+/// The dev trainer's connection.
+pub async fn trainer_session(net: &Net) -> Session {
+    let key = node::dev_key(Role::Trainer);
+    within(30, Session::connect(net.node.quic, &net.node.fingerprint, &key, Role::Trainer)).await.expect("trainer connects")
+}
+
+/// Publishes `payload` (full or delta) as the dev trainer for `window`;
+/// the coordinator's answer (a refusal is `Err(NetError::Refused)`).
+pub async fn publish(
+    s: &mut Session,
+    window: WindowId,
+    id: ContentId,
+    base: Option<ContentId>,
+    payload: &[u8],
+) -> Result<Frame, tributary_net::NetError> {
+    let key = node::dev_key(Role::Trainer);
+    let body = CheckpointBody {
+        id,
+        kind: base.map_or(CheckpointKind::Full, |base| CheckpointKind::Delta { base }),
+        len: payload.len() as u64,
+        payload_hash: *blake3::hash(payload).as_bytes(),
+        window,
+        trainer: key.public(),
+    };
+    within(30, s.send(&Frame::PublishCheckpoint(PublishCheckpoint::sign(body, &key)))).await?;
+    for (i, c) in payload.chunks(MAX_CHUNK_LEN as usize).enumerate() {
+        let f = Frame::CheckpointChunk(CheckpointChunk { id, offset: (i * MAX_CHUNK_LEN as usize) as u64, data: Blob(c.to_vec()) });
+        within(30, s.send(&f)).await?;
+    }
+    within(60, s.recv()).await
+}
+
+/// Refusals an honest miner can meet: two rollouts of the tiny model with the
+/// same completion (the coordinator's replay check is per completion).
+pub fn honest_refusals(r: &[RejectReason]) -> bool {
+    r.iter().all(|r| *r == RejectReason::ReplayedContent)
+}
+
+/// Content id of bytes.
+pub fn id_of(bytes: &[u8]) -> ContentId {
+    content_id_of(&gguf::parse_header(bytes).expect("GGUF header"), bytes)
+}
+
+/// A file's bytes.
+pub fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).expect("reading a file")
+}
+
+/// A minimal HTTP/1.0 GET; the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("http connect");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.expect("http write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("http read");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+/// `GET path` parsed as JSON.
+pub async fn http_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let body = within(10, http_get(addr, path)).await;
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}

@@ -1,0 +1,389 @@
+//! The operators' live status page: `GET /` serves a self-contained page
+//! (inline CSS, JS and SVG; no network beyond this coordinator) that polls
+//! `GET /api/status` every second and draws it.
+//!
+//! Everything shown is what the coordinator itself holds: the window clock,
+//! per-miner counts of door decisions and verdicts, weights, each window's
+//! stored rollouts (count per miner, mean reward, mean completion length, read
+//! back from the database), validators' verdicts per window, and the relay's
+//! checkpoint and delta history. The trainer's loss is not reported to the
+//! coordinator, so the page shows none (the trainer exports it on its own
+//! `/metrics`).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use serde::Serialize;
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::rollout::{Rollout, RolloutLimits};
+use tributary_protocol::window::WindowId;
+
+use crate::relay::CheckpointJson;
+use crate::server::Shared;
+use crate::store::StoreError;
+
+/// Windows of history the status reports.
+pub const HISTORY_WINDOWS: u64 = 48;
+
+/// The whole status (`GET /api/status`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// The coordinator's key (hex).
+    pub coordinator: String,
+    /// The coordinator's clock.
+    pub now_ms: u64,
+    /// The window in progress (none before genesis).
+    pub window: Option<WindowId>,
+    /// Window length.
+    pub window_ms: u64,
+    /// Submission grace after a window ends.
+    pub grace_ms: u64,
+    /// When the current window opened.
+    pub opens_at_ms: u64,
+    /// When the current window ends (submissions are taken for `grace_ms` more).
+    pub ends_at_ms: u64,
+    /// Milliseconds until the current window ends.
+    pub time_left_ms: u64,
+    /// Active environment.
+    pub env: String,
+    /// Groups per miner per window.
+    pub groups_per_miner: u32,
+    /// Rollouts per group.
+    pub group_size: u32,
+    /// Checkpoint miners must use now (hex).
+    pub checkpoint: String,
+    /// Miners, by key.
+    pub miners: Vec<MinerRow>,
+    /// Rollouts refused at the door, by reason (every miner and anonymous peers).
+    pub door_refusals: BTreeMap<String, u64>,
+    /// Validators' verdicts over every window.
+    pub verdicts: VerdictTotals,
+    /// Recent windows, oldest first.
+    pub windows: Vec<WindowRow>,
+    /// Every checkpoint the relay holds, oldest first.
+    pub checkpoints: Vec<CheckpointJson>,
+}
+
+/// One miner.
+#[derive(Debug, Clone, Serialize)]
+pub struct MinerRow {
+    /// Key (hex).
+    pub key: String,
+    /// Rollouts acknowledged (ever).
+    pub accepted: u64,
+    /// Rollouts refused at the door (ever).
+    pub refused: u64,
+    /// Refusals by reason.
+    pub refused_by_reason: BTreeMap<&'static str, u64>,
+    /// accepted / (accepted + refused), if anything was submitted.
+    pub acceptance: Option<f64>,
+    /// Rollouts stored in the last closed window.
+    pub last_window_rollouts: u64,
+    /// Rollouts stored per minute over the recent closed windows.
+    pub rollouts_per_min: f64,
+    /// Validated rollouts (most conservative validator) over the recent windows.
+    pub valid: u64,
+    /// Rollouts the validators checked over the recent windows.
+    pub checked: u64,
+    /// Weight now (0 when none).
+    pub weight: f64,
+    /// Banned in the current window.
+    pub banned: bool,
+    /// Banned through this window, if ever.
+    pub banned_through: Option<WindowId>,
+    /// Checkpoint of its last accepted rollout (hex).
+    pub generating: Option<String>,
+}
+
+/// Verdict counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerdictTotals {
+    /// Verdicts (one per validator, miner and window).
+    pub verdicts: u64,
+    /// Rollouts checked.
+    pub checked: u64,
+    /// Rollouts that passed every check.
+    pub valid: u64,
+    /// Verdicts with a hard failure (proof, log-probs, prompt, reward...).
+    pub hard_failures: u64,
+    /// Soft check failures (distribution statistics).
+    pub soft_failures: u64,
+}
+
+impl VerdictTotals {
+    fn add(&mut self, v: &tributary_protocol::wire::VerdictBody) {
+        self.verdicts += 1;
+        self.checked += u64::from(v.checked);
+        self.valid += u64::from(v.valid);
+        self.hard_failures += u64::from(v.hard_failure);
+        self.soft_failures += u64::from(v.soft_failures);
+    }
+}
+
+/// One window.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WindowRow {
+    /// The window.
+    pub window: WindowId,
+    /// Whether its submissions have closed.
+    pub closed: bool,
+    /// The checkpoint in force (hex).
+    pub checkpoint: String,
+    /// Rollouts stored.
+    pub rollouts: u64,
+    /// Rollouts stored per miner (hex key).
+    pub by_miner: BTreeMap<String, u64>,
+    /// Mean reward of the stored rollouts (as the miners computed it).
+    pub mean_reward: Option<f64>,
+    /// Fraction of stored rollouts with reward > 0.
+    pub solved: Option<f64>,
+    /// Mean completion length in tokens.
+    pub mean_completion_tokens: Option<f64>,
+    /// Verdicts on the window.
+    pub verdicts: VerdictTotals,
+}
+
+/// Per-window summaries of closed windows (immutable once closed), so each
+/// stored rollout is read back once.
+#[derive(Debug, Default)]
+pub struct History {
+    closed: Mutex<BTreeMap<WindowId, WindowRow>>,
+}
+
+fn window_rollouts(shared: &Shared, window: WindowId) -> Result<WindowRow, StoreError> {
+    let mut row = WindowRow { window, ..WindowRow::default() };
+    let (mut reward, mut solved, mut tokens) = (0.0f64, 0u64, 0u64);
+    let mut after = None;
+    loop {
+        let (items, next) = shared.store.rollouts(window, None, after, 256)?;
+        for bytes in &items {
+            // Stored rollouts passed the door checks; one that no longer decodes is skipped.
+            let Ok(r) = Rollout::decode(bytes, &RolloutLimits::DEFAULT) else { continue };
+            row.rollouts += 1;
+            *row.by_miner.entry(PublicKey(r.miner).to_string()).or_default() += 1;
+            reward += f64::from(r.reward);
+            solved += u64::from(r.reward > 0.0);
+            tokens += r.completion().len() as u64;
+        }
+        match next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    if row.rollouts > 0 {
+        let n = row.rollouts as f64;
+        row.mean_reward = Some(reward / n);
+        row.solved = Some(solved as f64 / n);
+        row.mean_completion_tokens = Some(tokens as f64 / n);
+    }
+    Ok(row)
+}
+
+/// Computes the status at `now_ms` (reads the database: call off the async threads).
+pub fn status(shared: &Shared, history: &History, now_ms: u64) -> Result<Status, StoreError> {
+    let (schedule, cfg_env, groups, group_size, current, weights_upto) = {
+        let core = shared.core();
+        let c = core.config();
+        let current = core.current_window(now_ms);
+        (*core.schedule(), c.env, c.groups_per_miner, c.group_size, current, current.unwrap_or(0).saturating_sub(2))
+    };
+    let w = current.unwrap_or(0);
+    let first = w.saturating_sub(HISTORY_WINDOWS - 1);
+    // Window rows: closed ones from the cache, open ones read fresh.
+    let mut windows = Vec::new();
+    for win in first..=w {
+        if current.is_none() {
+            break;
+        }
+        let closed = schedule.closes_at(win) <= now_ms;
+        let cached = closed.then(|| history.closed.lock().unwrap_or_else(|p| p.into_inner()).get(&win).cloned()).flatten();
+        let row = match cached {
+            Some(r) => r,
+            None => {
+                let mut r = window_rollouts(shared, win)?;
+                r.closed = closed;
+                if closed {
+                    history.closed.lock().unwrap_or_else(|p| p.into_inner()).insert(win, r.clone());
+                }
+                r
+            }
+        };
+        windows.push(row);
+    }
+    let mut verdicts = VerdictTotals::default();
+    let mut per_miner: BTreeMap<PublicKey, (u64, u64)> = BTreeMap::new();
+    for v in shared.store.verdicts()? {
+        let b = &v.body;
+        verdicts.add(b);
+        if b.window >= first {
+            if let Some(row) = windows.iter_mut().find(|r| r.window == b.window) {
+                row.verdicts.add(b);
+            }
+            let e = per_miner.entry(b.miner).or_default();
+            e.0 += u64::from(b.valid);
+            e.1 += u64::from(b.checked);
+        }
+    }
+    let core = shared.core();
+    for row in &mut windows {
+        row.checkpoint = core.checkpoint_for(row.window).to_string();
+    }
+    let weights: BTreeMap<PublicKey, f64> = core.weights(weights_upto, shared.key.public()).weights.into_iter().collect();
+    let peers = shared.relay.peers();
+    let closed_rows: Vec<&WindowRow> = windows.iter().filter(|r| r.closed && r.rollouts > 0).collect();
+    let last_closed = windows.iter().rev().find(|r| r.closed);
+    let span_min = closed_rows.len() as f64 * schedule.length_ms() as f64 / 60_000.0;
+    let mut door_refusals: BTreeMap<String, u64> =
+        core.anonymous_rejections().iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let mut miners: Vec<MinerRow> = core
+        .miners()
+        .iter()
+        .map(|(k, m)| {
+            let hex = k.to_string();
+            for (r, n) in &m.rejected {
+                *door_refusals.entry(r.to_string()).or_default() += n;
+            }
+            let refused: u64 = m.rejected.values().sum();
+            let total: u64 = closed_rows.iter().map(|r| r.by_miner.get(&hex).copied().unwrap_or(0)).sum();
+            let (valid, checked) = per_miner.get(k).copied().unwrap_or_default();
+            MinerRow {
+                accepted: m.accepted,
+                refused,
+                refused_by_reason: m.rejected.clone(),
+                acceptance: (m.accepted + refused > 0).then(|| m.accepted as f64 / (m.accepted + refused) as f64),
+                last_window_rollouts: last_closed.and_then(|r| r.by_miner.get(&hex).copied()).unwrap_or(0),
+                rollouts_per_min: if span_min > 0.0 { total as f64 / span_min } else { 0.0 },
+                valid,
+                checked,
+                weight: weights.get(k).copied().unwrap_or(0.0),
+                banned: core.is_banned(k, w),
+                banned_through: m.banned_through,
+                generating: peers.get(k).and_then(|p| p.generating).map(|c| c.to_string()),
+                key: hex,
+            }
+        })
+        .collect();
+    miners.sort_by(|a, b| a.key.cmp(&b.key));
+    let ends_at_ms = schedule.opens_at(w.saturating_add(1));
+    Ok(Status {
+        coordinator: shared.key.public().to_string(),
+        now_ms,
+        window: current,
+        window_ms: schedule.length_ms(),
+        grace_ms: schedule.grace_ms(),
+        opens_at_ms: schedule.opens_at(w),
+        ends_at_ms,
+        time_left_ms: if current.is_some() { ends_at_ms.saturating_sub(now_ms) } else { 0 },
+        env: cfg_env.to_string(),
+        groups_per_miner: groups,
+        group_size,
+        checkpoint: core.checkpoint_for(w).to_string(),
+        miners,
+        door_refusals,
+        verdicts,
+        windows,
+        checkpoints: {
+            let mut c: Vec<CheckpointJson> = shared.relay.entries().iter().map(Into::into).collect();
+            c.sort_by_key(|e| (e.from_window, e.window));
+            c
+        },
+    })
+}
+
+/// The page: static HTML; its script fills it from `/api/status`.
+pub const PAGE: &str = r##"<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>Tributary coordinator</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:24px;align-items:baseline;flex-wrap:wrap}
+header h1{font-size:18px;margin:0}
+main{display:grid;grid-template-columns:1fr 1fr;gap:14px;padding:14px 20px}
+section{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:10px 14px;overflow:auto}
+section.wide{grid-column:1 / span 2}
+h2{font-size:14px;margin:0 0 8px;text-transform:uppercase;letter-spacing:.04em;color:#55607a}
+table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
+th,td{text-align:right;padding:3px 8px;border-bottom:1px solid #eef0f3;white-space:nowrap}
+th:first-child,td:first-child{text-align:left}
+code{font-size:12px}
+.bar{height:8px;background:#dde1e7;border-radius:4px;width:220px;display:inline-block;vertical-align:middle}
+.bar>div{height:8px;background:#3b82f6;border-radius:4px}
+.bad{color:#b91c1c;font-weight:600}.ok{color:#15803d}
+.muted{color:#7a8499}
+svg text{font-size:11px;fill:#55607a}
+</style></head>
+<body>
+<header><h1>Tributary coordinator</h1>
+<span>window <b id="window">-</b></span>
+<span>time left <b id="left">-</b> <span class="bar"><div id="leftbar" style="width:0"></div></span></span>
+<span>env <b id="env">-</b></span>
+<span>checkpoint <code id="checkpoint">-</code></span>
+<span class="muted" id="updated">connecting…</span></header>
+<main>
+<section class="wide"><h2>Miners</h2><table id="miners"><thead><tr><th>miner</th><th>accepted</th><th>refused</th><th>acceptance</th><th>last window</th><th>rollouts/min</th><th>valid / checked</th><th>weight</th><th>status</th></tr></thead><tbody></tbody></table></section>
+<section><h2>Mean reward per window</h2><div id="reward"></div></section>
+<section><h2>Rollouts per window</h2><div id="volume"></div></section>
+<section><h2>Verification outcomes</h2><table id="verdicts"><tbody></tbody></table>
+<h2 style="margin-top:10px">Refused at the door, by check</h2><table id="door"><tbody></tbody></table></section>
+<section><h2>Windows</h2><table id="windows"><thead><tr><th>window</th><th>rollouts</th><th>mean reward</th><th>solved</th><th>tokens</th><th>verdicts valid/checked</th><th>checkpoint</th></tr></thead><tbody></tbody></table></section>
+<section class="wide"><h2>Checkpoints and deltas</h2><table id="checkpoints"><thead><tr><th>checkpoint</th><th>published for</th><th>in force from</th><th>full</th><th>delta</th><th>delta / full</th></tr></thead><tbody></tbody></table>
+<p class="muted">Training loss is reported by the trainer on its own <code>/metrics</code>, not to the coordinator.</p></section>
+</main>
+<script>
+"use strict";
+const $ = id => document.getElementById(id);
+const esc = s => String(s).replace(/[&<>"]/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;","\"":"&quot;"}[c]));
+const short = h => h ? esc(h.slice(0, 12)) : "-";
+const pct = x => x == null ? "-" : (100 * x).toFixed(1) + "%";
+const num = (x, d) => x == null ? "-" : Number(x).toFixed(d);
+const bytes = n => n == null ? "-" : n >= 1048576 ? (n / 1048576).toFixed(2) + " MiB" : n >= 1024 ? (n / 1024).toFixed(1) + " KiB" : n + " B";
+function rows(tbody, list) { tbody.innerHTML = list.map(r => "<tr>" + r.map(c => "<td>" + c + "</td>").join("") + "</tr>").join(""); }
+function chart(el, points, label, max) {
+  const W = 520, H = 170, L = 40, B = 22, T = 8;
+  if (!points.length) { el.innerHTML = '<p class="muted">no windows yet</p>'; return; }
+  const xs = points.map(p => p[0]), lo = Math.min(...xs), hi = Math.max(lo + 1, Math.max(...xs));
+  const top = max != null ? max : Math.max(1e-9, ...points.map(p => p[1]));
+  const X = x => L + (W - L - 8) * (x - lo) / (hi - lo), Y = y => T + (H - T - B) * (1 - y / top);
+  const path = points.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + " " + Y(p[1]).toFixed(1)).join(" ");
+  const dots = points.map(p => '<circle cx="' + X(p[0]).toFixed(1) + '" cy="' + Y(p[1]).toFixed(1) + '" r="2.5" fill="#3b82f6"/>').join("");
+  el.innerHTML = '<svg width="' + W + '" height="' + H + '" role="img" aria-label="' + esc(label) + '">' +
+    '<line x1="' + L + '" y1="' + Y(0) + '" x2="' + (W - 8) + '" y2="' + Y(0) + '" stroke="#ccd"/>' +
+    '<line x1="' + L + '" y1="' + T + '" x2="' + L + '" y2="' + Y(0) + '" stroke="#ccd"/>' +
+    '<text x="2" y="' + (T + 8) + '">' + num(top, 2) + '</text><text x="2" y="' + Y(0) + '">0</text>' +
+    '<text x="' + L + '" y="' + (H - 6) + '">window ' + lo + '</text><text x="' + (W - 70) + '" y="' + (H - 6) + '">window ' + hi + '</text>' +
+    '<path d="' + path + '" fill="none" stroke="#3b82f6" stroke-width="2"/>' + dots + '</svg>';
+}
+function draw(s) {
+  $("window").textContent = s.window == null ? "not started" : s.window;
+  $("left").textContent = (s.time_left_ms / 1000).toFixed(1) + " s";
+  $("leftbar").style.width = (100 * s.time_left_ms / Math.max(1, s.window_ms)).toFixed(1) + "%";
+  $("env").textContent = s.env + " · " + s.groups_per_miner + "×" + s.group_size;
+  $("checkpoint").textContent = s.checkpoint.slice(0, 16);
+  $("updated").textContent = "updated " + new Date(s.now_ms).toLocaleTimeString();
+  rows($("miners").tBodies[0], s.miners.map(m => [
+    "<code>" + short(m.key) + "</code>", m.accepted, m.refused, pct(m.acceptance), m.last_window_rollouts,
+    num(m.rollouts_per_min, 1), m.valid + " / " + m.checked, num(m.weight, 3),
+    m.banned ? '<span class="bad">banned</span>' : '<span class="ok">active</span>']));
+  const closed = s.windows.filter(w => w.closed && w.rollouts > 0);
+  chart($("reward"), closed.map(w => [w.window, w.mean_reward]), "mean reward per window", 1);
+  chart($("volume"), s.windows.map(w => [w.window, w.rollouts]), "rollouts per window", null);
+  const v = s.verdicts;
+  rows($("verdicts").tBodies[0], [["verdicts", v.verdicts], ["rollouts checked", v.checked], ["passed every check", v.valid],
+    ["hard failures (ban)", v.hard_failures], ["soft check failures", v.soft_failures]]);
+  const door = Object.entries(s.door_refusals);
+  rows($("door").tBodies[0], door.length ? door.map(([k, n]) => [esc(k), n]) : [["none", 0]]);
+  rows($("windows").tBodies[0], s.windows.slice().reverse().filter(w => w.rollouts > 0 || !w.closed).slice(0, 12).map(w => [
+    w.window + (w.closed ? "" : " (open)"), w.rollouts, num(w.mean_reward, 3), pct(w.solved), num(w.mean_completion_tokens, 1),
+    w.verdicts.valid + " / " + w.verdicts.checked, "<code>" + short(w.checkpoint) + "</code>"]));
+  rows($("checkpoints").tBodies[0], s.checkpoints.slice().reverse().map(c => [
+    "<code>" + short(c.id) + "</code>", c.window, c.from_window, bytes(c.full_bytes), bytes(c.delta_bytes),
+    c.delta_bytes == null ? "-" : pct(c.delta_bytes / c.full_bytes)]));
+}
+async function tick() {
+  try { const r = await fetch("/api/status", {cache: "no-store"}); draw(await r.json()); }
+  catch (e) { $("updated").textContent = "disconnected: " + e; }
+  setTimeout(tick, 1000);
+}
+tick();
+</script></body></html>
+"##;

@@ -1,0 +1,36 @@
+//! A `--dev` coordinator with a test network's settings, as a process the
+//! fault tests can `kill -9`:
+//! `mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC QUIC_PORT`.
+//! Prints `quic=`, `http=`, `fingerprint=`, `checkpoint=` lines, then serves until killed.
+
+use std::io::Write;
+
+use anyhow::Context;
+use coordinator::node::{self, Config};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [data, window_ms, grace_ms, groups, group_size, rate, port] = args.as_slice() else {
+        anyhow::bail!("usage: mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC QUIC_PORT");
+    };
+    let mut cfg = Config::dev(data.into());
+    cfg.window_ms = window_ms.parse().context("WINDOW_MS")?;
+    cfg.grace_ms = grace_ms.parse().context("GRACE_MS")?;
+    cfg.groups_per_miner = groups.parse().context("GROUPS")?;
+    cfg.group_size = group_size.parse().context("GROUP_SIZE")?;
+    cfg.rollouts_per_sec = rate.parse().context("ROLLOUTS_PER_SEC")?;
+    cfg.listen = ([127, 0, 0, 1], port.parse::<u16>().context("QUIC_PORT")?).into();
+    let genesis = node::prepare_genesis(&cfg)?;
+    let n = node::start(&cfg, genesis).await?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "quic={}", n.quic)?;
+        writeln!(out, "http={}", n.http)?;
+        writeln!(out, "fingerprint={}", n.fingerprint)?;
+        writeln!(out, "checkpoint={genesis}")?;
+        out.flush()?;
+    }
+    std::future::pending::<()>().await;
+    Ok(())
+}

@@ -1,0 +1,496 @@
+//! Operator commands on a **stopped** coordinator's data folder: ban and
+//! unban a miner, change the window length, inspect the database; and two
+//! helpers that need no database: `keygen` and `pubkey` (role keys) and
+//! `fingerprint`.
+//!
+//! Overrides live in their own redb file, `admin.redb`, next to
+//! `coordinator.redb`. Every command first opens `coordinator.redb`, which a
+//! running coordinator holds locked, so a command refuses to run against a
+//! live coordinator instead of being silently ignored. At start the
+//! coordinator reads the overrides back ([`schedule`], [`apply_overrides`]).
+//!
+//! - **Bans.** `ban` bans a miner from the current window for N windows;
+//!   `unban` lifts every ban in force: manual ones, and those from failures in
+//!   windows that already have a verdict (a failure in a later window bans again).
+//! - **Window length.** The window clock is `genesis + W·length`, so editing
+//!   `window_ms` alone would renumber windows (possibly reopening windows
+//!   whose challenges were revealed). `window-length` re-anchors the clock so
+//!   that window `W+1` (W the current window) starts at once with the new
+//!   length and every earlier window stays closed. The coordinator records the
+//!   length it runs with and refuses to start with another one.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::window::{Schedule, ScheduleError, WindowId};
+
+use crate::core::Core;
+use crate::store::{Store, StoreError};
+
+/// File name of the overrides database in the data folder.
+pub const ADMIN_DB: &str = "admin.redb";
+
+const SCHEDULE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("schedule");
+/// miner key → postcard(BanOverride).
+const BANS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("bans");
+
+/// Admin failures.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The coordinator is running on this data folder.
+    #[error("the coordinator is running on {0} (stop it first: these commands edit its database)")]
+    Running(PathBuf),
+    /// No database in the data folder.
+    #[error("no coordinator database in {0}")]
+    NoDatabase(PathBuf),
+    /// The database failed.
+    #[error("database: {0}")]
+    Db(#[from] redb::Error),
+    /// The coordinator's store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A stored value did not decode.
+    #[error("corrupt {0} in admin.redb")]
+    Corrupt(&'static str),
+    /// The window length cannot be determined.
+    #[error("window length unknown: give --config FILE (the coordinator's) or --current-window-ms")]
+    UnknownLength,
+    /// The configured window length differs from the one the network runs.
+    #[error(
+        "the network's window length is {recorded} ms but the configuration says {configured} ms; \
+         to change it run `coordinator window-length --data DIR --window-ms {configured}` with the coordinator stopped, \
+         or set window_ms = {recorded}"
+    )]
+    LengthChanged {
+        /// What the data folder records.
+        recorded: u64,
+        /// What the configuration asks.
+        configured: u64,
+    },
+    /// A bad schedule.
+    #[error("schedule: {0}")]
+    Schedule(#[from] ScheduleError),
+    /// A bad argument.
+    #[error("{0}")]
+    Invalid(String),
+    /// Reading the configuration failed.
+    #[error("config {path}: {detail}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+macro_rules! db_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for AdminError {
+            fn from(e: $t) -> Self { AdminError::Db(e.into()) }
+        }
+    )*};
+}
+db_from!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
+
+/// The window clock's anchor as the network runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Anchor {
+    /// Genesis instant (ms since the Unix epoch) of the current length.
+    pub genesis_ms: u64,
+    /// Window length in milliseconds.
+    pub window_ms: u64,
+}
+
+/// An operator's override of one miner's bans.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanOverride {
+    /// Banned through this window (inclusive) by `coordinator ban`.
+    pub manual_through: Option<WindowId>,
+    /// Failures in windows before this one are forgiven (`coordinator unban`).
+    pub forgive_before: WindowId,
+}
+
+/// The overrides database.
+#[derive(Debug)]
+pub struct Admin {
+    db: Database,
+}
+
+impl Admin {
+    /// Opens (or creates) `admin.redb` in `data_dir`.
+    pub fn open(data_dir: &Path) -> Result<Self, AdminError> {
+        let db = Database::create(data_dir.join(ADMIN_DB))?;
+        let tx = db.begin_write()?;
+        {
+            tx.open_table(SCHEDULE)?;
+            tx.open_table(BANS)?;
+        }
+        tx.commit()?;
+        Ok(Self { db })
+    }
+
+    /// The recorded anchor, if any.
+    pub fn anchor(&self) -> Result<Option<Anchor>, AdminError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(SCHEDULE)?;
+        t.get("anchor")?
+            .map(|v| postcard::from_bytes(v.value()).map_err(|_| AdminError::Corrupt("anchor")))
+            .transpose()
+    }
+
+    /// Records the anchor.
+    pub fn set_anchor(&self, a: Anchor) -> Result<(), AdminError> {
+        let v = postcard::to_stdvec(&a).map_err(|_| AdminError::Corrupt("anchor"))?;
+        let tx = self.db.begin_write()?;
+        tx.open_table(SCHEDULE)?.insert("anchor", v.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every miner's override.
+    pub fn overrides(&self) -> Result<Vec<(PublicKey, BanOverride)>, AdminError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(BANS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let key: [u8; 32] = k.value().try_into().map_err(|_| AdminError::Corrupt("ban key"))?;
+            let o = postcard::from_bytes(v.value()).map_err(|_| AdminError::Corrupt("ban"))?;
+            out.push((PublicKey(key), o));
+        }
+        Ok(out)
+    }
+
+    /// One miner's override.
+    pub fn override_of(&self, miner: &PublicKey) -> Result<BanOverride, AdminError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(BANS)?;
+        t.get(miner.as_bytes().as_slice())?
+            .map(|v| postcard::from_bytes(v.value()).map_err(|_| AdminError::Corrupt("ban")))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    }
+
+    /// Stores one miner's override.
+    pub fn set_override(&self, miner: &PublicKey, o: BanOverride) -> Result<(), AdminError> {
+        let v = postcard::to_stdvec(&o).map_err(|_| AdminError::Corrupt("ban"))?;
+        let tx = self.db.begin_write()?;
+        tx.open_table(BANS)?.insert(miner.as_bytes().as_slice(), v.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+/// The schedule a coordinator starts with: the recorded anchor (which must
+/// have `window_ms`), or, on first start, `genesis_ms` with `window_ms`,
+/// which is then recorded.
+pub fn schedule(data_dir: &Path, genesis_ms: u64, window_ms: u64, grace_ms: u64) -> Result<Schedule, AdminError> {
+    let admin = Admin::open(data_dir)?;
+    let anchor = match admin.anchor()? {
+        Some(a) if a.window_ms != window_ms => {
+            return Err(AdminError::LengthChanged { recorded: a.window_ms, configured: window_ms });
+        }
+        Some(a) => a,
+        None => {
+            let a = Anchor { genesis_ms, window_ms };
+            admin.set_anchor(a)?;
+            a
+        }
+    };
+    Ok(Schedule::new(anchor.genesis_ms, anchor.window_ms, grace_ms)?)
+}
+
+/// Applies the operators' ban overrides to a core restored from the store
+/// (after its verdicts).
+pub fn apply_overrides(data_dir: &Path, core: &mut Core) -> Result<(), AdminError> {
+    let admin = Admin::open(data_dir)?;
+    for (miner, o) in admin.overrides()? {
+        let ban_windows = core.config().ban_windows;
+        let derived = core
+            .miners()
+            .get(&miner)
+            .and_then(|m| m.failures.iter().filter(|w| **w >= o.forgive_before).max().copied())
+            .map(|w| w.saturating_add(ban_windows));
+        let through = derived.max(o.manual_through);
+        core.set_banned_through(miner, through);
+    }
+    Ok(())
+}
+
+/// Opens the coordinator's store, refusing if the coordinator runs.
+fn open_stopped(data_dir: &Path) -> Result<Store, AdminError> {
+    let path = data_dir.join("coordinator.redb");
+    if !path.exists() {
+        return Err(AdminError::NoDatabase(data_dir.into()));
+    }
+    match Store::open(&path) {
+        Ok(s) => Ok(s),
+        Err(StoreError::Db(redb::Error::DatabaseAlreadyOpen)) => Err(AdminError::Running(data_dir.into())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn now_ms() -> u64 {
+    crate::server::now_ms()
+}
+
+/// The anchor of a stopped coordinator: recorded, else the store's genesis
+/// with `window_ms` (from its configuration).
+fn current_anchor(store: &Store, admin: &Admin, window_ms: Option<u64>) -> Result<Anchor, AdminError> {
+    if let Some(a) = admin.anchor()? {
+        return Ok(a);
+    }
+    let window_ms = window_ms.ok_or(AdminError::UnknownLength)?;
+    let genesis = store.meta("genesis_ms")?.ok_or(AdminError::Corrupt("genesis (coordinator never started?)"))?;
+    let genesis_ms = u64::from_le_bytes(genesis.try_into().map_err(|_| AdminError::Corrupt("genesis"))?);
+    Ok(Anchor { genesis_ms, window_ms })
+}
+
+fn window_now(a: &Anchor) -> WindowId {
+    now_ms().saturating_sub(a.genesis_ms) / a.window_ms.max(1)
+}
+
+/// The anchor that starts window `current + 1` at `now_ms` with windows of
+/// `new_ms`: every window up to `current` ends no later than `now_ms`.
+pub fn reanchor(current: WindowId, now_ms: u64, new_ms: u64) -> Result<Anchor, AdminError> {
+    if new_ms == 0 {
+        return Err(AdminError::Schedule(ScheduleError::ZeroLength));
+    }
+    let offset = current
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(new_ms))
+        .ok_or_else(|| AdminError::Invalid("window length too large".into()))?;
+    let genesis_ms = now_ms
+        .checked_sub(offset)
+        .ok_or_else(|| AdminError::Invalid("window length too large for this network's age".into()))?;
+    Ok(Anchor { genesis_ms, window_ms: new_ms })
+}
+
+/// The operator subcommands of the `coordinator` binary.
+#[derive(clap::Subcommand, Debug)]
+pub enum AdminCmd {
+    /// Ban a miner for N windows from the current one (coordinator stopped).
+    Ban {
+        /// Data folder.
+        #[arg(long)]
+        data: PathBuf,
+        /// The miner's key (hex).
+        key: String,
+        /// Windows to ban for, from the current one.
+        #[arg(long)]
+        windows: u64,
+        /// The coordinator's configuration (for its window length, if not recorded yet).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Lift a miner's bans (coordinator stopped).
+    Unban {
+        /// Data folder.
+        #[arg(long)]
+        data: PathBuf,
+        /// The miner's key (hex).
+        key: String,
+        /// The coordinator's configuration (for its window length, if not recorded yet).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Change the window length: window W+1 starts now with the new length (coordinator stopped).
+    WindowLength {
+        /// Data folder.
+        #[arg(long)]
+        data: PathBuf,
+        /// The new window length in milliseconds.
+        #[arg(long)]
+        window_ms: u64,
+        /// The coordinator's configuration (for the current length, if not recorded yet).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Create a role key file (validator, trainer) and print its public key as `public=HEX`.
+    Keygen {
+        /// The key file to create (refused if it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Print a key file's public key as `public=HEX`.
+    Pubkey {
+        /// The key file.
+        #[arg(long)]
+        key: PathBuf,
+    },
+    /// Print the certificate fingerprint miners pin (works while the coordinator runs).
+    Fingerprint {
+        /// Data folder.
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Print what the data folder holds: clock, counts, bans (coordinator stopped).
+    Inspect {
+        /// Data folder.
+        #[arg(long)]
+        data: PathBuf,
+        /// The coordinator's configuration (for its window length, if not recorded yet).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn config_window_ms(config: Option<&Path>) -> Result<Option<u64>, AdminError> {
+    let Some(path) = config else { return Ok(None) };
+    let err = |detail: String| AdminError::Config { path: path.into(), detail };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let cfg: crate::node::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+    Ok(Some(cfg.window_ms))
+}
+
+fn parse_key(s: &str) -> Result<PublicKey, AdminError> {
+    s.parse().map_err(|e| AdminError::Invalid(format!("miner key {s:?}: {e}")))
+}
+
+/// Runs an operator subcommand; what it did goes to stdout as `key=value` lines.
+pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminError> {
+    let w = |out: &mut dyn std::io::Write, s: String| {
+        writeln!(out, "{s}").map_err(|e| AdminError::Invalid(format!("stdout: {e}")))
+    };
+    match cmd {
+        AdminCmd::Ban { data, key, windows, config } => {
+            let miner = parse_key(key)?;
+            if *windows == 0 {
+                return Err(AdminError::Invalid("--windows must be at least 1".into()));
+            }
+            let store = open_stopped(data)?;
+            let admin = Admin::open(data)?;
+            let now = window_now(&current_anchor(&store, &admin, config_window_ms(config.as_deref())?)?);
+            let through = now.saturating_add(windows - 1);
+            let mut o = admin.override_of(&miner)?;
+            o.manual_through = Some(o.manual_through.map_or(through, |t| t.max(through)));
+            admin.set_override(&miner, o)?;
+            w(out, format!("banned={miner}"))?;
+            w(out, format!("window={now}"))?;
+            w(out, format!("through={}", o.manual_through.unwrap_or(through)))?;
+        }
+        AdminCmd::Unban { data, key, config } => {
+            let miner = parse_key(key)?;
+            let store = open_stopped(data)?;
+            let admin = Admin::open(data)?;
+            let now = window_now(&current_anchor(&store, &admin, config_window_ms(config.as_deref())?)?);
+            // Forgive every window that already has a verdict on this miner.
+            let judged = store
+                .verdicts()?
+                .iter()
+                .filter(|v| v.body.miner == miner)
+                .map(|v| v.body.window.saturating_add(1))
+                .max()
+                .unwrap_or(0);
+            let o = BanOverride { manual_through: None, forgive_before: judged };
+            admin.set_override(&miner, o)?;
+            w(out, format!("unbanned={miner}"))?;
+            w(out, format!("window={now}"))?;
+            w(out, format!("forgiven_before={judged}"))?;
+        }
+        AdminCmd::WindowLength { data, window_ms, config } => {
+            let store = open_stopped(data)?;
+            let admin = Admin::open(data)?;
+            let old = current_anchor(&store, &admin, config_window_ms(config.as_deref())?)?;
+            let now = now_ms();
+            let current = window_now(&old);
+            let new = reanchor(current, now, *window_ms)?;
+            admin.set_anchor(new)?;
+            w(out, format!("window_ms={}", new.window_ms))?;
+            w(out, format!("previous_window_ms={}", old.window_ms))?;
+            w(out, format!("next_window={}", current.saturating_add(1)))?;
+            w(out, format!("genesis_ms={}", new.genesis_ms))?;
+            w(out, format!("now set window_ms = {} in the coordinator's configuration, then start it", new.window_ms))?;
+        }
+        AdminCmd::Keygen { out: path } => {
+            let k = tributary_protocol::identity::Keypair::generate();
+            k.save(path).map_err(|e| AdminError::Invalid(format!("{}: {e}", path.display())))?;
+            w(out, format!("public={}", k.public()))?;
+        }
+        AdminCmd::Pubkey { key } => {
+            let k = tributary_protocol::identity::Keypair::load(key)
+                .map_err(|e| AdminError::Invalid(format!("{}: {e}", key.display())))?;
+            w(out, format!("public={}", k.public()))?;
+        }
+        AdminCmd::Fingerprint { data } => {
+            let path = data.join("cert.der");
+            let cert = std::fs::read(&path).map_err(|e| AdminError::Invalid(format!("{}: {e}", path.display())))?;
+            w(out, format!("fingerprint={}", crate::net::fingerprint(&cert)))?;
+        }
+        AdminCmd::Inspect { data, config } => {
+            let store = open_stopped(data)?;
+            let admin = Admin::open(data)?;
+            match current_anchor(&store, &admin, config_window_ms(config.as_deref())?) {
+                Ok(a) => {
+                    w(out, format!("window_ms={}", a.window_ms))?;
+                    w(out, format!("window={}", window_now(&a)))?;
+                }
+                Err(AdminError::UnknownLength) => w(out, "window_ms=unknown".into())?,
+                Err(e) => return Err(e),
+            }
+            w(out, format!("rollouts={}", store.rollout_count()?))?;
+            w(out, format!("verdicts={}", store.verdicts()?.len()))?;
+            w(out, format!("checkpoints={}", store.checkpoints()?.len()))?;
+            w(out, format!("relay_entries={}", store.relay_entries()?.len()))?;
+            for (m, o) in admin.overrides()? {
+                let through = o.manual_through.map_or("-".to_string(), |t| t.to_string());
+                w(out, format!("override={m} manual_through={through} forgive_before={}", o.forgive_before))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reanchor_continues_the_numbering_and_keeps_past_windows_closed() {
+        const GENESIS: u64 = 1_700_000_000_000;
+        let old = Schedule::new(GENESIS, 60_000, 5_000).unwrap();
+        let now = GENESIS + 10 * 60_000 + 12_345; // window 10
+        let current = old.window_at(now).unwrap();
+        assert_eq!(current, 10);
+        for new_ms in [1_000, 60_000, 360_000] {
+            let a = reanchor(current, now, new_ms).unwrap();
+            let s = Schedule::new(a.genesis_ms, a.window_ms, 500).unwrap();
+            assert_eq!(s.window_at(now), Some(11));
+            assert_eq!(s.opens_at(11), now);
+            // Every earlier window's submissions close at most a grace after now.
+            assert!(s.closes_at(10) <= now + 500);
+            assert!(s.closes_at(9) <= now);
+        }
+        assert!(reanchor(current, now, 0).is_err());
+        assert!(reanchor(u64::MAX, now, 2).is_err());
+        assert!(reanchor(current, 1_000, 1_000).is_err());
+    }
+
+    #[test]
+    fn recorded_length_is_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = schedule(dir.path(), 5_000, 1_000, 100).unwrap();
+        assert_eq!(s.genesis_ms(), 5_000);
+        // A restart keeps the recorded genesis even if the store's differs.
+        assert_eq!(schedule(dir.path(), 9_999, 1_000, 100).unwrap().genesis_ms(), 5_000);
+        assert!(matches!(
+            schedule(dir.path(), 5_000, 2_000, 100),
+            Err(AdminError::LengthChanged { recorded: 1_000, configured: 2_000 })
+        ));
+    }
+
+    #[test]
+    fn overrides_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Admin::open(dir.path()).unwrap();
+        let m = PublicKey([7; 32]);
+        assert_eq!(a.override_of(&m).unwrap(), BanOverride::default());
+        let o = BanOverride { manual_through: Some(9), forgive_before: 3 };
+        a.set_override(&m, o).unwrap();
+        drop(a);
+        let a = Admin::open(dir.path()).unwrap();
+        assert_eq!(a.overrides().unwrap(), vec![(m, o)]);
+    }
+}

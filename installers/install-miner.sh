@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# Tributary edge miner installer: from nothing to a mining node in one command.
+#
+#   installers/install-miner.sh --coordinator HOST:PORT --fingerprint HEX [options]
+#
+# It detects the OS and accelerator (NVIDIA with the CUDA toolkit, Apple
+# Metal, Vulkan, otherwise CPU), installs the Rust toolchain and the build
+# prerequisites if they are missing, builds and installs `edge-miner` with the
+# matching feature, creates the miner key (once: re-running keeps it), writes
+# the config, installs a service (systemd user unit on Linux, launchd agent on
+# macOS), and finishes with `edge-miner doctor`. Re-running upgrades in place.
+#
+# Options:
+#   --coordinator HOST:PORT  the coordinator's QUIC address (required)
+#   --fingerprint HEX        its certificate fingerprint, 64 hex digits (required)
+#   --accel auto|cpu|cuda|metal|vulkan   default auto (detected)
+#   --prefix DIR             install everything under DIR (bin/, etc/, var/, service
+#                            files) and never touch systemctl/launchctl; default: the
+#                            user's standard places (~/.local/bin, ~/.config, ~/.local/share)
+#   --data DIR               miner data folder (key, models)
+#   --src DIR                Tributary source checkout (default: the one holding this script)
+#   --from-build DIR         reuse binaries already built in DIR (e.g. target/debug) instead
+#                            of `cargo install` (CI: llama.cpp is built only once)
+#   --threads N --gpu-layers N   passed to the miner (default: all cores; 99 with a GPU)
+#   --no-service             do not install a service
+#   --no-doctor              do not run `edge-miner doctor` at the end
+#   --dry-run                print every action instead of doing it
+set -euo pipefail
+
+die() { echo "install-miner: error: $*" >&2; exit 1; }
+say() { echo "install-miner: $*"; }
+
+coordinator="" fingerprint="" accel="auto" prefix="" data="" src="" from_build=""
+threads="" gpu_layers="" service=1 doctor=1 dry=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --coordinator) coordinator="${2:?}"; shift 2 ;;
+    --fingerprint) fingerprint="${2:?}"; shift 2 ;;
+    --accel) accel="${2:?}"; shift 2 ;;
+    --prefix) prefix="${2:?}"; shift 2 ;;
+    --data) data="${2:?}"; shift 2 ;;
+    --src) src="${2:?}"; shift 2 ;;
+    --from-build) from_build="${2:?}"; shift 2 ;;
+    --threads) threads="${2:?}"; shift 2 ;;
+    --gpu-layers) gpu_layers="${2:?}"; shift 2 ;;
+    --no-service) service=0; shift ;;
+    --no-doctor) doctor=0; shift ;;
+    --dry-run) dry=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+
+[ -n "$coordinator" ] || die "--coordinator HOST:PORT is required"
+[ -n "$fingerprint" ] || die "--fingerprint HEX is required"
+case "$coordinator" in *:[0-9]*) ;; *) die "--coordinator must be HOST:PORT, got '$coordinator'" ;; esac
+[[ "$fingerprint" =~ ^[0-9a-fA-F]{64}$ ]] || die "--fingerprint must be 64 hex digits"
+case "$accel" in auto|cpu|cuda|metal|vulkan) ;; *) die "--accel must be auto, cpu, cuda, metal or vulkan" ;; esac
+[[ -z "$threads" || "$threads" =~ ^[0-9]+$ ]] || die "--threads must be a number"
+[[ -z "$gpu_layers" || "$gpu_layers" =~ ^[0-9]+$ ]] || die "--gpu-layers must be a number"
+
+# Print a command (dry run) or run it.
+run() {
+  if [ "$dry" = 1 ]; then printf 'would run:'; printf ' %q' "$@"; echo; else "$@"; fi
+}
+# Write stdin to a file (dry run: show it).
+write_file() {
+  local path="$1" mode="$2" tmp
+  if [ "$dry" = 1 ]; then
+    echo "would write $path:"; sed 's/^/    | /'
+    return
+  fi
+  mkdir -p "$(dirname "$path")"
+  tmp="$(mktemp "$path.XXXXXX")"
+  cat > "$tmp"
+  chmod "$mode" "$tmp"
+  mv -f "$tmp" "$path"
+}
+
+# ---- platform ---------------------------------------------------------------
+os="$(uname -s)"
+arch="$(uname -m)"
+case "$os" in
+  Linux) platform=linux ;;
+  Darwin) platform=macos ;;
+  *) die "unsupported OS $os (Linux and macOS are supported)" ;;
+esac
+
+detect_accel() {
+  if [ "$platform" = macos ]; then
+    if [ "$arch" = arm64 ]; then echo metal; else echo cpu; fi
+    return
+  fi
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
+     && { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+    echo cuda; return
+  fi
+  if command -v vulkaninfo >/dev/null 2>&1 && vulkaninfo --summary >/dev/null 2>&1 \
+     && command -v glslc >/dev/null 2>&1; then
+    echo vulkan; return
+  fi
+  echo cpu
+}
+detected="$(detect_accel)"
+if [ "$accel" = auto ]; then accel="$detected"; fi
+say "platform $platform/$arch, accelerator: $accel (detected: $detected)"
+features=""
+[ "$accel" = cpu ] || features="$accel"
+if [ -z "$gpu_layers" ]; then
+  if [ "$accel" = cpu ]; then gpu_layers=0; else gpu_layers=99; fi
+fi
+
+# ---- where things go --------------------------------------------------------
+if [ -n "$prefix" ]; then
+  managed=0  # a private prefix: write service files, never call systemctl/launchctl
+  [ "$dry" = 1 ] || mkdir -p "$prefix" || die "cannot create $prefix"
+  prefix="$(cd "$prefix" 2>/dev/null && pwd || echo "$prefix")"
+  bindir="$prefix/bin"
+  confdir="$prefix/etc/tributary"
+  : "${data:=$prefix/var/lib/tributary-miner}"
+  unitdir="$prefix/lib/systemd/user"
+  agentdir="$prefix/Library/LaunchAgents"
+else
+  managed=1
+  bindir="$HOME/.local/bin"
+  confdir="${XDG_CONFIG_HOME:-$HOME/.config}/tributary"
+  : "${data:=${XDG_DATA_HOME:-$HOME/.local/share}/tributary-miner}"
+  unitdir="${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"
+  agentdir="$HOME/Library/LaunchAgents"
+fi
+case "$data" in /*) ;; *) data="$PWD/$data" ;; esac
+config="$confdir/miner.toml"
+bin="$bindir/edge-miner"
+logdir="$data/logs"
+
+if [ -z "$src" ]; then
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+fi
+[ -f "$src/edge-miner/Cargo.toml" ] || die "no Tributary checkout at $src (give --src DIR: git clone the Tributary repository first)"
+
+# ---- prerequisites ----------------------------------------------------------
+sudo_cmd=()
+if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
+
+install_prereqs() {
+  local missing=()
+  for t in cmake clang git pkg-config; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
+  command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || missing+=(cc)
+  if [ ${#missing[@]} -eq 0 ]; then say "build prerequisites present"; return; fi
+  say "missing build tools: ${missing[*]}"
+  if [ "$platform" = macos ]; then
+    xcode-select -p >/dev/null 2>&1 || run xcode-select --install
+    if command -v brew >/dev/null 2>&1; then run brew install cmake pkg-config; else die "install Homebrew (https://brew.sh), then re-run"; fi
+  elif command -v apt-get >/dev/null 2>&1; then
+    run "${sudo_cmd[@]}" apt-get update
+    run "${sudo_cmd[@]}" apt-get install -y build-essential cmake clang libclang-dev git pkg-config
+  elif command -v dnf >/dev/null 2>&1; then
+    run "${sudo_cmd[@]}" dnf install -y gcc gcc-c++ make cmake clang clang-devel git pkgconf-pkg-config
+  elif command -v pacman >/dev/null 2>&1; then
+    run "${sudo_cmd[@]}" pacman -S --needed --noconfirm base-devel cmake clang git pkgconf
+  else
+    die "install a C/C++ compiler, cmake, clang and pkg-config, then re-run"
+  fi
+}
+
+install_rust() {
+  if command -v cargo >/dev/null 2>&1; then say "Rust toolchain present ($(cargo --version))"; return; fi
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; say "Rust toolchain in ~/.cargo/bin"; return; fi
+  say "installing the Rust toolchain with rustup (https://rustup.rs)"
+  command -v curl >/dev/null 2>&1 || die "curl is needed to install Rust"
+  if [ "$dry" = 1 ]; then
+    echo "would run: curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal"
+  else
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+}
+
+check_accel_toolchain() {
+  case "$accel" in
+    cuda) command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || die "--accel cuda needs the CUDA toolkit (nvcc)"
+          command -v nvcc >/dev/null 2>&1 || export PATH="/usr/local/cuda/bin:$PATH" ;;
+    vulkan) command -v glslc >/dev/null 2>&1 || die "--accel vulkan needs the Vulkan SDK (glslc, headers)" ;;
+    metal) [ "$platform" = macos ] || die "--accel metal is macOS only" ;;
+  esac
+}
+
+# ---- build and install the binary ------------------------------------------
+if [ -n "$from_build" ]; then
+  [ -x "$from_build/edge-miner" ] || die "no edge-miner binary in $from_build (build it first: cargo build -p edge-miner)"
+  say "reusing the binary built in $from_build (its features are the ones it was built with)"
+  run mkdir -p "$bindir"
+  tmpbin="$bin.new.$$"
+  run cp "$from_build/edge-miner" "$tmpbin"
+  run chmod 755 "$tmpbin"
+  run mv -f "$tmpbin" "$bin"
+else
+  install_prereqs
+  install_rust
+  check_accel_toolchain
+  cargo_args=(install --path "$src/edge-miner" --locked --root "$(dirname "$bindir")" --bin edge-miner --force)
+  [ -z "$features" ] || cargo_args+=(--features "$features")
+  say "building edge-miner (release${features:+, features $features}); the first build compiles llama.cpp and takes a while"
+  run cargo "${cargo_args[@]}"
+fi
+
+# ---- key, config, service --------------------------------------------------
+run mkdir -p "$data" "$logdir"
+if [ -f "$data/miner.key" ]; then
+  say "keeping the existing key $data/miner.key"
+fi
+# `init` creates the key only when it is missing and prints the public key.
+run "$bin" init --data "$data"
+
+threads_line="# threads = 0            # default: every core"
+[ -z "$threads" ] || threads_line="threads = $threads"
+write_file "$config" 644 <<EOF
+# Tributary edge miner configuration, written by installers/install-miner.sh.
+# Re-running the installer rewrites this file (the key in \`data\` is kept).
+# Check it with: edge-miner doctor --config $config
+
+# The coordinator's QUIC address (HOST:PORT) and its certificate fingerprint.
+coordinator = "$coordinator"
+fingerprint = "$fingerprint"
+# Key (miner.key) and models (models/): keep this folder, it is the miner's identity.
+data = "$data"
+# Layers offloaded to the GPU (0: CPU only; 99: the whole model). Accelerator: $accel.
+gpu_layers = $gpu_layers
+$threads_line
+# GSM8K JSONL file, needed only if the network's environment is gsm8k.
+# gsm8k = "/path/to/gsm8k/train.jsonl"
+EOF
+
+run_args=(run --coordinator "$coordinator" --fingerprint "$fingerprint" --data "$data" --gpu-layers "$gpu_layers")
+[ -z "$threads" ] || run_args+=(--threads "$threads")
+exec_line="$bin"
+for a in "${run_args[@]}"; do exec_line+=" $(printf '%q' "$a")"; done
+
+if [ "$service" = 1 ]; then
+  if [ "$platform" = linux ]; then
+    unit="$unitdir/tributary-miner.service"
+    write_file "$unit" 644 <<EOF
+# Tributary edge miner (systemd user unit), written by installers/install-miner.sh.
+[Unit]
+Description=Tributary edge miner
+Documentation=file://$src/docs/runbook.md
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+ExecStartPre=$bin doctor --config $config
+ExecStart=$exec_line
+Restart=on-failure
+RestartSec=30
+Nice=10
+Environment=RUST_LOG=info
+
+[Install]
+WantedBy=default.target
+EOF
+    if [ "$managed" = 1 ] && [ -d /run/systemd/system ] && systemctl --user show-environment >/dev/null 2>&1; then
+      run systemctl --user daemon-reload
+      run systemctl --user enable tributary-miner.service
+      run systemctl --user restart tributary-miner.service
+      say "service: systemctl --user status tributary-miner; logs: journalctl --user -u tributary-miner -f"
+      say "to keep mining while logged out: loginctl enable-linger $USER"
+    else
+      say "service unit written to $unit; systemd not managed here, to start it run:"
+      say "  systemctl --user link $unit && systemctl --user enable --now tributary-miner.service"
+    fi
+  else
+    agent="$agentdir/org.tributary.miner.plist"
+    args_xml="        <string>$bin</string>"
+    for a in "${run_args[@]}"; do args_xml+=$'\n'"        <string>$a</string>"; done
+    write_file "$agent" 644 <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+<!-- Tributary edge miner (launchd agent), written by installers/install-miner.sh. -->
+<plist version="1.0">
+<dict>
+    <key>Label</key><string>org.tributary.miner</string>
+    <key>ProgramArguments</key>
+    <array>
+$args_xml
+    </array>
+    <key>RunAtLoad</key><true/>
+    <key>KeepAlive</key><dict><key>SuccessfulExit</key><false/></dict>
+    <key>ThrottleInterval</key><integer>30</integer>
+    <key>ProcessType</key><string>Background</string>
+    <key>StandardOutPath</key><string>$logdir/miner.log</string>
+    <key>StandardErrorPath</key><string>$logdir/miner.log</string>
+</dict>
+</plist>
+EOF
+    if [ "$managed" = 1 ]; then
+      run launchctl bootout "gui/$(id -u)/org.tributary.miner" 2>/dev/null || true
+      run launchctl bootstrap "gui/$(id -u)" "$agent"
+      say "agent loaded; logs in $logdir/miner.log"
+    else
+      say "launchd agent written to $agent; to load it run: launchctl bootstrap gui/\$(id -u) $agent"
+    fi
+  fi
+fi
+
+say "installed: binary $bin, config $config, data $data"
+if [ "$doctor" = 1 ]; then
+  say "checking with edge-miner doctor"
+  run "$bin" doctor --config "$config"
+fi

@@ -1,0 +1,212 @@
+//! `installers/install-miner.sh` (CPU path, into a throwaway prefix, reusing
+//! the binaries this workspace already built so llama.cpp is not built twice),
+//! `edge-miner doctor` against a local coordinator, and `scripts/release.sh`.
+//!
+//! These run the real binaries in the workspace's target folder (`cargo
+//! build --workspace` or `cargo test --workspace` builds them first).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use edge_miner::doctor::MinerConfig;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// The folder holding the workspace's binaries (this test runs from its `deps/`).
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target profile folder").to_path_buf();
+    for b in ["edge-miner", "coordinator"] {
+        assert!(dir.join(b).is_file(), "{} missing: run `cargo build --workspace` first", dir.join(b).display());
+    }
+    dir
+}
+
+/// A `coordinator run --dev` child process, killed on drop.
+struct DevCoordinator {
+    child: Child,
+    quic: String,
+    fingerprint: String,
+}
+
+impl DevCoordinator {
+    fn start(data: &Path) -> Self {
+        let mut child = Command::new(bin_dir().join("coordinator"))
+            .args(["run", "--dev", "--data"])
+            .arg(data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn coordinator");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let (mut quic, mut fingerprint) = (None, None);
+        while quic.is_none() || fingerprint.is_none() {
+            let line = rx.recv_timeout(Duration::from_secs(120)).expect("coordinator did not print its addresses");
+            if let Some(v) = line.strip_prefix("quic=") {
+                quic = Some(v.to_string());
+            }
+            if let Some(v) = line.strip_prefix("fingerprint=") {
+                fingerprint = Some(v.to_string());
+            }
+        }
+        Self { child, quic: quic.unwrap_or_default(), fingerprint: fingerprint.unwrap_or_default() }
+    }
+}
+
+impl Drop for DevCoordinator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn installer() -> Command {
+    let mut c = Command::new("bash");
+    c.arg(root().join("installers/install-miner.sh"));
+    c
+}
+
+#[test]
+fn dry_run_shows_every_step_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prefix = tmp.path().join("prefix");
+    let fp = "ab".repeat(32);
+    // No Rust on PATH and an empty home: the dry run shows the rustup step.
+    let out = installer()
+        .args(["--dry-run", "--coordinator", "127.0.0.1:4433", "--fingerprint", &fp, "--prefix"])
+        .arg(&prefix)
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", tmp.path())
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("accelerator:"), "{t}");
+    if !Path::new("/usr/bin/cargo").exists() && !Path::new("/bin/cargo").exists() {
+        assert!(t.contains("sh.rustup.rs"), "{t}");
+    }
+    assert!(t.contains("would run: cargo install --path"), "{t}");
+    assert!(t.contains("--locked"), "{t}");
+    assert!(t.contains("would run: ") && t.contains(" init --data "), "{t}");
+    assert!(t.contains("would write ") && t.contains("miner.toml"), "{t}");
+    assert!(t.contains("tributary-miner.service") || t.contains("org.tributary.miner.plist"), "{t}");
+    assert!(t.contains(" doctor --config "), "{t}");
+    assert!(!prefix.exists(), "a dry run created {}", prefix.display());
+
+    // Bad arguments are refused before anything happens.
+    let out = installer().args(["--coordinator", "nowhere", "--fingerprint", &fp, "--dry-run"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).contains("HOST:PORT"));
+    let out = installer().args(["--coordinator", "127.0.0.1:1", "--fingerprint", "xyz", "--dry-run"]).output().unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn cpu_install_into_prefix_ends_with_doctor_passing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let coord = DevCoordinator::start(&tmp.path().join("coordinator"));
+    let prefix = tmp.path().join("prefix");
+    let install = || {
+        installer()
+            .args(["--coordinator", &coord.quic, "--fingerprint", &coord.fingerprint, "--accel", "cpu", "--prefix"])
+            .arg(&prefix)
+            .arg("--from-build")
+            .arg(bin_dir())
+            .output()
+            .unwrap()
+    };
+    let out = install();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("doctor: ready to mine"), "{t}");
+    for check in ["backend", "key", "coordinator", "clock", "window", "memory", "disk"] {
+        assert!(t.lines().any(|l| l.starts_with("ok") && l.contains(check)), "{check} not ok:\n{t}");
+    }
+    // Nothing went to systemd: the unit is in the prefix, with the real command.
+    assert!(t.contains("systemctl --user link"), "{t}");
+    let unit = std::fs::read_to_string(prefix.join("lib/systemd/user/tributary-miner.service")).unwrap();
+    let bin = prefix.join("bin/edge-miner");
+    assert!(unit.contains(&format!("ExecStart={} run --coordinator {}", bin.display(), coord.quic)), "{unit}");
+    let cfg = MinerConfig::load(&prefix.join("etc/tributary/miner.toml")).unwrap();
+    assert_eq!(cfg.coordinator, coord.quic);
+    assert_eq!(cfg.fingerprint, coord.fingerprint);
+    assert_eq!(cfg.gpu_layers, 0);
+    let key_path = cfg.data.join("miner.key");
+    let key = std::fs::read(&key_path).unwrap();
+
+    // Re-running upgrades in place and keeps the key.
+    let out = install();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("keeping the existing key"));
+    assert_eq!(std::fs::read(&key_path).unwrap(), key);
+
+    // The doctor fails, and says why, on a wrong pin, a missing key, and a dead coordinator.
+    let doctor = |args: &[&str]| Command::new(&bin).arg("doctor").args(args).output().unwrap();
+    let wrong = "0".repeat(64);
+    let out = doctor(&["--coordinator", &coord.quic, "--fingerprint", &wrong, "--data", cfg.data.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("FAIL coordinator"), "{}", text(&out));
+    assert!(text(&out).contains("fingerprint"), "{}", text(&out));
+    let empty = tmp.path().join("no-key");
+    let out = doctor(&["--coordinator", &coord.quic, "--fingerprint", &coord.fingerprint, "--data", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("FAIL key"), "{}", text(&out));
+    assert!(text(&out).contains("edge-miner init"), "{}", text(&out));
+    let config = prefix.join("etc/tributary/miner.toml");
+    drop(coord);
+    let out = doctor(&["--config", config.to_str().unwrap(), "--timeout", "2"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("FAIL coordinator"), "{}", text(&out));
+}
+
+#[test]
+fn release_script_packages_binaries_with_checksums() {
+    let dir = bin_dir();
+    if ["validator", "trainer"].iter().any(|b| !dir.join(b).is_file()) {
+        panic!("validator/trainer not built in {}: run `cargo build --workspace` first", dir.display());
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new("bash")
+        .arg(root().join("scripts/release.sh"))
+        .args(["--profile", "dev", "--no-build", "--out"])
+        .arg(tmp.path())
+        .env("CARGO_TARGET_DIR", dir.parent().unwrap())
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let archive = t.lines().find_map(|l| l.strip_prefix("release=")).expect("release= line").to_string();
+    assert!(Path::new(&archive).is_file());
+    let check = |cwd: &Path| {
+        let o = Command::new("sha256sum").args(["-c", "SHA256SUMS"]).current_dir(cwd).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    check(tmp.path());
+    let stage = Path::new(&archive).with_extension("").with_extension("");
+    let listed = check(&stage);
+    for f in ["bin/edge-miner", "bin/coordinator", "bin/validator", "bin/trainer", "systemd/tributary-coordinator.service", "config/coordinator.toml", "runbook.md", "installers/install-miner.sh"] {
+        assert!(listed.contains(&format!("{f}: OK")), "{f} not in SHA256SUMS:\n{listed}");
+    }
+    // A tampered file fails the check.
+    std::fs::write(stage.join("runbook.md"), "tampered").unwrap();
+    let o = Command::new("sha256sum").args(["-c", "--quiet", "SHA256SUMS"]).current_dir(&stage).output().unwrap();
+    assert!(!o.status.success());
+}

@@ -47,10 +47,10 @@ pub enum AdminError {
     NoDatabase(PathBuf),
     /// The database failed.
     #[error("database: {0}")]
-    Db(#[from] redb::Error),
+    Db(Box<redb::Error>),
     /// The coordinator's store failed.
     #[error("store: {0}")]
-    Store(#[from] StoreError),
+    Store(Box<StoreError>),
     /// A stored value did not decode.
     #[error("corrupt {0} in admin.redb")]
     Corrupt(&'static str),
@@ -85,14 +85,20 @@ pub enum AdminError {
     },
 }
 
+impl From<StoreError> for AdminError {
+    fn from(e: StoreError) -> Self {
+        AdminError::Store(Box::new(e))
+    }
+}
+
 macro_rules! db_from {
     ($($t:ty),*) => {$(
         impl From<$t> for AdminError {
-            fn from(e: $t) -> Self { AdminError::Db(e.into()) }
+            fn from(e: $t) -> Self { AdminError::Db(Box::new(e.into())) }
         }
     )*};
 }
-db_from!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
+db_from!(redb::Error, redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
 
 /// The window clock's anchor as the network runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,10 +9,41 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
-use tributary_protocol::checkpoint::Checkpoint;
+use tributary_protocol::checkpoint::{Checkpoint, CheckpointError};
+
+/// Errors of the Hugging Face export.
+#[derive(Debug, thiserror::Error)]
+pub enum HfError {
+    /// Writing a file or folder failed.
+    #[error("I/O on {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: std::path::PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A tensor could not be read from the checkpoint.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// libtorch failed (reshaping, converting or writing safetensors).
+    #[error("torch: {0}")]
+    Torch(#[from] tch::TchError),
+    /// A JSON file could not be serialised.
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A GGUF tensor has no Hugging Face counterpart.
+    #[error("no Hugging Face name for tensor {0}")]
+    UnknownTensor(String),
+    /// The GGUF lacks tokenizer metadata the export needs.
+    #[error("GGUF has no {0}")]
+    MissingMetadata(&'static str),
+}
+
+fn write(path: std::path::PathBuf, bytes: &[u8]) -> Result<(), HfError> {
+    std::fs::write(&path, bytes).map_err(|source| HfError::Io { path, source })
+}
 
 /// HF name of a GGUF tensor.
 pub fn hf_name(gguf: &str) -> Option<String> {
@@ -43,10 +74,10 @@ pub fn hf_name(gguf: &str) -> Option<String> {
 
 /// Inverse of `convert_hf_to_gguf.py`'s Q/K permutation for `[out, in]`
 /// weights with `n_head` heads.
-pub fn unpermute(w: &Tensor, n_head: i64) -> Tensor {
+pub fn unpermute(w: &Tensor, n_head: i64) -> Result<Tensor, tch::TchError> {
     let s = w.size();
     let (out, inp) = (s[0], s[1]);
-    w.reshape([n_head, out / n_head / 2, 2, inp]).transpose(1, 2).reshape([out, inp])
+    w.f_reshape([n_head, out / n_head / 2, 2, inp])?.f_transpose(1, 2)?.f_reshape([out, inp])
 }
 
 /// `convert_hf_to_gguf.py`'s Q/K permutation (for tests).
@@ -57,21 +88,21 @@ pub fn permute(w: &Tensor, n_head: i64) -> Tensor {
 }
 
 /// Writes the HF export of `ckpt` into `dir`.
-pub fn export(ckpt: &Checkpoint, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+pub fn export(ckpt: &Checkpoint, dir: &Path) -> Result<(), HfError> {
+    std::fs::create_dir_all(dir).map_err(|source| HfError::Io { path: dir.to_path_buf(), source })?;
     let c = *ckpt.config();
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for info in &ckpt.header().tensors {
-        let name = hf_name(&info.name).with_context(|| format!("no HF name for {}", info.name))?;
+        let name = hf_name(&info.name).ok_or_else(|| HfError::UnknownTensor(info.name.clone()))?;
         let data = ckpt.tensor_f32(&info.name)?;
         let shape: Vec<i64> = info.dims.iter().rev().map(|&d| d as i64).collect();
-        let mut t = Tensor::from_slice(&data).reshape(shape);
+        let mut t = Tensor::f_from_slice(&data)?.f_reshape(shape)?;
         if info.name.ends_with("attn_q.weight") {
-            t = unpermute(&t, c.n_head as i64);
+            t = unpermute(&t, c.n_head as i64)?;
         } else if info.name.ends_with("attn_k.weight") {
-            t = unpermute(&t, c.n_head_kv as i64);
+            t = unpermute(&t, c.n_head_kv as i64)?;
         }
-        tensors.push((name, t.to_kind(Kind::BFloat16).contiguous()));
+        tensors.push((name, t.f_to_kind(Kind::BFloat16)?.f_contiguous()?));
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     Tensor::write_safetensors(&tensors, dir.join("model.safetensors"))?;
@@ -102,20 +133,20 @@ pub fn export(ckpt: &Checkpoint, dir: &Path) -> Result<()> {
         "torch_dtype": "bfloat16",
         "tributary_content_id": ckpt.content_id().to_string(),
     });
-    std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-    std::fs::write(
+    write(dir.join("config.json"), &serde_json::to_vec_pretty(&config)?)?;
+    write(
         dir.join("generation_config.json"),
-        serde_json::to_vec_pretty(&json!({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}))?,
+        &serde_json::to_vec_pretty(&json!({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}))?,
     )?;
     write_tokenizer(ckpt, dir)
 }
 
 /// `tokenizer.json` (byte-level BPE with single-digit splitting, as
 /// SmolLM2's) and `tokenizer_config.json` from the GGUF vocabulary.
-fn write_tokenizer(ckpt: &Checkpoint, dir: &Path) -> Result<()> {
+fn write_tokenizer(ckpt: &Checkpoint, dir: &Path) -> Result<(), HfError> {
     let h = ckpt.header();
-    let tokens = h.get_str_array("tokenizer.ggml.tokens").context("GGUF has no tokenizer.ggml.tokens")?;
-    let merges = h.get_str_array("tokenizer.ggml.merges").context("GGUF has no tokenizer.ggml.merges")?;
+    let tokens = h.get_str_array("tokenizer.ggml.tokens").ok_or(HfError::MissingMetadata("tokenizer.ggml.tokens"))?;
+    let merges = h.get_str_array("tokenizer.ggml.merges").ok_or(HfError::MissingMetadata("tokenizer.ggml.merges"))?;
     let types = h.get_i32_array("tokenizer.ggml.token_type").unwrap_or(&[]);
     let vocab: serde_json::Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
     let added: Vec<Value> = tokens
@@ -144,7 +175,7 @@ fn write_tokenizer(ckpt: &Checkpoint, dir: &Path) -> Result<()> {
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
                   "ignore_merges": false, "vocab": vocab, "merges": merges},
     });
-    std::fs::write(dir.join("tokenizer.json"), serde_json::to_vec(&tok)?)?;
+    write(dir.join("tokenizer.json"), &serde_json::to_vec(&tok)?)?;
     let name = |k: &str| h.get_u32(k).and_then(|i| tokens.get(i as usize)).cloned();
     let cfg = json!({
         "tokenizer_class": "GPT2Tokenizer",
@@ -157,7 +188,7 @@ fn write_tokenizer(ckpt: &Checkpoint, dir: &Path) -> Result<()> {
         "model_max_length": ckpt.config().context_length,
         "chat_template": h.get_str("tokenizer.chat_template"),
     });
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&cfg)?)?;
+    write(dir.join("tokenizer_config.json"), &serde_json::to_vec_pretty(&cfg)?)?;
     Ok(())
 }
 
@@ -173,10 +204,10 @@ mod tests {
         let gg = permute(&hf, 2);
         let got: Vec<f32> = Vec::try_from(gg.flatten(0, -1)).unwrap();
         assert_eq!(got, vec![0., 2., 1., 3., 10., 12., 11., 13.]);
-        let back = unpermute(&gg, 2);
+        let back = unpermute(&gg, 2).unwrap();
         assert!(back.equal(&hf));
         let w = Tensor::randn([12, 5], (Kind::Float, tch::Device::Cpu));
-        assert!(unpermute(&permute(&w, 3), 3).equal(&w));
+        assert!(unpermute(&permute(&w, 3), 3).unwrap().equal(&w));
     }
 
     #[test]

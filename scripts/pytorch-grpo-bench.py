@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The same GRPO step as the Rust trainer, in PyTorch + HF transformers.
+
+Run by `cargo run -p trainer --bin grpo-bench` (which exports the base model
+for transformers first); usable alone:
+
+    $(scripts/bench-venv.sh) scripts/pytorch-grpo-bench.py --hf .cache/bench/hf-base \
+        --batch .cache/bench/grpo-batch.jsonl --threads 2
+
+Mirrors trainer::train::Trainer::step and trainer::grpo::grpo_loss with the
+defaults of TrainConfig/GrpoConfig: fp32 weights; micro-batches of at most
+2048 completion tokens after a stable sort by sequence length; right padding
+with token 0 (causal attention, so no mask is needed); LM head on the
+completion positions only; GSPO sequence ratio against the miner log-probs
+(log-ratio clamp ±5, ratio cap 10), asymmetric clip 0.2/0.28, δ = 4 cap for
+negative advantages, DAPO token normalisation over the whole batch, entropy
+bonus 0.001; global grad-norm clip 1.0; one AdamW step (β 0.9/0.95, ε 1e-8,
+weight decay 0.1). Prints key=value lines.
+"""
+
+import argparse
+import json
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+CLIP_LOW, CLIP_HIGH, NEG_CAP, LR_CLAMP, RATIO_MAX, ENT_COEF = 0.2, 0.28, 4.0, 5.0, 10.0, 0.001
+MICRO_BATCH_TOKENS = 2048
+
+
+def group_advantages(rewards, eps=1e-8):
+    n = max(len(rewards), 1)
+    mean = sum(rewards) / n
+    std = max((sum((r - mean) ** 2 for r in rewards) / n) ** 0.5, eps)
+    return [(r - mean) / std for r in rewards]
+
+
+def load_samples(path):
+    groups = OrderedDict()
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                groups.setdefault(r["group"], []).append(r)
+    samples = []
+    for g in sorted(groups):
+        rs = groups[g]
+        for r, a in zip(rs, group_advantages([float(r["reward"]) for r in rs])):
+            samples.append(dict(tokens=r["tokens"], prompt_len=r["prompt_len"], old=r["logprobs"], adv=a))
+    return samples
+
+
+def micro_batches(samples):
+    order = sorted(samples, key=lambda s: len(s["tokens"]))
+    out, used = [[]], 0
+    for s in order:
+        n = len(s["tokens"]) - s["prompt_len"]
+        if used + n > MICRO_BATCH_TOKENS and out[-1]:
+            out.append([])
+            used = 0
+        used += n
+        out[-1].append(s)
+    return out
+
+
+def grpo_loss(logp, old, seq, lens, adv, entropy, total_tokens, total_seqs):
+    b = lens.shape[0]
+    logratio = logp - old
+    mean_lr = torch.zeros(b).index_add(0, seq, logratio) / lens.clamp_min(1.0)
+    ratio = mean_lr.clamp(-LR_CLAMP, LR_CLAMP).exp().clamp_max(RATIO_MAX)
+    clipped = ratio.clamp(1.0 - CLIP_LOW, 1.0 + CLIP_HIGH)
+    neg = adv < 0
+    capped = torch.where(~neg, ratio, ratio.clamp_max(NEG_CAP))
+    obj = torch.minimum(capped * adv, clipped * adv)
+    pg = -(obj * lens).sum() / max(total_tokens, 1.0)
+    per_seq_h = torch.zeros(b).index_add(0, seq, entropy) / lens.clamp_min(1.0)
+    return pg - per_seq_h.sum() * (ENT_COEF / max(total_seqs, 1.0))
+
+
+def step(model, opt, samples):
+    total_tokens = sum(len(s["tokens"]) - s["prompt_len"] for s in samples)
+    total_seqs = len(samples)
+    emb = model.get_output_embeddings().weight
+    loss_sum = 0.0
+    for mb in micro_batches(samples):
+        l = max(len(s["tokens"]) for s in mb)
+        ids = torch.tensor([s["tokens"] + [0] * (l - len(s["tokens"])) for s in mb], dtype=torch.long)
+        rows, targets, seq_of = [], [], []
+        for i, s in enumerate(mb):
+            for p in range(s["prompt_len"], len(s["tokens"])):
+                rows.append(i * l + p - 1)
+                targets.append(s["tokens"][p])
+                seq_of.append(i)
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, torch.tensor(rows))
+        logp_all = F.log_softmax(h @ emb.t(), dim=-1)
+        logp = logp_all.gather(1, torch.tensor(targets).unsqueeze(1)).squeeze(1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        old = torch.tensor([v for s in mb for v in s["old"]], dtype=torch.float32)
+        lens = torch.tensor([len(s["tokens"]) - s["prompt_len"] for s in mb], dtype=torch.float32)
+        adv = torch.tensor([s["adv"] for s in mb], dtype=torch.float32)
+        loss = grpo_loss(logp, old, torch.tensor(seq_of), lens, adv, entropy, total_tokens, total_seqs)
+        loss.backward()
+        loss_sum += loss.item()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    return loss_sum, float(norm)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hf", required=True, help="HF export of the base (trainer export --hf)")
+    ap.add_argument("--batch", required=True, help="rollouts JSONL")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--ref-logits", help="reference next-token logits (f32 LE) on --prompt")
+    ap.add_argument("--prompt", help="comma-separated prompt token ids for the logits check")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+
+    model = AutoModelForCausalLM.from_pretrained(a.hf, dtype=torch.float32, attn_implementation="sdpa")
+    print(f"torch={torch.__version__}")
+    if a.ref_logits and a.prompt:
+        ids = torch.tensor([[int(t) for t in a.prompt.split(",")]], dtype=torch.long)
+        with torch.no_grad():
+            got = model(input_ids=ids).logits[0, -1].float().numpy()
+        want = np.fromfile(a.ref_logits, dtype="<f4")
+        print(f"hf_logits_max_abs_diff={np.abs(got - want).max():.3e}")
+        print(f"hf_logits_max_abs={np.abs(want).max():.3f}")
+        print(f"hf_argmax_match={int(got.argmax()) == int(want.argmax())}")
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    samples = load_samples(a.batch)
+    t = time.perf_counter()
+    loss, norm = step(model, opt, samples)
+    secs = time.perf_counter() - t
+    print(f"pytorch_loss={loss:.6f}")
+    print(f"pytorch_grad_norm={norm:.4f}")
+    print(f"pytorch_step_seconds={secs:.3f}")
+
+
+if __name__ == "__main__":
+    main()

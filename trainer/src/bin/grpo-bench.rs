@@ -1,0 +1,219 @@
+//! GRPO step bench on SmolLM2 (issue #6): one optimiser step of the Rust
+//! trainer on a saved batch of miner rollouts, the sparse delta it publishes
+//! against the full checkpoint, and the same step in PyTorch (HF
+//! transformers, `scripts/pytorch-grpo-bench.py`) on the same batch, same
+//! micro-batching, same thread count, as the ratio to beat.
+//!
+//! ```text
+//! edge-miner generate --model .cache/models/SmolLM2-135M-Instruct.bf16.gguf --env gsm8k \
+//!     --data /work/shared/data/gsm8k/train.jsonl --tasks 4 --group 8 --max-new-tokens 128 \
+//!     --seed 7 --out .cache/bench/grpo-batch.jsonl
+//! cargo run -p trainer --bin grpo-bench -- --batch .cache/bench/grpo-batch.jsonl
+//! ```
+//!
+//! Before the step it also exports the base for transformers and has the
+//! script compare transformers' next-token logits with the reference model's
+//! on the first prompt (this is what proves the export's Q/K un-permutation).
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use tch::{Device, Kind, Tensor};
+use trainer::grpo::group_advantages;
+use trainer::train::{Sample, TrainConfig, Trainer};
+use tributary_protocol::assets;
+use tributary_protocol::checkpoint::Checkpoint;
+use tributary_protocol::delta::{self, DeltaLimits};
+use tributary_protocol::rollout::Rollout;
+
+#[derive(Parser)]
+#[command(name = "grpo-bench", about = "One GRPO step: Rust trainer vs PyTorch, and the published delta's size")]
+struct Args {
+    /// Rollouts (JSONL, one `Rollout` per line, e.g. from `edge-miner generate`).
+    #[arg(long, default_value = ".cache/bench/grpo-batch.jsonl")]
+    batch: PathBuf,
+    /// The BF16 base checkpoint the rollouts were generated with.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Peak learning rate (warm-up off, so step 1 uses it).
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
+    lr: f64,
+    /// Threads for libtorch (and for the PyTorch run).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Python with torch + transformers (default: `$TRIBUTARY_HOME/../venv-bench`, see scripts/bench-venv.sh).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Skip the PyTorch comparison.
+    #[arg(long)]
+    no_pytorch: bool,
+    /// Folder for the HF export of the base.
+    #[arg(long, default_value = ".cache/bench/hf-base")]
+    hf: PathBuf,
+    /// Where to write the checkpoint after the step (for `relay-bench`).
+    #[arg(long, default_value = ".cache/bench/grpo-step1.gguf")]
+    save: PathBuf,
+}
+
+/// Rollouts → samples with group-relative advantages (every group kept, as
+/// the batch's shape is what is measured).
+fn load_samples(path: &Path) -> Result<Vec<Sample>> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut groups: BTreeMap<u32, Vec<Rollout>> = BTreeMap::new();
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: Rollout = serde_json::from_str(&line)?;
+        groups.entry(r.group).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for rs in groups.values() {
+        let rewards: Vec<f32> = rs.iter().map(|r| r.reward).collect();
+        for (r, a) in rs.iter().zip(group_advantages(&rewards, 1e-8)) {
+            out.push(Sample {
+                tokens: r.tokens.clone(),
+                prompt_len: r.prompt_len as usize,
+                old_logprobs: r.logprobs.clone(),
+                advantage: a,
+                reward: r.reward,
+            });
+        }
+    }
+    if out.is_empty() {
+        bail!("{} holds no rollouts", path.display());
+    }
+    Ok(out)
+}
+
+fn default_python() -> PathBuf {
+    let cache = std::env::var_os("TRIBUTARY_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default().join(".cache/tributary"));
+    cache.join("venv-bench/bin/python")
+}
+
+/// Runs the PyTorch script and returns its `key=value` lines.
+fn run_pytorch(args: &Args, python: &Path, ref_logits: &Path, prompt: &[u32]) -> Result<BTreeMap<String, String>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pytorch-grpo-bench.py");
+    let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
+    let out = Command::new(python)
+        .arg(&script)
+        .args(["--hf".as_ref(), args.hf.as_os_str()])
+        .args(["--batch".as_ref(), args.batch.as_os_str()])
+        .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()])
+        .args(["--ref-logits".as_ref(), ref_logits.as_os_str()])
+        .args(["--prompt", &prompt.join(",")])
+        .output()
+        .with_context(|| format!("running {} (create it with scripts/bench-venv.sh)", python.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("PyTorch bench failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let threads = tributary_policy::init_threads(Some(args.threads));
+    let model = args.model.clone().unwrap_or_else(assets::smollm2_bf16);
+    let base = Checkpoint::open(&model).with_context(|| format!("{} (run `trainer init-base`)", model.display()))?;
+    let samples = load_samples(&args.batch)?;
+    let seqs = samples.len();
+    let prompt_tokens: usize = samples.iter().map(|s| s.prompt_len).sum();
+    let completion_tokens: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
+    let cfg = TrainConfig { lr: args.lr, warmup_steps: 1, ..TrainConfig::default() };
+    let mut trainer = Trainer::from_checkpoint(&base, Device::Cpu, cfg)?;
+
+    // Reference next-token logits on the first prompt (for the HF parity check).
+    let prompt = samples[0].tokens[..samples[0].prompt_len].to_vec();
+    let ref_logits: Vec<f32> = tch::no_grad(|| -> Result<Vec<f32>> {
+        let ids: Vec<i64> = prompt.iter().map(|&t| i64::from(t)).collect();
+        let x = Tensor::f_from_slice(&ids)?.f_view([1, -1])?;
+        let h = trainer.model().forward_hidden(&x)?;
+        let last = h.f_select(1, -1)?;
+        let logits = trainer.model().lm_head(&last)?.f_to_kind(Kind::Float)?.f_flatten(0, -1)?;
+        Ok(Vec::<f32>::try_from(&logits)?)
+    })?;
+
+    // The Rust step.
+    let t = Instant::now();
+    let stats = trainer.step(&samples)?;
+    let rust_step = t.elapsed().as_secs_f64();
+
+    // Publication figures.
+    let t = Instant::now();
+    let new_bytes = trainer.export_checkpoint(&base)?;
+    let export_ms = t.elapsed().as_secs_f64() * 1e3;
+    let new = Checkpoint::from_bytes(new_bytes)?;
+    let t = Instant::now();
+    let d = delta::encode(&base, &new)?;
+    let encode_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut target = base.bytes().to_vec();
+    let t = Instant::now();
+    let decoded = delta::decode(&d, &DeltaLimits::for_base_len(target.len() as u64))?;
+    delta::apply_in_place(&decoded, &mut target)?;
+    let apply_ms = t.elapsed().as_secs_f64() * 1e3;
+    if target != new.bytes() {
+        bail!("applying the delta did not reproduce the new checkpoint");
+    }
+    let (changed, total) = delta::change_stats(base.bytes(), new.bytes())?;
+    let full = new.bytes().len();
+    std::fs::write(&args.save, new.bytes()).with_context(|| format!("writing {}", args.save.display()))?;
+
+    // PyTorch on the same batch.
+    let mut py = BTreeMap::new();
+    if !args.no_pytorch {
+        trainer::hf::export(&base, &args.hf)?;
+        let ref_path = args.hf.join("ref_logits.f32");
+        let raw: Vec<u8> = ref_logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(&ref_path, raw)?;
+        let python = args.python.clone().unwrap_or_else(default_python);
+        // Free the Rust trainer's memory first: the two runs must not compete.
+        drop(trainer);
+        py = run_pytorch(&args, &python, &ref_path, &prompt)?;
+    }
+
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("batch: {seqs} sequences, {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}", cfg.micro_batch_tokens);
+    println!("step: lr={:e} loss={:.6} grad_norm={:.4} ratio_mean={:.4} entropy={:.4}", stats.lr, stats.loss, stats.grad_norm, stats.ratio_mean, stats.entropy);
+    println!("threads={threads} loadavg={}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!();
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!("| Rust step (s) | {rust_step:.2} |");
+    if let Some(p) = py.get("pytorch_step_seconds").and_then(|v| v.parse::<f64>().ok()) {
+        println!("| PyTorch step (s) | {p:.2} |");
+        println!("| PyTorch / Rust (goal ≥ 1.0) | {:.2} |", p / rust_step);
+        if let Some(l) = py.get("pytorch_loss") {
+            println!("| PyTorch loss (Rust {:.6}) | {l} |", stats.loss);
+        }
+        if let Some(g) = py.get("pytorch_grad_norm") {
+            println!("| PyTorch grad norm (Rust {:.4}) | {g} |", stats.grad_norm);
+        }
+    }
+    if let Some(v) = py.get("hf_logits_max_abs_diff") {
+        println!("| HF export vs reference, next-token logits max abs diff | {v} |");
+    }
+    if let Some(v) = py.get("hf_argmax_match") {
+        println!("| HF export vs reference, same argmax | {v} |");
+    }
+    println!("| full checkpoint (bytes) | {full} |");
+    println!("| delta (bytes) | {} |", d.len());
+    println!("| full / delta (goal ≥ 130) | {:.1} |", full as f64 / d.len() as f64);
+    println!("| changed elements | {changed} of {total} ({:.4} %) |", 100.0 * changed as f64 / total as f64);
+    println!("| export BF16 GGUF (ms) | {export_ms:.0} |");
+    println!("| delta encode (ms) | {encode_ms:.0} |");
+    println!("| delta decode + apply in place (ms) | {apply_ms:.0} |");
+    Ok(())
+}

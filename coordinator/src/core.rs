@@ -5,9 +5,19 @@
 //!
 //! Admission of a rollout is two-phase so that an acknowledgement is only sent
 //! once the rollout is durable: [`Core::admit`] runs every door check and
-//! reserves the rollout's slot, digest and content hash (so a concurrent
-//! duplicate is refused); the caller stores it and then calls
-//! [`Core::commit`], or [`Core::abort`] if storing failed.
+//! reserves the rollout's slot and digest (so a concurrent duplicate is
+//! refused); the caller stores it and then calls [`Core::commit`], or
+//! [`Core::abort`] if storing failed.
+//!
+//! Dedupe at the door is per slot and per signed bytes only: two rollouts of
+//! one honest miner may share a completion. Copies *across* miners are judged
+//! by validators, whose proofs tell the owner (its assignment and seeded
+//! draws) from the copier; the door cannot, since anyone may recompute an
+//! honest miner's rollout and race it in.
+//!
+//! Door failures that only the authenticated miner itself can cause (a bad
+//! signature over its own key, a stale checkpoint) fail the miner's window
+//! like a validator's hard verdict ([`Core::door_penalty`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -16,8 +26,9 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{EnvId, task_seed};
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
+use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::wire::{
-    CheckpointBody, RejectReason, Role, VerdictBody, WeightsBody, WindowInfo,
+    CheckpointBody, MinerStanding, RejectReason, Role, VerdictBody, WeightsBody, WindowInfo,
 };
 use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
 
@@ -61,6 +72,12 @@ pub struct CoreConfig {
     pub groups_per_miner: u32,
     /// Rollouts per group.
     pub group_size: u32,
+    /// Sampling parameters every rollout must carry (the generation contract).
+    pub sampling: SamplingParams,
+    /// Difficulty of the procedural environments.
+    pub difficulty: u32,
+    /// blake3 of the environment's dataset file (gsm8k), if any.
+    pub dataset: Option<[u8; 32]>,
     /// The checkpoint in force before any is published.
     pub genesis_checkpoint: ContentId,
     /// Who may do what.
@@ -96,7 +113,7 @@ pub struct Candidate {
     pub miner: PublicKey,
     /// Digest of the whole rollout.
     pub digest: [u8; 32],
-    /// Hash of the completion tokens (replays under another key share it).
+    /// Hash of the prompt and completion tokens (what cross-miner copies share).
     pub content: [u8; 32],
 }
 
@@ -104,7 +121,6 @@ pub struct Candidate {
 #[derive(Debug, Default)]
 struct WindowBook {
     digests: HashSet<[u8; 32]>,
-    contents: HashSet<[u8; 32]>,
     slots: HashMap<PublicKey, HashSet<(u32, u32)>>,
 }
 
@@ -217,6 +233,9 @@ impl Core {
             env: self.cfg.env,
             groups_per_miner: self.cfg.groups_per_miner,
             group_size: self.cfg.group_size,
+            sampling: self.cfg.sampling,
+            difficulty: self.cfg.difficulty,
+            dataset: self.cfg.dataset,
         })
     }
 
@@ -246,7 +265,6 @@ impl Core {
             Ok(()) => {
                 let book = self.books.entry(c.window).or_default();
                 book.digests.insert(c.digest);
-                book.contents.insert(c.content);
                 book.slots.entry(c.miner).or_default().insert((c.group, c.index));
             }
             Err(reason) => self.count_rejection(Some(peer), reason),
@@ -285,9 +303,6 @@ impl Core {
             {
                 return Err(RejectReason::Duplicate);
             }
-            if book.contents.contains(&c.content) {
-                return Err(RejectReason::ReplayedContent);
-            }
         }
         Ok(())
     }
@@ -301,7 +316,6 @@ impl Core {
     pub fn abort(&mut self, c: &Candidate) {
         if let Some(book) = self.books.get_mut(&c.window) {
             book.digests.remove(&c.digest);
-            book.contents.remove(&c.content);
             if let Some(s) = book.slots.get_mut(&c.miner) {
                 s.remove(&(c.group, c.index));
             }
@@ -313,7 +327,6 @@ impl Core {
     pub fn restore(&mut self, c: &Candidate) {
         let book = self.books.entry(c.window).or_default();
         book.digests.insert(c.digest);
-        book.contents.insert(c.content);
         book.slots.entry(c.miner).or_default().insert((c.group, c.index));
         self.commit(c);
     }
@@ -387,13 +400,85 @@ impl Core {
         Ok(())
     }
 
+    /// Operator override (`coordinator ban`/`unban`, see [`crate::admin`]):
+    /// `miner` is banned through `through` (inclusive), or not at all with
+    /// `None`; later verdicts extend it as usual.
+    pub fn set_banned_through(&mut self, miner: PublicKey, through: Option<WindowId>) {
+        self.miners.entry(miner).or_default().banned_through = through;
+    }
+
+    /// The verdict the coordinator itself records when the authenticated
+    /// miner submits what only it can be blamed for in `window`: a rollout
+    /// signed over its own key that does not verify, or one made with a
+    /// checkpoint other than the window's. `None` for every other refusal.
+    /// Apply it with [`Core::apply_verdict`] (and store it).
+    pub fn door_penalty(
+        &self,
+        now_ms: u64,
+        window: WindowId,
+        miner: &PublicKey,
+        reason: RejectReason,
+        coordinator: PublicKey,
+    ) -> Option<VerdictBody> {
+        if !matches!(reason, RejectReason::BadSignature | RejectReason::StaleCheckpoint) {
+            return None;
+        }
+        // Only for a window taking submissions (a made-up window number must not
+        // make the coordinator record arbitrary penalties), once per window.
+        if !self.cfg.schedule.accepts(window, now_ms)
+            || self.verdicts.get(&(window, *miner)).is_some_and(|by| by.contains_key(&coordinator))
+        {
+            return None;
+        }
+        let mut body = VerdictBody {
+            window,
+            miner: *miner,
+            validator: coordinator,
+            checked: 1,
+            valid: 0,
+            estimated_valid: 0,
+            hard_failure: true,
+            soft_failures: 0,
+            reasons: vec![],
+        };
+        body.add_reason(&format!("door: {}", reason.as_str()));
+        Some(body)
+    }
+
+    /// What the verdicts say about every miner known in `window`: passed or
+    /// failed once judged; `Suspect` if unjudged but banned or failed within
+    /// the ban span.
+    pub fn standing(&self, window: WindowId) -> Vec<(PublicKey, MinerStanding)> {
+        let mut out: BTreeMap<PublicKey, MinerStanding> = BTreeMap::new();
+        for ((_, miner), by) in self.verdicts.range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32]))) {
+            let failed = by.values().any(|v| self.fails(v));
+            out.insert(*miner, if failed { MinerStanding::Failed } else { MinerStanding::Passed });
+        }
+        for (miner, m) in &self.miners {
+            let recent = m.failures.iter().any(|w| *w <= window && window <= w.saturating_add(self.cfg.ban_windows));
+            if !out.contains_key(miner) && (recent || self.is_banned(miner, window)) {
+                out.insert(*miner, MinerStanding::Suspect);
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    fn fails(&self, v: &VerdictBody) -> bool {
+        v.hard_failure || v.soft_failures >= self.cfg.soft_failure_threshold.max(1)
+    }
+
+    /// The verdicts recorded on `miner` in `window`, by validator.
+    pub fn verdicts_on(&self, window: WindowId, miner: &PublicKey) -> Vec<VerdictBody> {
+        self.verdicts.get(&(window, *miner)).map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+
     /// Applies a verdict without checks (startup restore).
     pub fn apply_verdict(&mut self, body: &VerdictBody) {
         self.verdicts
             .entry((body.window, body.miner))
             .or_default()
             .insert(body.validator, body.clone());
-        if body.hard_failure || body.soft_failures >= self.cfg.soft_failure_threshold.max(1) {
+        if self.fails(body) {
             let m = self.miners.entry(body.miner).or_default();
             let through = body.window.saturating_add(self.cfg.ban_windows);
             m.banned_through = Some(m.banned_through.map_or(through, |t| t.max(through)));
@@ -415,7 +500,7 @@ impl Core {
             let entry = totals.entry(*miner).or_default();
             let valid = by_validator.values().map(|v| u64::from(v.estimated_valid.max(v.valid))).min().unwrap_or(0);
             entry.0 += valid;
-            entry.1 |= by_validator.values().any(|v| v.hard_failure || v.soft_failures >= self.cfg.soft_failure_threshold.max(1));
+            entry.1 |= by_validator.values().any(|v| self.fails(v));
         }
         let scores: Vec<(PublicKey, f64)> = totals
             .into_iter()
@@ -459,6 +544,9 @@ mod tests {
             env: EnvId::Arith,
             groups_per_miner: 2,
             group_size: 4,
+            sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
+            difficulty: 3,
+            dataset: None,
             genesis_checkpoint: ContentId([1; 32]),
             access: Access {
                 validators: [validator].into_iter().collect(),
@@ -504,6 +592,7 @@ mod tests {
             estimated_valid: valid,
             hard_failure: hard,
             soft_failures: 0,
+            reasons: vec![],
         }
     }
 
@@ -548,11 +637,17 @@ mod tests {
         same_slot.digest = [9; 32];
         same_slot.content = [9; 32];
         assert_eq!(core.admit(at(1), &m, &same_slot), Err(RejectReason::Duplicate));
-        // Another miner's completion re-signed under its own key, in its own assigned slot.
+        // The same content in another slot of the same miner (an honest group
+        // whose rollouts coincide), or under another key (validators judge copies), is admitted.
+        let mut twin = cand(&core, 1, m, 1, 3);
+        twin.content = ok.content;
+        assert_eq!(core.admit(at(1), &m, &twin), Ok(()));
+        core.abort(&twin);
         let other = miner(2);
-        let mut replay = cand(&core, 1, other, 0, 0);
-        replay.content = ok.content;
-        assert_eq!(core.admit(at(1), &other, &replay), Err(RejectReason::ReplayedContent));
+        let mut copy = cand(&core, 1, other, 0, 0);
+        copy.content = ok.content;
+        assert_eq!(core.admit(at(1), &other, &copy), Ok(()));
+        core.abort(&copy);
         // Submitted by a peer other than the signer.
         assert_eq!(core.admit(at(1), &other, &cand(&core, 1, m, 0, 1)), Err(RejectReason::WrongMiner));
         // Window not open (future, and closed past the grace).
@@ -576,6 +671,7 @@ mod tests {
         let stats = &core.miners()[&m];
         assert_eq!(stats.accepted, 1);
         assert_eq!(stats.rejected["duplicate"], 2);
+        assert_eq!(stats.rejected["internal"], 1);
         assert_eq!(stats.rejected["unassigned"], 3);
         assert_eq!(core.progress(1, &m), vec![(0, 0), (0, 1)]);
     }
@@ -658,6 +754,28 @@ mod tests {
         soft.soft_failures = 2;
         core.record_verdict(closed, &soft, true).unwrap();
         assert!(core.is_banned(&b, 2));
+    }
+
+    #[test]
+    fn door_penalties_fail_the_window_and_standing_reports_it() {
+        let mut core = Core::new(cfg());
+        let coord = miner(99);
+        let (a, b) = (miner(1), miner(2));
+        // Only signature and checkpoint refusals, only for an open window, once.
+        assert!(core.door_penalty(at(1), 1, &a, RejectReason::Unassigned, coord).is_none());
+        assert!(core.door_penalty(at(1), 7, &a, RejectReason::BadSignature, coord).is_none());
+        let p = core.door_penalty(at(1), 1, &a, RejectReason::StaleCheckpoint, coord).unwrap();
+        assert!(p.hard_failure && p.reasons == vec!["door: stale_checkpoint".to_string()]);
+        core.apply_verdict(&p);
+        assert!(core.door_penalty(at(1), 1, &a, RejectReason::BadSignature, coord).is_none());
+        assert!(core.is_banned(&a, 2));
+        core.apply_verdict(&verdict(1, b, 8, false));
+        let st = core.standing(1);
+        assert_eq!(st, vec![(a, MinerStanding::Failed), (b, MinerStanding::Passed)].into_iter().collect::<BTreeMap<_, _>>().into_iter().collect::<Vec<_>>());
+        // Window 2: a is unjudged but banned.
+        assert_eq!(core.standing(2), vec![(a, MinerStanding::Suspect)]);
+        let w = core.weights(1, coord);
+        assert_eq!(w.weights.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![b]);
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
         .verify(identity::domain::ROLLOUT, &signed, &identity::Signature(r.signature))
         .map_err(|_| RejectReason::BadSignature)?;
     let digest = *blake3::hash(&signed).as_bytes();
-    let content = *blake3::hash(bytemuck_u32(r.completion()).as_slice()).as_bytes();
+    let content = content_hash(&r);
     let c = Candidate {
         window: r.window,
         checkpoint: r.checkpoint,
@@ -165,8 +165,30 @@ pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
     Ok((r, c))
 }
 
-fn bytemuck_u32(v: &[u32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// blake3 over the prompt length and every token: what two miners' copies of one rollout share.
+pub fn content_hash(r: &Rollout) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&r.prompt_len.to_le_bytes());
+    for t in &r.tokens {
+        h.update(&t.to_le_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
+/// Records the coordinator's own hard verdict on `miner`'s `window` when a
+/// refusal is one only that miner can have caused ([`Core::door_penalty`]).
+fn penalise(sh: &Shared, now: u64, window: u64, miner: &PublicKey, reason: RejectReason) {
+    let body = sh.core().door_penalty(now, window, miner, reason, sh.key.public());
+    let Some(body) = body else { return };
+    let v = wire::Verdict::sign(body, &sh.key);
+    match sh.store.put_verdict(&v) {
+        Ok(()) => {
+            sh.core().apply_verdict(&v.body);
+            metrics::counter!("tributary_door_penalties_total", "reason" => reason.as_str()).increment(1);
+            tracing::warn!(miner = %miner.short(), window, reason = reason.as_str(), "miner failed at the door");
+        }
+        Err(e) => tracing::error!(error = %e, "storing a door penalty"),
+    }
 }
 
 fn count_reject(reason: RejectReason) {
@@ -327,6 +349,9 @@ async fn serve_requests(
                 continue;
             }
             (Role::Validator | Role::Trainer, Frame::FetchRollouts(f)) => fetch(sh, role, f, now),
+            (Role::Validator | Role::Trainer, Frame::GetStanding(g)) => {
+                Frame::Standing(wire::Standing { window: g.window, miners: sh.core().standing(g.window) })
+            }
             (Role::Validator, Frame::PostVerdict(v)) => {
                 let ok = v.verify().is_ok();
                 let res = sh.core().record_verdict(now, &v.body, ok);
@@ -472,11 +497,21 @@ async fn submit(sh: &Arc<Shared>, peer: &PublicKey, seq: u64, bytes: Vec<u8>, no
         Ok(x) => x,
         Err(reason) => {
             sh.core().count_rejection(Some(peer), reason);
+            if reason == RejectReason::BadSignature {
+                // Signed over the peer's own key yet not verifying: only the peer can have sent that.
+                if let Ok(r) = Rollout::decode(&bytes, &RolloutLimits::DEFAULT) {
+                    if r.miner == peer.0 {
+                        penalise(sh, now, r.window, peer, reason);
+                    }
+                }
+            }
             refuse(tx, reason);
             return rx;
         }
     };
-    if let Err(reason) = sh.core().admit(now, peer, &cand) {
+    let admitted = sh.core().admit(now, peer, &cand);
+    if let Err(reason) = admitted {
+        penalise(sh, now, cand.window, peer, reason);
         refuse(tx, reason);
         return rx;
     }

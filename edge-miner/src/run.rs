@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{ArithEnv, EnvId, Environment, Gsm8kEnv, SatEnv, task_seed};
 use tributary_protocol::identity::Keypair;
-use tributary_protocol::rollout::{Rollout, SamplingParams};
+use tributary_protocol::rollout::Rollout;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::wire::WindowInfo;
@@ -46,6 +46,9 @@ pub const DEV_TINY_SEED: u64 = 0;
 pub trait Tamper: Send {
     /// May change the group's rollouts in any way; they are signed afterwards.
     fn tamper(&mut self, info: &WindowInfo, group: &mut Vec<Rollout>);
+
+    /// May change the signed rollouts (signature attacks); nothing by default.
+    fn after_sign(&mut self, _info: &WindowInfo, _group: &mut Vec<Rollout>) {}
 }
 
 /// Errors that stop the miner.
@@ -77,13 +80,8 @@ pub struct RunConfig {
     pub model: Option<PathBuf>,
     /// Loads a model file.
     pub loader: Loader,
-    /// Most completion tokens per rollout.
-    pub max_new_tokens: usize,
-    /// Sampling temperature.
-    pub temperature: f32,
-    /// Difficulty of the arith environment.
-    pub arith_difficulty: u32,
-    /// GSM8K JSONL (needed when the coordinator's environment is gsm8k).
+    /// GSM8K JSONL (needed when the coordinator's environment is gsm8k; it
+    /// must be the file whose blake3 the window names).
     pub gsm8k: Option<PathBuf>,
     /// How often to ask for the window when idle.
     pub poll: Duration,
@@ -102,15 +100,15 @@ impl std::fmt::Debug for RunConfig {
             .field("miner", &self.key.public())
             .field("models_dir", &self.models_dir)
             .field("model", &self.model)
-            .field("max_new_tokens", &self.max_new_tokens)
-            .field("temperature", &self.temperature)
             .finish_non_exhaustive()
     }
 }
 
 impl RunConfig {
-    /// Defaults: llama.cpp on `threads` CPU threads, 64 new tokens at T = 0.7,
-    /// arith difficulty 3, polls of 500 ms (window) and 1 s (checkpoints).
+    /// Defaults: llama.cpp on `threads` CPU threads, polls of 500 ms (window)
+    /// and 1 s (checkpoints). The generation contract (environment,
+    /// difficulty, temperature, `max_new_tokens`) comes from each window's
+    /// [`WindowInfo`], never from the miner's configuration.
     pub fn new(uplink: UplinkConfig, key: Keypair, models_dir: PathBuf, threads: usize) -> Self {
         Self {
             uplink,
@@ -118,9 +116,6 @@ impl RunConfig {
             models_dir,
             model: None,
             loader: llama_loader(threads, 0),
-            max_new_tokens: 64,
-            temperature: 0.7,
-            arith_difficulty: 3,
             gsm8k: None,
             poll: Duration::from_millis(500),
             sync_poll: Duration::from_secs(1),
@@ -202,9 +197,6 @@ struct Generator {
     current: Option<(ContentId, LoadedBackend)>,
     tokenizer: Option<Tokenizer>,
     key: Keypair,
-    max_new_tokens: usize,
-    temperature: f32,
-    arith_difficulty: u32,
     gsm8k: Option<(PathBuf, Option<Gsm8kEnv>)>,
     tamper: Option<Box<dyn Tamper>>,
     events: Option<mpsc::UnboundedSender<RunEvent>>,
@@ -251,15 +243,19 @@ impl Generator {
         }
     }
 
-    fn environment(&mut self, env: EnvId) -> Result<Environment, RunError> {
-        Ok(match env {
-            EnvId::Arith => Environment::Arith(ArithEnv::new(self.arith_difficulty)),
+    fn environment(&mut self, info: &WindowInfo) -> Result<Environment, RunError> {
+        Ok(match info.env {
+            EnvId::Arith => Environment::Arith(ArithEnv::new(info.difficulty)),
             EnvId::Sat => Environment::Sat(SatEnv),
             EnvId::Gsm8k => {
                 let Some((path, loaded)) = &mut self.gsm8k else {
                     return Err(RunError::Config("the window's environment is gsm8k: give --gsm8k FILE".into()));
                 };
                 if loaded.is_none() {
+                    let bytes = std::fs::read(&*path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?;
+                    if info.dataset.is_some_and(|d| &d != blake3::hash(&bytes).as_bytes()) {
+                        return Err(RunError::Config(format!("{} is not the dataset the coordinator names", path.display())));
+                    }
                     *loaded = Some(Gsm8kEnv::load(path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?);
                 }
                 Environment::Gsm8k(loaded.clone().ok_or_else(|| RunError::Config("gsm8k".into()))?)
@@ -268,7 +264,7 @@ impl Generator {
     }
 
     fn run_job(&mut self, job: &Job) -> GenOut {
-        let env = match self.environment(job.info.env) {
+        let env = match self.environment(&job.info) {
             Ok(e) => e,
             Err(e) => return GenOut::Failed(e.to_string()),
         };
@@ -311,8 +307,8 @@ impl Generator {
         let req = GroupRequest {
             prompt: &prompt,
             group_size: info.group_size as usize,
-            max_new_tokens: self.max_new_tokens,
-            temperature: self.temperature,
+            max_new_tokens: info.sampling.max_new_tokens as usize,
+            temperature: info.sampling.temperature,
             draw: DrawKey { sampling_seed: info.seed, miner, group },
             sketch_key: &key,
             sketch_params: SketchParams::DEFAULT,
@@ -333,7 +329,7 @@ impl Generator {
                 group,
                 rollout: i as u32,
                 task_id: task.id,
-                sampling: SamplingParams { temperature: self.temperature, max_new_tokens: self.max_new_tokens as u32 },
+                sampling: info.sampling,
                 tokens,
                 prompt_len: prompt.len() as u32,
                 logprobs,
@@ -348,6 +344,9 @@ impl Generator {
         }
         for r in &mut out {
             r.sign(&self.key);
+        }
+        if let Some(t) = &mut self.tamper {
+            t.after_sign(info, &mut out);
         }
         Ok(out)
     }
@@ -401,9 +400,6 @@ pub async fn run(
         current: None,
         tokenizer: None,
         key: cfg.key.clone(),
-        max_new_tokens: cfg.max_new_tokens,
-        temperature: cfg.temperature,
-        arith_difficulty: cfg.arith_difficulty,
         gsm8k: cfg.gsm8k.clone().map(|p| (p, None)),
         tamper: cfg.tamper,
         events: events.clone(),

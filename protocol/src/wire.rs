@@ -19,6 +19,7 @@ use crate::checkpoint::ContentId;
 use crate::env::EnvId;
 use crate::identity::{self, PublicKey, Signature};
 use crate::prf::Seed;
+use crate::rollout::SamplingParams;
 use crate::window::{Schedule, WindowId};
 
 /// The QUIC ALPN; the number is the protocol's major version.
@@ -317,8 +318,10 @@ pub struct GetWindow {
     pub window: Option<WindowId>,
 }
 
-/// A window's public parameters, published when it opens.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A window's public parameters, published when it opens. Together they are
+/// the window's generation contract: miners generate with exactly these
+/// settings and validators require them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WindowInfo {
     /// The window.
     pub window: WindowId,
@@ -338,6 +341,12 @@ pub struct WindowInfo {
     pub groups_per_miner: u32,
     /// Rollouts per group.
     pub group_size: u32,
+    /// Sampling temperature and completion length limit (rollouts must carry exactly these).
+    pub sampling: SamplingParams,
+    /// Difficulty of the procedural environments (arith).
+    pub difficulty: u32,
+    /// blake3 of the dataset file the environment draws from (gsm8k), if any.
+    pub dataset: Option<[u8; 32]>,
 }
 
 /// Asks for a window's challenge secret (answered only after its submissions close).
@@ -442,6 +451,30 @@ pub struct VerdictBody {
     pub hard_failure: bool,
     /// Soft checks that failed (distribution...).
     pub soft_failures: u32,
+    /// The failed checks with their figures, one line each (at most
+    /// [`MAX_VERDICT_REASONS`] lines of at most [`MAX_REASON_LEN`] bytes).
+    pub reasons: Vec<String>,
+}
+
+/// Most reason lines in a [`VerdictBody`].
+pub const MAX_VERDICT_REASONS: usize = 6;
+
+/// Longest reason line in a [`VerdictBody`], in bytes.
+pub const MAX_REASON_LEN: usize = 320;
+
+impl VerdictBody {
+    /// Adds a reason line, truncated to [`MAX_REASON_LEN`] bytes (on a
+    /// character boundary); lines beyond [`MAX_VERDICT_REASONS`] are dropped.
+    pub fn add_reason(&mut self, line: &str) {
+        if self.reasons.len() >= MAX_VERDICT_REASONS || self.reasons.iter().any(|r| r == line) {
+            return;
+        }
+        let mut end = line.len().min(MAX_REASON_LEN);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.reasons.push(line[..end].to_owned());
+    }
 }
 
 /// A signed verdict.
@@ -475,6 +508,35 @@ pub struct VerdictAck {
     pub window: WindowId,
     /// The miner.
     pub miner: PublicKey,
+}
+
+/// Trainer/validator → coordinator: what the verdicts say about a window's miners.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetStanding {
+    /// The window.
+    pub window: WindowId,
+}
+
+/// What is known of one miner in one window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MinerStanding {
+    /// Every verdict on the window passed it.
+    Passed,
+    /// A verdict (or the coordinator's door) failed it.
+    Failed,
+    /// Not judged yet, but banned or failed in the ban span: not in good standing.
+    Suspect,
+}
+
+/// The coordinator's answer to [`GetStanding`]: every miner it knows
+/// something about for the window. Miners not listed are unjudged and in
+/// good standing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Standing {
+    /// The window.
+    pub window: WindowId,
+    /// Miner → standing.
+    pub miners: Vec<(PublicKey, MinerStanding)>,
 }
 
 /// Asks for the latest weights document.
@@ -786,6 +848,10 @@ frames! {
     CheckpointPath = 45, max 16 << 10, CheckpointPath;
     /// Ask for part of a delta payload.
     GetDelta = 46, max SMALL, GetDelta;
+    /// Ask for a window's verdict standing.
+    GetStanding = 36, max SMALL, GetStanding;
+    /// A window's verdict standing.
+    Standing = 37, max 4 << 20, Standing;
 }
 
 impl Frame {
@@ -869,11 +935,74 @@ mod tests {
                 estimated_valid: 90,
                 hard_failure: false,
                 soft_failures: 1,
+                reasons: vec!["Distribution: median 0.2".into()],
             },
             &v,
         );
         verdict.verify().unwrap();
         verdict.body.valid = 10;
         assert!(verdict.verify().is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn contract_standing_and_verdict_frames_round_trip(
+            window in proptest::prelude::any::<u64>(),
+            temp in 0.0f32..4.0,
+            max_new in proptest::prelude::any::<u32>(),
+            difficulty in proptest::prelude::any::<u32>(),
+            dataset in proptest::option::of(proptest::prelude::any::<[u8; 32]>()),
+            standings in proptest::collection::vec((proptest::prelude::any::<[u8; 32]>(), 0u8..3), 0..8),
+            reasons in proptest::collection::vec(".{0,400}", 0..10),
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let info = WindowInfo {
+                window,
+                opens_at_ms: 1,
+                closes_at_ms: 2,
+                seed: Seed([3; 32]),
+                commitment: [4; 32],
+                checkpoint: ContentId([5; 32]),
+                env: EnvId::Gsm8k,
+                groups_per_miner: 2,
+                group_size: 4,
+                sampling: SamplingParams { temperature: temp, max_new_tokens: max_new },
+                difficulty,
+                dataset,
+            };
+            let miners = standings
+                .iter()
+                .map(|(k, s)| (PublicKey(*k), [MinerStanding::Passed, MinerStanding::Failed, MinerStanding::Suspect][*s as usize]))
+                .collect();
+            let mut body = VerdictBody {
+                window,
+                miner: PublicKey([1; 32]),
+                validator: PublicKey([2; 32]),
+                checked: 3,
+                valid: 1,
+                estimated_valid: 1,
+                hard_failure: true,
+                soft_failures: 0,
+                reasons: vec![],
+            };
+            for r in &reasons {
+                body.add_reason(r);
+            }
+            proptest::prop_assert!(body.reasons.len() <= MAX_VERDICT_REASONS);
+            proptest::prop_assert!(body.reasons.iter().all(|r| r.len() <= MAX_REASON_LEN));
+            let key = identity::Keypair::from_seed([9; 32]);
+            for f in [
+                Frame::WindowInfo(info),
+                Frame::GetStanding(GetStanding { window }),
+                Frame::Standing(Standing { window, miners }),
+                Frame::PostVerdict(Verdict::sign(body, &key)),
+            ] {
+                let bytes = f.encode();
+                proptest::prop_assert!(bytes.len() - HEADER_LEN <= f.tag().max_body_len() as usize);
+                proptest::prop_assert_eq!(Frame::decode(&bytes).unwrap(), (f.clone(), bytes.len()));
+                // Garbage bodies under the same tag are an error, never a panic.
+                let _ = Frame::decode_body(f.tag(), &junk);
+            }
+        }
     }
 }

@@ -56,6 +56,9 @@ fn frame() -> impl Strategy<Value = Frame> {
                 env,
                 groups_per_miner: groups,
                 group_size: 16,
+                sampling: tributary_protocol::rollout::SamplingParams { temperature: 0.7, max_new_tokens: groups },
+                difficulty: groups % 7,
+                dataset: Some(seed),
             })
         ),
         any::<u64>().prop_map(|window| Frame::GetReveal(GetReveal { window })),
@@ -82,6 +85,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                     estimated_valid: n[2],
                     hard_failure: hard,
                     soft_failures: n[3],
+                    reasons: vec![format!("Sketch: {}", n[0])],
                 },
                 signature,
             })

@@ -1,5 +1,8 @@
 //! `trainer run`: the trainer as a network service.
 //!
+//! Verdict standing comes from the coordinator ([`Frame::GetStanding`]):
+//! a (miner, window) whose verdicts passed is trained on, one that failed is
+//! dropped, an unjudged one is held while the miner is in good standing.
 //! Every window `W` whose submissions have closed is trained on once: the
 //! service pulls `W`'s rollouts from the coordinator (banned miners are
 //! already filtered out by the coordinator), selects groups
@@ -22,7 +25,7 @@ use tributary_net::{NetError, Session};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
-use tributary_protocol::wire::{Blob, CheckpointChunk, FetchRollouts, Frame, MAX_CHUNK_LEN, Role};
+use tributary_protocol::wire::{Blob, CheckpointChunk, FetchRollouts, Frame, GetStanding, MAX_CHUNK_LEN, MinerStanding, Role};
 use tributary_protocol::window::{Schedule, WindowId};
 
 use crate::publish::{Publication, PublishError, Publisher};
@@ -210,6 +213,15 @@ impl Service {
         }
     }
 
+    /// What the validators' verdicts say about `window`'s miners (miners not
+    /// listed are unjudged and in good standing).
+    async fn standing(&mut self, window: WindowId) -> Result<Vec<(tributary_protocol::identity::PublicKey, MinerStanding)>, ServiceError> {
+        match self.session.request(&Frame::GetStanding(GetStanding { window })).await? {
+            Frame::Standing(s) if s.window == window => Ok(s.miners),
+            f => Err(ServiceError::Unexpected(f.tag())),
+        }
+    }
+
     /// Trains on every closed, untrained window and publishes once for the
     /// current window. Does nothing while the current window is already
     /// published or no window has closed.
@@ -237,7 +249,21 @@ impl Service {
         let mut published = vec![genesis];
         published.extend(self.publisher.published_ids());
         let trust = self.cfg.trust_unjudged;
-        let sel = select(rollouts, &published, |_, _| if trust { Standing::Passed } else { Standing::Pending { good_standing: true } }, &self.cfg.select);
+        let windows: std::collections::BTreeSet<WindowId> = rollouts.iter().map(|r| r.window).collect();
+        let mut known: std::collections::HashMap<([u8; 32], WindowId), MinerStanding> = std::collections::HashMap::new();
+        for w in windows {
+            for (miner, st) in self.standing(w).await? {
+                known.insert((miner.0, w), st);
+            }
+        }
+        let standing = |miner: &[u8; 32], window: u64| match known.get(&(*miner, window)) {
+            Some(MinerStanding::Passed) => Standing::Passed,
+            Some(MinerStanding::Failed) => Standing::Failed,
+            Some(MinerStanding::Suspect) => Standing::Pending { good_standing: false },
+            None if trust => Standing::Passed,
+            None => Standing::Pending { good_standing: true },
+        };
+        let sel = select(rollouts, &published, standing, &self.cfg.select);
         sel.record_metrics();
         self.held = sel.held;
         round.groups = sel.kept.len();

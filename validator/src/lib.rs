@@ -2,6 +2,9 @@
 //!
 //! - [`check`]: `validator check`, every model check offline on a miner's
 //!   JSONL file (the seed stands in for the coordinator's randomness).
+//! - [`service`]: `validator run`, the checks as a service against a
+//!   coordinator (fetch, prove, post signed verdicts).
 #![deny(missing_docs)]
 
 pub mod check;
+pub mod service;

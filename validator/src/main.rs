@@ -18,6 +18,139 @@ struct Cli {
 enum Command {
     /// Run every model check offline on a JSONL file from `edge-miner generate`.
     Check(CheckArgs),
+    /// Verify every window of a coordinator's network and post signed verdicts.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Join a `coordinator run --dev` network with the well-known dev validator key.
+    #[arg(long)]
+    dev: bool,
+    /// The coordinator's QUIC address.
+    #[arg(long)]
+    coordinator: std::net::SocketAddr,
+    /// The coordinator's certificate fingerprint (hex).
+    #[arg(long)]
+    fingerprint: String,
+    /// Data folder (key, downloaded checkpoints).
+    #[arg(long, default_value = "validator-data")]
+    data: PathBuf,
+    /// Check every rollout of every miner (default: grail's sample).
+    #[arg(long)]
+    all: bool,
+    /// Fraction of the window's miners checked.
+    #[arg(long)]
+    miner_fraction: Option<f64>,
+    /// At least this many miners.
+    #[arg(long)]
+    min_miners: Option<usize>,
+    /// At most this many miners.
+    #[arg(long)]
+    max_miners: Option<usize>,
+    /// Rollouts checked per miner (whole groups); 0: all.
+    #[arg(long)]
+    rollouts_per_miner: Option<usize>,
+    /// Most rollouts per reference forward pass.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Most padded tokens per reference forward pass.
+    #[arg(long, default_value_t = 8192)]
+    batch_tokens: usize,
+    /// GSM8K JSONL file (when the network's environment is gsm8k).
+    #[arg(long)]
+    gsm8k: Option<PathBuf>,
+    /// libtorch threads (default: available cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Prometheus metrics listener (plain HTTP), e.g. 127.0.0.1:9091.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tributary_protocol::identity::Keypair;
+    use validator::service::{SampleConfig, Service, ServiceConfig};
+    std::fs::create_dir_all(&args.data)?;
+    let key = if args.dev {
+        coordinator_dev_key()
+    } else {
+        let path = args.data.join("validator.key");
+        if path.exists() {
+            Keypair::load(&path)?
+        } else {
+            let k = Keypair::generate();
+            k.save(&path)?;
+            k
+        }
+    };
+    println!("validator={}", key.public());
+    tributary_policy::init_threads(args.threads);
+    let mut cfg = ServiceConfig::new(args.coordinator, args.fingerprint, key, args.data.clone());
+    let mut sample = if args.all { SampleConfig::ALL } else { SampleConfig::GRAIL };
+    if let Some(f) = args.miner_fraction {
+        sample.miner_fraction = f;
+    }
+    if let Some(n) = args.min_miners {
+        sample.min_miners = n;
+    }
+    if let Some(n) = args.max_miners {
+        sample.max_miners = n;
+    }
+    if let Some(n) = args.rollouts_per_miner {
+        sample.rollouts_per_miner = n;
+    }
+    cfg.sample = sample;
+    cfg.batch = args.batch;
+    cfg.batch_tokens = args.batch_tokens;
+    cfg.gsm8k = args.gsm8k;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        if let Some(addr) = args.metrics {
+            let bound = serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
+            println!("metrics=http://{bound}/metrics");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            s2.store(true, Ordering::Relaxed);
+        });
+        let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
+        service.run(stop).await.context("validator run")?;
+        Ok(())
+    })
+}
+
+/// Serves the Prometheus text of the installed recorder on `addr` (plain HTTP, any path).
+async fn serve_metrics(addr: std::net::SocketAddr) -> std::io::Result<std::net::SocketAddr> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let body = handle.render();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s.read(&mut buf)).await;
+                let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// The `--dev` validator key: `coordinator::node::dev_key(Role::Validator)`
+/// (same derivation; a `--dev` coordinator authorises it).
+fn coordinator_dev_key() -> tributary_protocol::identity::Keypair {
+    tributary_protocol::identity::Keypair::from_seed(blake3::derive_key("tributary 2025 dev role key v1", b"validator"))
 }
 
 #[derive(clap::Args, Debug)]
@@ -52,6 +185,10 @@ struct CheckArgs {
     /// libtorch threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Numerics profile the reference replays (`f32`, `llamacpp-cpu`;
+    /// default: each record's own).
+    #[arg(long)]
+    numerics: Option<tributary_policy::Numerics>,
 }
 
 fn check(args: CheckArgs) -> Result<()> {
@@ -63,6 +200,7 @@ fn check(args: CheckArgs) -> Result<()> {
     opts.max_new_tokens = args.max_new_tokens;
     opts.temperature = args.temperature;
     opts.threads = args.threads;
+    opts.numerics = args.numerics;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let summary = run_check(&opts, &mut out).context("validator check")?;
@@ -83,5 +221,6 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Check(args) => check(args),
+        Command::Run(args) => run(args),
     }
 }

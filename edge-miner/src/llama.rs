@@ -19,13 +19,28 @@
 //! Reproducibility (see `shared/reference/llamacpp.md` §4b): `n_ubatch` is
 //! [`N_UBATCH`] (< 64, so prefill and decode take the same attention path) and
 //! each sequence's KV cache holds exactly its prompt and completion.
+//!
+//! Numerics: the computation is plain f32, like the validator's libtorch
+//! reference and the wgpu backend (measured: hidden states within 5e-6
+//! relative, logits within 1e-4; `docs/calibration.md`). Three settings make
+//! it so, each read off `ggml-cpu`:
+//! - a BF16 checkpoint is loaded widened to F32 ([`load`](LlamaCppBackend::load)):
+//!   ggml multiplies a BF16 matrix by first rounding the f32 activations to
+//!   bf16 (`vec_dot_type` of BF16), and those roundings are chaotic — two
+//!   implementations of the same rounding that differ only by f32 summation
+//!   order end up 0.5 % apart in the final hidden state, enough to move the
+//!   sampling CDF by 1e-2. With F32 weights `vec_dot_type` is F32;
+//! - flash attention is off (the CPU path converts Q, K and V to f16 and
+//!   accumulates `V·softmax` in f16);
+//! - the KV cache is f32 (the default f16 cache rounds K and V, and without
+//!   flash attention would round Q and the softmax to f16 too).
 
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams, LlamaPoolingType};
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
@@ -116,7 +131,9 @@ struct SeqState {
 }
 
 impl LlamaCppBackend {
-    /// Loads `cfg.model` (memory-mapped).
+    /// Loads `cfg.model` (memory-mapped). A checkpoint with BF16 tensors is
+    /// first widened to F32 in a temporary file (removed once mapped), so the
+    /// forward pass is plain f32 (module docs).
     pub fn load(cfg: &LlamaConfig) -> Result<Self, BackendError> {
         let backend = llama_backend()?;
         if !cfg.model.is_file() {
@@ -125,8 +142,11 @@ impl LlamaCppBackend {
         let threads = i32::try_from(cfg.threads.max(1))
             .map_err(|_| BackendError::Config(format!("{} threads", cfg.threads)))?;
         let params = LlamaModelParams::default().with_n_gpu_layers(cfg.gpu_layers);
-        let model = LlamaModel::load_from_file(backend, &cfg.model, &params)
+        let widened = widen_bf16_to_f32(&cfg.model)?;
+        let file = widened.as_ref().map_or(cfg.model.as_path(), |w| w.0.as_path());
+        let model = LlamaModel::load_from_file(backend, file, &params)
             .map_err(|e| BackendError::Load(format!("{}: {e}", cfg.model.display())))?;
+        drop(widened);
         let n_vocab = usize::try_from(model.n_vocab()).unwrap_or(0);
         let n_embd = usize::try_from(model.n_embd_out()).unwrap_or(0);
         if n_vocab == 0 || n_embd == 0 {
@@ -191,7 +211,10 @@ impl LlamaCppBackend {
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads)
             .with_embeddings(true)
-            .with_pooling_type(LlamaPoolingType::None);
+            .with_pooling_type(LlamaPoolingType::None)
+            .with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED)
+            .with_type_k(KvCacheType::F32)
+            .with_type_v(KvCacheType::F32);
         self.model
             .new_context(backend, params)
             .map_err(|e| BackendError::Context(e.to_string()))
@@ -364,6 +387,51 @@ impl LlamaCppBackend {
         }
         Ok(h)
     }
+}
+
+/// A temporary file, removed on drop (a mapped file stays readable after).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// If `src` has BF16 tensors, writes a copy with each widened exactly to F32
+/// (every other tensor and all metadata unchanged) to a temporary file.
+fn widen_bf16_to_f32(src: &Path) -> Result<Option<TempFile>, BackendError> {
+    use tributary_protocol::gguf::{self, GgmlType, GgufWriter};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let err = |e: &dyn std::fmt::Display| BackendError::Load(format!("{}: widening to F32: {e}", src.display()));
+    let file = std::fs::File::open(src).map_err(|e| err(&e))?;
+    // SAFETY: read-only map of a checkpoint file nobody rewrites while the
+    // miner loads it (delta application happens between loads).
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(&e))?;
+    let header = gguf::parse_header(&bytes).map_err(|e| err(&e))?;
+    if !header.tensors.iter().any(|t| t.ty == GgmlType::BF16) {
+        return Ok(None);
+    }
+    let mut w = GgufWriter::new();
+    for (k, v) in &header.metadata {
+        w.set_meta(k, v.clone());
+    }
+    for t in &header.tensors {
+        let data = bytes.get(header.tensor_range(t)).ok_or_else(|| err(&format!("tensor {} out of bounds", t.name)))?;
+        if t.ty == GgmlType::BF16 {
+            let wide: Vec<u8> = data
+                .chunks_exact(2)
+                .flat_map(|b| (u32::from(u16::from_le_bytes([b[0], b[1]])) << 16).to_le_bytes())
+                .collect();
+            w.add_tensor(&t.name, GgmlType::F32, &t.dims, wide).map_err(|e| err(&e))?;
+        } else {
+            w.add_tensor(&t.name, t.ty, &t.dims, data).map_err(|e| err(&e))?;
+        }
+    }
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = TempFile(std::env::temp_dir().join(format!("tributary-f32-{}-{n}.gguf", std::process::id())));
+    w.write_file(&tmp.0).map_err(|e| err(&e))?;
+    Ok(Some(tmp))
 }
 
 impl SeqState {

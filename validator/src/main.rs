@@ -185,10 +185,6 @@ struct CheckArgs {
     /// libtorch threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Numerics profile the reference replays (`f32`, `llamacpp-cpu`;
-    /// default: each record's own).
-    #[arg(long)]
-    numerics: Option<tributary_policy::Numerics>,
 }
 
 fn check(args: CheckArgs) -> Result<()> {
@@ -200,7 +196,6 @@ fn check(args: CheckArgs) -> Result<()> {
     opts.max_new_tokens = args.max_new_tokens;
     opts.temperature = args.temperature;
     opts.threads = args.threads;
-    opts.numerics = args.numerics;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let summary = run_check(&opts, &mut out).context("validator check")?;

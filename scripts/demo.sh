@@ -1,38 +1,170 @@
 #!/usr/bin/env bash
-# Tributary's main job, on one machine. At this stage: install what is
-# missing, build the BF16 base checkpoint from the real SmolLM2 model, print
-# its content id, and let the miner's llama.cpp backend answer a task from it
-# with a full proof record (log-probs and a sketch per token).
+# Tributary's main job, on one machine: a model gets better from rollouts
+# that other processes produced. Installs what is missing, builds the BF16
+# base checkpoint from the real SmolLM2-135M-Instruct, then starts on
+# loopback, as separate processes: a coordinator, two edge miners
+# (llama.cpp), a validator (if this build has `validator run`) and a trainer
+# (libtorch GRPO). Shows progress per window and ends with a summary: per
+# window the rollouts stored, the validators' verdicts, the mean reward, the
+# checkpoint in force and the delta published; and the dashboard address.
 #
-#   DEMO_ENV=arith|sat|gsm8k   environment (default arith)
-#   DEMO_TOKENS=N              most new tokens (default 96)
+#   DEMO_WINDOWS=N      closed windows to run (default 3)
+#   DEMO_WINDOW_MS=MS   window length (default 90000: 2 miners x 2 groups x G=4
+#                       x 48 tokens on one CPU thread each, plus a GRPO step)
+#   DEMO_GROUPS=N       groups per miner per window (default 2)
+#   DEMO_TOKENS=N       most new tokens per rollout (default 48)
+#   DEMO_DIFFICULTY=D   arith difficulty (default 0: greedy base accuracy 90%
+#                       on 30 tasks, ~7% at 1, 0% at 2 (48 tokens); sampled at
+#                       T=0.7 it is lower, so groups have reward variance)
+#   DEMO_LR=X           trainer learning rate (default 1e-5)
+#   DEMO_KEEP=1         keep everything running after the summary (Ctrl-C stops)
+#   DEMO_DIR=DIR        working folder (default: a new temporary folder)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-env_name="${DEMO_ENV:-arith}"
-tokens="${DEMO_TOKENS:-96}"
+windows="${DEMO_WINDOWS:-3}"
+window_ms="${DEMO_WINDOW_MS:-90000}"
+groups="${DEMO_GROUPS:-2}"
+tokens="${DEMO_TOKENS:-48}"
+difficulty="${DEMO_DIFFICULTY:-0}"
+lr="${DEMO_LR:-1e-5}"
+dir="${DEMO_DIR:-$(mktemp -d -t tributary-demo.XXXXXX)}"
+mkdir -p "$dir"
 
 echo "== setup"
 bash scripts/setup.sh
 echo "== build"
-cargo build -q -p edge-miner -p trainer
+cargo build -q -p coordinator -p edge-miner -p trainer -p validator
 bin="$root/target/debug"
 
 echo "== base checkpoint (SmolLM2-135M-Instruct Q4_1 -> BF16)"
 "$bin/trainer" init-base
 base="$root/.cache/models/SmolLM2-135M-Instruct.bf16.gguf"
 
-echo "== generate (llama.cpp, greedy, env=$env_name)"
-out="$(mktemp -d)/rollouts.jsonl"
-data_args=()
-[ "$env_name" = gsm8k ] && data_args=(--data "$root/../shared/data/gsm8k/test.jsonl")
-"$bin/edge-miner" generate --model "$base" --env "$env_name" "${data_args[@]}" \
-  --tasks 1 --group 1 --max-new-tokens "$tokens" --seed 1 --temperature 0 --out "$out"
-python3 - "$out" <<'PY'
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# Waits until FILE has a line KEY=..., prints the value.
+value() {
+  local file="$1" key="$2"
+  for _ in $(seq 600); do
+    if grep -q "^$key=" "$file" 2>/dev/null; then
+      grep -m1 "^$key=" "$file" | cut -d= -f2-
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "demo: $key never appeared in $file" >&2
+  return 1
+}
+
+echo "== keys"
+trainer_key="$("$bin/edge-miner" init --data "$dir/trainer-key" | cut -d= -f2)"
+echo "trainer $trainer_key"
+
+echo "== coordinator (window ${window_ms} ms, ${groups} groups x 4 per miner, ${tokens} tokens, arith difficulty ${difficulty})"
+cat > "$dir/coordinator.toml" <<EOF
+listen = "127.0.0.1:0"
+http = "127.0.0.1:0"
+data_dir = "$dir/coordinator"
+window_ms = $window_ms
+grace_ms = 5000
+env = "arith"
+difficulty = $difficulty
+temperature = 0.7
+max_new_tokens = $tokens
+groups_per_miner = $groups
+group_size = 4
+model = "$base"
+trainer = "$trainer_key"
+EOF
+validator_args=()
+has_validator=0
+if "$bin/validator" --help 2>/dev/null | grep -q "^  run"; then
+  has_validator=1
+  validator_key="$("$bin/edge-miner" init --data "$dir/validator-key" | cut -d= -f2)"
+  validator_args=(--validator "$validator_key")
+fi
+"$bin/coordinator" run --dev --config "$dir/coordinator.toml" "${validator_args[@]}" \
+  > "$dir/coordinator.out" 2> "$dir/coordinator.log" &
+pids+=($!)
+quic="$(value "$dir/coordinator.out" quic)"
+http="$(value "$dir/coordinator.out" http)"
+fp="$(value "$dir/coordinator.out" fingerprint)"
+genesis="$(value "$dir/coordinator.out" checkpoint)"
+echo "coordinator quic=$quic dashboard=$http genesis=$genesis"
+
+echo "== miners"
+for m in 1 2; do
+  echo "miner$m $("$bin/edge-miner" init --data "$dir/miner$m" | cut -d= -f2)"
+  "$bin/edge-miner" run --coordinator "$quic" --fingerprint "$fp" --data "$dir/miner$m" \
+    --model "$base" --threads 1 > "$dir/miner$m.out" 2> "$dir/miner$m.log" &
+  pids+=($!)
+done
+
+if [ "$has_validator" = 1 ]; then
+  echo "== validator"
+  "$bin/validator" run --coordinator "$quic" --fingerprint "$fp" --key "$dir/validator-key/miner.key" \
+    --model "$base" --data "$dir/validator" > "$dir/validator.out" 2> "$dir/validator.log" &
+  pids+=($!)
+else
+  echo "== validator: this build has no 'validator run'; the trainer trusts unjudged rollouts (--dev)"
+fi
+
+echo "== trainer"
+"$bin/trainer" run --dev --coordinator "$quic" --fingerprint "$fp" --data "$dir/trainer" \
+  --key "$dir/trainer-key/miner.key" --model "$base" --lr "$lr" > "$dir/trainer.out" 2> "$dir/trainer.log" &
+pids+=($!)
+
+status() { curl -fsS "$http/api/status"; }
+start="$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["window"])')"
+last=$((start + windows))
+echo "== running windows $start..$((last - 1)) (progress every 10 s; logs in $dir)"
+while :; do
+  for p in "${pids[@]}"; do
+    kill -0 "$p" 2>/dev/null || { echo "demo: a process exited; see the logs in $dir" >&2; exit 1; }
+  done
+  s="$(status)"
+  done_now="$(python3 - "$s" "$last" <<'PY'
 import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    n = len(r["tokens"]) - r["prompt_len"]
-    print(f"completion ({n} tokens, {len(r['sketches'])} sketches, reward {r['reward']}):")
-    print("  " + r["completion"].strip().replace("\n", "\n  "))
+s = json.loads(sys.argv[1]); last = int(sys.argv[2])
+ms = ", ".join(f"{m['key'][:8]}: {m['accepted']} ok/{m['refused']} refused" for m in s["miners"]) or "no rollouts yet"
+print(f"  window {s['window']} ({s['time_left_ms'] / 1000:.0f} s left) | {ms} | checkpoints {len(s['checkpoints'])}", file=sys.stderr)
+closed = [w for w in s["windows"] if w["closed"] and w["window"] < last]
+print(1 if s["window"] is not None and s["window"] > last else 0)
 PY
+)"
+  [ "$done_now" = 1 ] && break
+  sleep 10
+done
+
+echo "== summary"
+status > "$dir/status.json"
+python3 - "$dir/status.json" "$start" "$last" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1])); start, last = int(sys.argv[2]), int(sys.argv[3])
+cps = {c["window"]: c for c in s["checkpoints"] if c["base"] is not None or c["delta_bytes"] is not None}
+print(f"{'window':>6} {'stored':>6} {'verdicts ok/checked':>19} {'mean reward':>11} {'solved':>6} {'checkpoint':>12} {'published':>12} {'delta':>10}")
+for w in s["windows"]:
+    if not (start <= w["window"] < last):
+        continue
+    c = cps.get(w["window"])
+    r = "-" if w["mean_reward"] is None else f"{w['mean_reward']:.3f}"
+    solved = "-" if w["solved"] is None else f"{100 * w['solved']:.0f}%"
+    v = w["verdicts"]
+    delta = "-" if c is None or c["delta_bytes"] is None else f"{c['delta_bytes'] / 1024:.0f} KiB"
+    print(f"{w['window']:>6} {w['rollouts']:>6} {v['valid']:>9}/{v['checked']:<9} {r:>11} {solved:>6} {w['checkpoint'][:12]:>12} {(c['id'][:12] if c else '-'):>12} {delta:>10}")
+print("refused at the door:", s["door_refusals"] or "none")
+for m in s["miners"]:
+    acc = "-" if m["acceptance"] is None else f"{100 * m['acceptance']:.1f}%"
+    print(f"miner {m['key'][:16]}: accepted {m['accepted']}, acceptance {acc}, weight {m['weight']:.3f}")
+PY
+echo "dashboard: $http/  (status JSON: $http/api/status; working folder: $dir)"
+if [ "${DEMO_KEEP:-0}" = 1 ]; then
+  echo "DEMO_KEEP=1: running until Ctrl-C"
+  wait
+fi

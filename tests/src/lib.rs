@@ -61,10 +61,10 @@ pub struct NetConfig {
     pub group_size: u32,
     /// Submissions per second per miner key.
     pub rollouts_per_sec: u32,
+    /// Most completion tokens per rollout (the window's generation contract).
+    pub max_new_tokens: u32,
     /// Seed of the coordinator's master secret (window seeds, challenges).
     pub seed: u64,
-    /// Most completion tokens per rollout (the coordinator's generation contract).
-    pub max_new_tokens: u32,
 }
 
 impl NetConfig {
@@ -193,6 +193,8 @@ pub struct Miner {
     pub key: Keypair,
     /// Its events.
     pub events: mpsc::UnboundedReceiver<RunEvent>,
+    /// Rollouts acknowledged in the `Submitted` events read so far.
+    pub acked: u64,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<Result<RunSummary, run::RunError>>,
 }
@@ -204,7 +206,7 @@ impl Miner {
         let (stop, rx) = watch::channel(false);
         let (tx, events) = mpsc::unbounded_channel();
         let task = tokio::spawn(run::run(cfg, rx, Some(tx)));
-        Miner { key, events, stop, task }
+        Miner { key, events, acked: 0, stop, task }
     }
 
     /// Waits for an event matching `f`, returning it.
@@ -212,6 +214,7 @@ impl Miner {
         within(secs, async {
             loop {
                 let e = self.events.recv().await.expect("miner ended");
+                self.count(&e);
                 if f(&e) {
                     return e;
                 }
@@ -224,9 +227,16 @@ impl Miner {
     pub fn drain(&mut self) -> Vec<RunEvent> {
         let mut v = Vec::new();
         while let Ok(e) = self.events.try_recv() {
+            self.count(&e);
             v.push(e);
         }
         v
+    }
+
+    fn count(&mut self, e: &RunEvent) {
+        if let RunEvent::Submitted { stored, .. } = e {
+            self.acked += *stored as u64;
+        }
     }
 
     /// Stops and returns the summary.
@@ -288,8 +298,6 @@ pub struct MeshConfig {
     pub miners: Vec<MinerSpec>,
     /// Whether a trainer runs.
     pub trainer: bool,
-    /// Most completion tokens per rollout.
-    pub max_new_tokens: usize,
 }
 
 /// What the mesh's trainer reports.
@@ -412,7 +420,7 @@ pub struct Mesh {
 impl Mesh {
     /// Starts everything.
     pub async fn start(cfg: MeshConfig) -> Mesh {
-        let net = Net::with(NetConfig { max_new_tokens: u32::try_from(cfg.max_new_tokens).unwrap_or(u32::MAX), ..cfg.net }).await;
+        let net = Net::with(cfg.net).await;
         let mut miners = Vec::new();
         let mut names = Vec::new();
         for spec in cfg.miners {
@@ -494,6 +502,7 @@ impl CoordinatorProcess {
                 cfg.groups_per_miner.to_string(),
                 cfg.group_size.to_string(),
                 cfg.rollouts_per_sec.to_string(),
+                cfg.max_new_tokens.to_string(),
                 quic_port.to_string(),
             ])
             .stdout(Stdio::piped())

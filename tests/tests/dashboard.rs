@@ -39,10 +39,9 @@ fn dump_dom(url: &str, budget_ms: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_page_renders_a_running_mesh() {
     let mut mesh = Mesh::start(MeshConfig {
-        net: NetConfig::new(3_000, 500, 1, 4),
+        net: NetConfig { max_new_tokens: 16, ..NetConfig::new(3_000, 500, 1, 4) },
         miners: vec![MinerSpec::honest("a")],
         trainer: false,
-        max_new_tokens: 16,
     })
     .await;
     // A published checkpoint (a delta) so the history has one.

@@ -13,10 +13,9 @@ async fn checkpoint_advances_every_window_and_miners_follow() {
     // The random tiny model never answers right: the reward hook gives the
     // trainer a learning signal (no validator runs in this mesh).
     let mut mesh = Mesh::start(MeshConfig {
-        net: NetConfig::new(4_000, 600, 2, 4),
+        net: NetConfig { max_new_tokens: 16, ..NetConfig::new(4_000, 600, 2, 4) },
         miners: vec![MinerSpec::with("a", AlternateReward), MinerSpec::with("b", AlternateReward)],
         trainer: true,
-        max_new_tokens: 16,
     })
     .await;
     let mut trained = BTreeSet::new();

@@ -271,7 +271,8 @@ async fn attack_stale_checkpoint() {
         prev_id = id;
     }
     net.wait_window(30, first + 3).await;
-    assert_eq!(net.node.shared.core().checkpoint_for(net.window()), prev_id);
+    let now = net.window();
+    assert_eq!(net.node.shared.core().checkpoint_for(now), prev_id);
     let opts = AttackOptions { model: Some(genesis_path), ..Default::default() };
     refused_at_door(net, Attack::StaleCheckpoint, opts, RejectReason::StaleCheckpoint).await;
 }

@@ -108,8 +108,10 @@ done
 
 if [ "$has_validator" = 1 ]; then
   echo "== validator"
-  "$bin/validator" run --coordinator "$quic" --fingerprint "$fp" --key "$dir/validator-key/miner.key" \
-    --model "$base" --data "$dir/validator" > "$dir/validator.out" 2> "$dir/validator.log" &
+  mkdir -p "$dir/validator"
+  cp "$dir/validator-key/miner.key" "$dir/validator/validator.key"
+  "$bin/validator" run --coordinator "$quic" --fingerprint "$fp" --data "$dir/validator" --threads 1 \
+    > "$dir/validator.out" 2> "$dir/validator.log" &
   pids+=($!)
 else
   echo "== validator: this build has no 'validator run'; the trainer trusts unjudged rollouts (--dev)"
@@ -147,7 +149,8 @@ status > "$dir/status.json"
 python3 - "$dir/status.json" "$start" "$last" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); start, last = int(sys.argv[2]), int(sys.argv[3])
-cps = {c["window"]: c for c in s["checkpoints"] if c["base"] is not None or c["delta_bytes"] is not None}
+# Every published checkpoint by the window it was published for (not the genesis).
+cps = {c["window"]: c for c in s["checkpoints"] if c["from_window"] > 0}
 print(f"{'window':>6} {'stored':>6} {'verdicts ok/checked':>19} {'mean reward':>11} {'solved':>6} {'checkpoint':>12} {'published':>12} {'delta':>10}")
 for w in s["windows"]:
     if not (start <= w["window"] < last):
@@ -156,7 +159,7 @@ for w in s["windows"]:
     r = "-" if w["mean_reward"] is None else f"{w['mean_reward']:.3f}"
     solved = "-" if w["solved"] is None else f"{100 * w['solved']:.0f}%"
     v = w["verdicts"]
-    delta = "-" if c is None or c["delta_bytes"] is None else f"{c['delta_bytes'] / 1024:.0f} KiB"
+    delta = "-" if c is None else "full" if c["delta_bytes"] is None else f"{c['delta_bytes'] / 1024:.0f} KiB"
     print(f"{w['window']:>6} {w['rollouts']:>6} {v['valid']:>9}/{v['checked']:<9} {r:>11} {solved:>6} {w['checkpoint'][:12]:>12} {(c['id'][:12] if c else '-'):>12} {delta:>10}")
 print("refused at the door:", s["door_refusals"] or "none")
 for m in s["miners"]:

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use tokio::sync::{mpsc, oneshot};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{self, Keypair, PublicKey};
-use tributary_protocol::rollout::{Rollout, RolloutLimits};
+use tributary_protocol::rollout::{self, Rollout, RolloutLimits};
 use tributary_protocol::wire::{
     self, Ack, Challenge, ErrorCode, ErrorFrame, Frame, Progress, Refused, RejectReason, Reveal, Role, Rollouts,
     VerdictAck, Welcome,
@@ -122,12 +122,18 @@ fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>) {
                 break;
             }
         }
-        let all: Vec<StoredRollout> = jobs.iter().flat_map(|j| j.rollouts.iter().cloned()).collect();
+        // Moved, not copied: each rollout's bytes go to the database once.
+        let mut all: Vec<StoredRollout> = Vec::with_capacity(jobs.iter().map(|j| j.rollouts.len()).sum());
+        let mut done = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            all.extend(j.rollouts);
+            done.push(j.done);
+        }
         let started = Instant::now();
         let res = store.put_rollouts(&all).map_err(|e| e.to_string());
         metrics::histogram!("tributary_redb_commit_seconds").record(started.elapsed().as_secs_f64());
-        for j in jobs {
-            let _ = j.done.send(res.clone());
+        for d in done {
+            let _ = d.send(res.clone());
         }
     }
 }
@@ -143,13 +149,10 @@ pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
     if p == 0 || p >= n || r.logprobs.len() != n - p || r.sketches.len() != n || !r.reward.is_finite() {
         return Err(RejectReason::Schema);
     }
-    // Encode the signed bytes once: they serve the signature check and the digest
-    // (the same computation as `Rollout::verify_signature` and `Rollout::digest`).
-    let signed = r.signing_bytes();
-    PublicKey(r.miner)
-        .verify(identity::domain::ROLLOUT, &signed, &identity::Signature(r.signature))
-        .map_err(|_| RejectReason::BadSignature)?;
-    let digest = *blake3::hash(&signed).as_bytes();
+    // The digest names the rollout and is what the miner signed: one encode,
+    // one hash (the same computation as `Rollout::digest` and `Rollout::verify_signature`).
+    let digest = r.digest();
+    rollout::verify_digest(&r.miner, &digest, &r.signature).map_err(|_| RejectReason::BadSignature)?;
     let content = content_hash(&r);
     let c = Candidate {
         window: r.window,

@@ -3,17 +3,38 @@
 use super::{EnvId, Task, TaskAnswer};
 use crate::prf::{PrfStream, labels};
 
-/// Largest supported difficulty (larger values are clamped).
+/// Largest level of the coarse scale (larger values that are not
+/// [bridge levels](BRIDGE_LEVELS) are clamped to it).
 pub const MAX_DIFFICULTY: u32 = 10;
+
+/// First bridge level: the finer steps between coarse difficulties 0 and 1,
+/// numbered after the coarse scale so that every coarse task stays the same.
+pub const BRIDGE_FIRST: u32 = 100;
+
+/// The bridge levels, easiest first, with what each asks (all results are
+/// non-negative):
+/// - `100`: `a + b`, `a` two digits (`10..=99`), `b` one digit (`0..=9`);
+/// - `101`: `a + b`, both two digits, no carry (the ones and the tens each
+///   sum below 10);
+/// - `102`: `a - b`, both one digit, `a >= b`;
+/// - `103`: `a + b + c`, one digit each;
+/// - `104`: `a + b`, both two digits (carries allowed).
+///
+/// Base SmolLM2-135M-Instruct, greedy, 48 new tokens: see `docs/training.md`.
+pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_FIRST + 4;
 
 /// Arithmetic expressions over non-negative integers, evaluated with the usual
 /// precedence (`*` before `+`/`-`, left to right), in `i128` (cannot overflow
 /// within [`MAX_DIFFICULTY`]).
 ///
-/// Difficulty `d` (clamped to `0..=10`):
+/// Coarse difficulty `d` (`0..=10`; other values outside [`BRIDGE_LEVELS`]
+/// are clamped to 10):
 /// - terms: `min(2 + d/2, 6)` (2 to 6),
 /// - digits per operand: `1 + (d+1)/2` (1 to 6), operands uniform in `[0, 10^digits)`,
 /// - operators: `+` only at `d = 0`; `+`/`-` at `d = 1`; `+`/`-`/`*` from `d = 2`.
+///
+/// Bridge levels ([`BRIDGE_LEVELS`]) sit between coarse 0 (one-digit sums)
+/// and coarse 1 (two-digit sums and differences).
 ///
 /// The task's random stream is `PrfStream(ENV, ["arith", d LE32, seed LE64])`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,12 +43,15 @@ pub struct ArithEnv {
 }
 
 impl ArithEnv {
-    /// An arithmetic environment of difficulty `difficulty` (clamped).
+    /// An arithmetic environment of difficulty `difficulty`: a coarse level
+    /// (`0..=10`, larger values clamped to 10) or a bridge level
+    /// ([`BRIDGE_LEVELS`], kept as is).
     pub fn new(difficulty: u32) -> Self {
-        Self { difficulty: difficulty.min(MAX_DIFFICULTY) }
+        let difficulty = if BRIDGE_LEVELS.contains(&difficulty) { difficulty } else { difficulty.min(MAX_DIFFICULTY) };
+        Self { difficulty }
     }
 
-    /// The (clamped) difficulty.
+    /// The difficulty (after clamping).
     pub fn difficulty(&self) -> u32 {
         self.difficulty
     }
@@ -36,16 +60,7 @@ impl ArithEnv {
     pub fn task(&self, seed: u64) -> Task {
         let d = self.difficulty;
         let mut st = PrfStream::new(labels::ENV, &[b"arith", &d.to_le_bytes(), &seed.to_le_bytes()]);
-        let terms = (2 + d / 2).min(6);
-        let digits = 1 + d.div_ceil(2);
-        let ops: &[char] = match d {
-            0 => &['+'],
-            1 => &['+', '-'],
-            _ => &['+', '-', '*'],
-        };
-        let bound = 10u64.pow(digits);
-        let operands: Vec<u64> = (0..terms).map(|_| st.below(bound)).collect();
-        let operators: Vec<char> = (1..terms).map(|_| ops[st.below(ops.len() as u64) as usize]).collect();
+        let (operands, operators) = if BRIDGE_LEVELS.contains(&d) { bridge(d, &mut st) } else { coarse(d, &mut st) };
 
         let mut expr = operands[0].to_string();
         for (op, x) in operators.iter().zip(&operands[1..]) {
@@ -58,6 +73,40 @@ impl ArithEnv {
             prompt: format!("Compute {expr}."),
             answer: TaskAnswer::Number(value.to_string()),
         }
+    }
+}
+
+/// Operands and operators of coarse level `d` (`0..=10`).
+fn coarse(d: u32, st: &mut PrfStream) -> (Vec<u64>, Vec<char>) {
+    let terms = (2 + d / 2).min(6);
+    let digits = 1 + d.div_ceil(2);
+    let ops: &[char] = match d {
+        0 => &['+'],
+        1 => &['+', '-'],
+        _ => &['+', '-', '*'],
+    };
+    let bound = 10u64.pow(digits);
+    let operands: Vec<u64> = (0..terms).map(|_| st.below(bound)).collect();
+    let operators: Vec<char> = (1..terms).map(|_| ops[st.below(ops.len() as u64) as usize]).collect();
+    (operands, operators)
+}
+
+/// Operands and operators of bridge level `d` ([`BRIDGE_LEVELS`]).
+fn bridge(d: u32, st: &mut PrfStream) -> (Vec<u64>, Vec<char>) {
+    match d - BRIDGE_FIRST {
+        0 => (vec![st.range_inclusive(10, 99), st.below(10)], vec!['+']),
+        1 => {
+            // Tens: a in 1..=8, b in 1..=9-a; ones: x in 0..=9, y in 0..=9-x.
+            let (ta, ua) = (st.range_inclusive(1, 8), st.below(10));
+            let (tb, ub) = (st.range_inclusive(1, 9 - ta), st.below(10 - ua));
+            (vec![10 * ta + ua, 10 * tb + ub], vec!['+'])
+        }
+        2 => {
+            let (x, y) = (st.below(10), st.below(10));
+            (vec![x.max(y), x.min(y)], vec!['-'])
+        }
+        3 => ((0..3).map(|_| st.below(10)).collect(), vec!['+', '+']),
+        _ => (vec![st.range_inclusive(10, 99), st.range_inclusive(10, 99)], vec!['+']),
     }
 }
 
@@ -102,6 +151,9 @@ mod tests {
         assert_eq!(t0.prompt.matches(' ').count(), 3, "{}", t0.prompt); // "Compute a + b."
         let hard = ArithEnv::new(99);
         assert_eq!(hard.difficulty(), MAX_DIFFICULTY);
+        assert_eq!(ArithEnv::new(BRIDGE_FIRST - 1).difficulty(), MAX_DIFFICULTY);
+        assert_eq!(ArithEnv::new(*BRIDGE_LEVELS.end() + 1).difficulty(), MAX_DIFFICULTY);
+        assert_eq!(ArithEnv::new(u32::MAX).task(7), hard.task(7));
         let t = hard.task(7);
         assert_eq!(t.prompt.split(' ').count(), 1 + 6 * 2 - 1, "{}", t.prompt);
         assert_ne!(ArithEnv::new(3).task(1), ArithEnv::new(3).task(2));
@@ -115,5 +167,55 @@ mod tests {
             let ops: Vec<char> = toks.iter().skip(1).step_by(2).map(|s| s.chars().next().unwrap()).collect();
             assert_eq!(t.answer, TaskAnswer::Number(evaluate(&xs, &ops).to_string()));
         }
+    }
+
+    /// Parses `Compute a op b ... .` back into operands and operators.
+    fn parse(prompt: &str) -> (Vec<u64>, Vec<char>) {
+        let expr = prompt.trim_start_matches("Compute ").trim_end_matches('.');
+        let toks: Vec<&str> = expr.split(' ').collect();
+        let xs = toks.iter().step_by(2).map(|s| s.parse().unwrap()).collect();
+        let ops = toks.iter().skip(1).step_by(2).map(|s| s.chars().next().unwrap()).collect();
+        (xs, ops)
+    }
+
+    #[test]
+    fn coarse_levels_are_unchanged() {
+        // The refactor into coarse()/bridge() keeps every coarse task: pinned prompts.
+        let got: Vec<String> = (0..=MAX_DIFFICULTY).map(|d| ArithEnv::new(d).task(12345).prompt).collect();
+        let digest = blake3::hash(got.join("\n").as_bytes());
+        assert_eq!(digest.to_hex().as_str(), COARSE_PINNED, "{got:?}");
+    }
+
+    const COARSE_PINNED: &str = "bed0fdcced10a4b0db92769e075a37d8a031c8369dd4c43e92f3465363222603";
+
+    #[test]
+    fn bridge_levels() {
+        for d in BRIDGE_LEVELS {
+            let env = ArithEnv::new(d);
+            assert_eq!(env.difficulty(), d);
+            let mut prompts = std::collections::HashSet::new();
+            for seed in 0..400 {
+                let t = env.task(seed);
+                assert_eq!(t, env.task(seed));
+                let (xs, ops) = parse(&t.prompt);
+                let value = evaluate(&xs, &ops);
+                assert_eq!(t.answer, TaskAnswer::Number(value.to_string()));
+                assert!(value >= 0, "{}", t.prompt);
+                match d - BRIDGE_FIRST {
+                    0 => assert!(ops == ['+'] && (10..100).contains(&xs[0]) && xs[1] < 10, "{}", t.prompt),
+                    1 => {
+                        assert!(ops == ['+'] && xs.iter().all(|x| (10..100).contains(x)), "{}", t.prompt);
+                        assert!(xs[0] % 10 + xs[1] % 10 < 10 && xs[0] / 10 + xs[1] / 10 < 10, "{}", t.prompt);
+                    }
+                    2 => assert!(ops == ['-'] && xs[0] < 10 && xs[1] <= xs[0], "{}", t.prompt),
+                    3 => assert!(ops == ['+', '+'] && xs.iter().all(|&x| x < 10), "{}", t.prompt),
+                    _ => assert!(ops == ['+'] && xs.iter().all(|x| (10..100).contains(x)), "{}", t.prompt),
+                }
+                prompts.insert(t.prompt);
+            }
+            // Enough distinct tasks that a held-out set is not the training set.
+            assert!(prompts.len() > 40, "level {d}: {} distinct prompts", prompts.len());
+        }
+        assert_ne!(ArithEnv::new(BRIDGE_FIRST).task(1), ArithEnv::new(BRIDGE_FIRST + 1).task(1));
     }
 }

@@ -132,7 +132,7 @@ fn main() -> Result<()> {
     let (honest, gen_secs) = run.generate_cached(&a.model, "honest", a.tasks)?;
     let tokens: usize = honest.iter().map(|r| r.tokens.len() - r.prompt_len).sum();
     println!(
-        "honest generation: {} rollouts, {} completion tokens in {:.1}s ({:.1} tok/s; 0 if cached)",
+        "honest generation: {} rollouts, {} completion tokens in {:.1}s ({:.1} tok/s; 0 s when read from the cache)",
         honest.len(),
         tokens,
         gen_secs,
@@ -149,6 +149,14 @@ fn main() -> Result<()> {
         honest.len(),
         honest.len() as f64 / ver_secs.max(1e-9)
     );
+    if gen_secs > 0.0 {
+        println!(
+            "verify ÷ generate (same machine, same rollouts): {:.3} ({:.2} vs {:.2} rollouts/s)",
+            ver_secs / gen_secs,
+            honest.len() as f64 / ver_secs.max(1e-9),
+            honest.len() as f64 / gen_secs
+        );
+    }
     println!();
     println!("## Honest: llama.cpp CPU (BF16) rollouts checked by the libtorch reference");
     report_honest("honest rollouts", &figs, &run.params);

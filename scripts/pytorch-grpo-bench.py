@@ -138,12 +138,13 @@ def main():
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     samples = load_samples(a.batch)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     loss, norm = step(model, opt, samples)
-    secs = time.perf_counter() - t
+    secs, cpu_secs = time.perf_counter() - t, time.process_time() - cpu
     print(f"pytorch_loss={loss:.6f}")
     print(f"pytorch_grad_norm={norm:.4f}")
     print(f"pytorch_step_seconds={secs:.3f}")
+    print(f"pytorch_step_cpu_seconds={cpu_secs:.3f}")
 
 
 if __name__ == "__main__":

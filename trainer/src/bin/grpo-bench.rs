@@ -29,12 +29,11 @@ use trainer::train::{Sample, TrainConfig, Trainer};
 use tributary_protocol::assets;
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::delta::{self, DeltaLimits};
-use tributary_protocol::rollout::Rollout;
 
 #[derive(Parser)]
 #[command(name = "grpo-bench", about = "One GRPO step: Rust trainer vs PyTorch, and the published delta's size")]
 struct Args {
-    /// Rollouts (JSONL, one `Rollout` per line, e.g. from `edge-miner generate`).
+    /// Rollouts (JSONL, one per line, as `edge-miner generate` writes them).
     #[arg(long, default_value = ".cache/bench/grpo-batch.jsonl")]
     batch: PathBuf,
     /// The BF16 base checkpoint the rollouts were generated with.
@@ -60,17 +59,28 @@ struct Args {
     save: PathBuf,
 }
 
+/// The fields of a rollout record (`edge-miner generate` JSONL, or a
+/// `Rollout` as JSON) the step needs.
+#[derive(serde::Deserialize)]
+struct Record {
+    group: u32,
+    tokens: Vec<u32>,
+    prompt_len: u32,
+    logprobs: Vec<f32>,
+    reward: f32,
+}
+
 /// Rollouts → samples with group-relative advantages (every group kept, as
 /// the batch's shape is what is measured).
 fn load_samples(path: &Path) -> Result<Vec<Sample>> {
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut groups: BTreeMap<u32, Vec<Rollout>> = BTreeMap::new();
+    let mut groups: BTreeMap<u32, Vec<Record>> = BTreeMap::new();
     for line in std::io::BufReader::new(f).lines() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
-        let r: Rollout = serde_json::from_str(&line)?;
+        let r: Record = serde_json::from_str(&line)?;
         groups.entry(r.group).or_default().push(r);
     }
     let mut out = Vec::new();
@@ -90,6 +100,16 @@ fn load_samples(path: &Path) -> Result<Vec<Sample>> {
         bail!("{} holds no rollouts", path.display());
     }
     Ok(out)
+}
+
+/// User + system CPU seconds of this process so far (`/proc/self/stat`).
+fn process_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) in clock ticks of 1/100 s.
+    let field = |i: usize| f.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(14) + field(15)) / 100.0
 }
 
 fn default_python() -> PathBuf {
@@ -147,9 +167,10 @@ fn main() -> Result<()> {
     })?;
 
     // The Rust step.
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), process_cpu_secs());
     let stats = trainer.step(&samples)?;
     let rust_step = t.elapsed().as_secs_f64();
+    let rust_cpu = process_cpu_secs() - cpu;
 
     // Publication figures.
     let t = Instant::now();
@@ -192,9 +213,14 @@ fn main() -> Result<()> {
     println!("| figure | value |");
     println!("|---|---|");
     println!("| Rust step (s) | {rust_step:.2} |");
+    println!("| Rust step, CPU (s) | {rust_cpu:.2} |");
     if let Some(p) = py.get("pytorch_step_seconds").and_then(|v| v.parse::<f64>().ok()) {
         println!("| PyTorch step (s) | {p:.2} |");
-        println!("| PyTorch / Rust (goal ≥ 1.0) | {:.2} |", p / rust_step);
+        println!("| PyTorch / Rust, wall (goal ≥ 1.0) | {:.2} |", p / rust_step);
+    }
+    if let Some(p) = py.get("pytorch_step_cpu_seconds").and_then(|v| v.parse::<f64>().ok()) {
+        println!("| PyTorch step, CPU (s) | {p:.2} |");
+        println!("| PyTorch / Rust, CPU | {:.2} |", p / rust_cpu);
         if let Some(l) = py.get("pytorch_loss") {
             println!("| PyTorch loss (Rust {:.6}) | {l} |", stats.loss);
         }

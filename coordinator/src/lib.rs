@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`core`]: the sans-IO state machine (windows, admission, verdicts, weights, bans).
+//! - [`admin`]: operator commands on a stopped coordinator (ban, unban, window length, inspect).
 
 pub mod core;
 pub use tributary_net as net;
@@ -11,3 +12,4 @@ pub mod http;
 pub mod dashboard;
 pub mod node;
 pub mod relay;
+pub mod admin;

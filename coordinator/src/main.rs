@@ -1,4 +1,6 @@
-//! `coordinator run --dev` or `coordinator run --config FILE`.
+//! `coordinator run --dev` or `coordinator run --config FILE`; operator
+//! commands on a stopped coordinator: `ban`, `unban`, `window-length`,
+//! `inspect`; `keygen`, `pubkey` and `fingerprint`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -40,6 +42,8 @@ enum Cmd {
         #[arg(long)]
         window_ms: Option<u64>,
     },
+    #[command(flatten)]
+    Admin(coordinator::admin::AdminCmd),
 }
 
 #[tokio::main]
@@ -48,7 +52,10 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let Cmd::Run { dev, config, model, data, validators, trainer, window_ms } = Cli::parse().cmd;
+    let (dev, config, model, data, validators, trainer, window_ms) = match Cli::parse().cmd {
+        Cmd::Run { dev, config, model, data, validators, trainer, window_ms } => (dev, config, model, data, validators, trainer, window_ms),
+        Cmd::Admin(cmd) => return Ok(coordinator::admin::cli(&cmd, &mut std::io::stdout().lock())?),
+    };
     let mut _tmp = None;
     let mut cfg = match (dev, &config) {
         (_, Some(path)) => {

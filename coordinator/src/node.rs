@@ -6,11 +6,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use serde::Deserialize;
+use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::{Keypair, PublicKey};
-use tributary_protocol::window::Schedule;
 
 use tributary_protocol::wire::Role;
 
@@ -60,6 +61,15 @@ pub struct Config {
     pub groups_per_miner: u32,
     /// Rollouts per group. Default 16.
     pub group_size: u32,
+    /// Sampling temperature of every rollout (the generation contract). Default 0.7.
+    pub temperature: f32,
+    /// Most completion tokens per rollout. Default 64 (`--dev`: 32).
+    pub max_new_tokens: u32,
+    /// Difficulty of the arith environment. Default 3.
+    pub difficulty: u32,
+    /// The dataset file of the gsm8k environment (its blake3 is published
+    /// with each window so miners and validators use the same file).
+    pub dataset: Option<PathBuf>,
     /// The genesis model (its content id is the first checkpoint). Required outside `--dev`.
     pub model: Option<PathBuf>,
     /// Validator keys (hex).
@@ -98,6 +108,10 @@ impl Default for Config {
             env: EnvId::Arith,
             groups_per_miner: 32,
             group_size: 16,
+            temperature: 0.7,
+            max_new_tokens: 64,
+            difficulty: 3,
+            dataset: None,
             model: None,
             validators: vec![],
             trainer: None,
@@ -128,6 +142,7 @@ impl Config {
             grace_ms: 2_000,
             groups_per_miner: 4,
             group_size: 4,
+            max_new_tokens: 32,
             ..Self::default()
         }
     }
@@ -222,12 +237,22 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         validators: keys(&cfg.validators)?,
         trainer: cfg.trainer.as_deref().map(str::parse).transpose()?,
     };
+    let dataset = match &cfg.dataset {
+        Some(p) => Some(*blake3::hash(&std::fs::read(p).with_context(|| format!("dataset {}", p.display()))?).as_bytes()),
+        None => None,
+    };
+    if cfg.env == EnvId::Gsm8k && dataset.is_none() {
+        anyhow::bail!("the gsm8k environment needs `dataset` (the GSM8K JSONL file)");
+    }
     let core = Core::new(CoreConfig {
-        schedule: Schedule::new(genesis_ms, cfg.window_ms, cfg.grace_ms)?,
+        schedule: crate::admin::schedule(&cfg.data_dir, genesis_ms, cfg.window_ms, cfg.grace_ms)?,
         master,
         env: cfg.env,
         groups_per_miner: cfg.groups_per_miner,
         group_size: cfg.group_size,
+        sampling: SamplingParams { temperature: cfg.temperature, max_new_tokens: cfg.max_new_tokens },
+        difficulty: cfg.difficulty,
+        dataset,
         genesis_checkpoint: genesis,
         access,
         ban_windows: cfg.ban_windows,
@@ -252,6 +277,7 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     }
     let relay = Arc::new(Relay::open(&relay_dir(&cfg.data_dir), entries)?);
     let shared = server::shared(core, store, key, limits, relay)?;
+    crate::admin::apply_overrides(&cfg.data_dir, &mut shared.core())?;
     let fingerprint = crate::net::fingerprint(&cert);
     let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;
     let http = crate::http::start(cfg.http, shared.clone()).await?;

@@ -8,10 +8,16 @@
 //! - [`quantize`]: llama.cpp's quantizer on GGUF files;
 //! - [`uplink`], [`sync`], [`run`]: `edge-miner run` (stream rollouts, fetch
 //!   and swap checkpoints, the mining loop);
+//! - [`doctor`]: `edge-miner doctor` (everything a miner needs, checked);
+//! - `adversary` (feature `adversary`): the miner with one attack switched
+//!   on (`edge-miner run --attack NAME`), for the validator's tests;
 //! - `wgpu` (feature `wgpu`): the second backend, the forward pass in WGSL
 //!   compute shaders.
 
+#[cfg(feature = "adversary")]
+pub mod adversary;
 pub mod backend;
+pub mod doctor;
 pub mod llama;
 pub mod offline;
 pub mod quantize;

@@ -34,8 +34,8 @@ enum Command {
     },
     /// Mine against a coordinator.
     Run(RunArgs),
-    /// List the compute adapters the wgpu backend sees.
-    Doctor,
+    /// Check everything mining needs (backend, memory, coordinator, clock, key, disk); non-zero exit if mining would fail.
+    Doctor(edge_miner::doctor::DoctorArgs),
     /// Generate rollouts offline (no coordinator) and write them as JSONL.
     Generate(GenerateArgs),
     /// Re-quantize a GGUF model with llama.cpp's quantizer.
@@ -145,23 +145,6 @@ fn no_wgpu() -> anyhow::Error {
     anyhow::anyhow!("--backend wgpu: this edge-miner was built without the `wgpu` feature")
 }
 
-fn doctor() -> Result<()> {
-    #[cfg(feature = "wgpu")]
-    {
-        let adapters = edge_miner::wgpu::list_adapters();
-        if adapters.is_empty() {
-            println!("wgpu: no adapter (install a Vulkan/Metal/DX12 driver; on Linux CI, Mesa's lavapipe)");
-        }
-        for (i, a) in adapters.iter().enumerate() {
-            println!("wgpu adapter {i}: {a}");
-        }
-    }
-    #[cfg(not(feature = "wgpu"))]
-    println!("wgpu: not built (rebuild with --features wgpu to list adapters)");
-    println!("llama.cpp: CPU, {} threads available", default_threads());
-    Ok(())
-}
-
 #[derive(clap::Args, Debug)]
 struct RunArgs {
     /// Join a `coordinator run --dev` network: the tiny dev model, a key created if missing.
@@ -180,18 +163,24 @@ struct RunArgs {
     /// the dev tiny model with --dev, else a download from the coordinator).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Most completion tokens per rollout.
-    #[arg(long, default_value_t = 64)]
-    max_new_tokens: usize,
-    /// Sampling temperature.
-    #[arg(long, default_value_t = 0.7)]
-    temperature: f32,
-    /// Difficulty of the arith environment.
-    #[arg(long, default_value_t = 3)]
-    difficulty: u32,
-    /// GSM8K JSONL file (when the coordinator's environment is gsm8k).
+    /// GSM8K JSONL file (when the coordinator's environment is gsm8k; the
+    /// temperature, length limit and difficulty come from the coordinator).
     #[arg(long)]
     gsm8k: Option<PathBuf>,
+    /// Switch on one attack (adversarial test builds only): forged-sketch,
+    /// stale-checkpoint, quantized-q4, quantized-q8, other-model, prefix-edit,
+    /// prefill-decode-split, reward-inflation, wrong-prompt, replay, copy, bad-signature.
+    #[cfg(feature = "adversary")]
+    #[arg(long)]
+    attack: Option<String>,
+    /// The model an attack really generates with (stale-checkpoint, other-model, prefill-decode-split).
+    #[cfg(feature = "adversary")]
+    #[arg(long)]
+    attack_model: Option<PathBuf>,
+    /// The victim's rollouts for `--attack copy` (one JSON rollout per line).
+    #[cfg(feature = "adversary")]
+    #[arg(long)]
+    copy_from: Option<PathBuf>,
     /// CPU threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -242,10 +231,20 @@ fn run(args: RunArgs) -> Result<()> {
         #[cfg(not(feature = "wgpu"))]
         BackendKind::Wgpu => return Err(no_wgpu()),
     };
-    cfg.max_new_tokens = args.max_new_tokens;
-    cfg.temperature = args.temperature;
-    cfg.arith_difficulty = args.difficulty;
     cfg.gsm8k = args.gsm8k;
+    #[cfg(feature = "adversary")]
+    if let Some(name) = &args.attack {
+        use edge_miner::adversary::{self, Attack, AttackOptions};
+        let attack: Attack = name.parse()?;
+        let pool = args.copy_from.as_deref().map(adversary::read_pool).transpose()?;
+        let opts = AttackOptions { model: args.attack_model.clone(), work_dir: Some(args.data.join("attack")), threads, pool };
+        let setup = adversary::setup(attack, &opts)?;
+        cfg.tamper = Some(setup.tamper);
+        if let Some(l) = setup.loader {
+            cfg.loader = l;
+        }
+        eprintln!("attack {attack} switched on");
+    }
     cfg.progress = true;
     cfg.model = match args.model {
         Some(m) => Some(m),
@@ -347,7 +346,12 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run(args),
-        Command::Doctor => doctor(),
+        Command::Doctor(args) => {
+            if !edge_miner::doctor::cli(&args)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Generate(args) => generate(args),
         Command::Quantize { input, output, ftype, threads } => {
             quantize(&input, &output, ftype.into(), threads.unwrap_or_else(default_threads))?;

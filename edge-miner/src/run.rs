@@ -91,6 +91,9 @@ pub struct RunConfig {
     pub progress: bool,
     /// Optional rollout hook (adversarial miners only).
     pub tamper: Option<Box<dyn Tamper>>,
+    /// Mine at most this many of the window's assigned groups (the first
+    /// ones), for a miner with less capacity; `None`: all of them.
+    pub max_groups: Option<u32>,
 }
 
 impl std::fmt::Debug for RunConfig {
@@ -121,6 +124,7 @@ impl RunConfig {
             sync_poll: Duration::from_secs(1),
             progress: false,
             tamper: None,
+            max_groups: None,
         }
     }
 }
@@ -442,7 +446,7 @@ pub async fn run(
             Ok(s) => s,
             Err(e) => break Err(e.into()),
         };
-        let groups: Vec<u32> = (0..info.groups_per_miner)
+        let groups: Vec<u32> = (0..cfg.max_groups.map_or(info.groups_per_miner, |m| m.min(info.groups_per_miner)))
             .filter(|g| (0..info.group_size).any(|i| !stored.contains(&(*g, i))))
             .collect();
         if groups.is_empty() {

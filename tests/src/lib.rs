@@ -2,8 +2,10 @@
 //!
 //! [`Net`] starts a `--dev` coordinator in-process (real QUIC on loopback, a
 //! real redb file in a temporary folder); [`Mesh`] adds miners (real
-//! llama.cpp on the tiny model, any of them with a rollout hook), and a
-//! trainer (real libtorch GRPO), all with short windows, seeded keys and a
+//! llama.cpp on the tiny model, any of them with a rollout hook or a smaller
+//! capacity), a validator (the real `validator::service` proving every
+//! rollout on the libtorch reference model and posting signed verdicts) and
+//! a trainer (real libtorch GRPO), all with short windows, seeded keys and a
 //! timeout on every wait ([`within`]). [`CoordinatorProcess`] runs the
 //! coordinator as a child process instead, for tests that `kill -9` it.
 //!
@@ -21,6 +23,7 @@ use std::time::Duration;
 
 use coordinator::node::{self, Config, Node};
 use edge_miner::run::{self, RunConfig, RunEvent, RunSummary, Tamper};
+use edge_miner::sync::Loader;
 use edge_miner::uplink::UplinkConfig;
 use tempfile::TempDir;
 use tokio::sync::{mpsc, watch};
@@ -65,12 +68,15 @@ pub struct NetConfig {
     pub max_new_tokens: u32,
     /// Seed of the coordinator's master secret (window seeds, challenges).
     pub seed: u64,
+    /// Difficulty of the arith environment (the window's generation contract).
+    pub difficulty: u32,
 }
 
 impl NetConfig {
     /// Short windows for the tiny model.
     pub fn new(window_ms: u64, grace_ms: u64, groups_per_miner: u32, group_size: u32) -> Self {
-        Self { window_ms, grace_ms, groups_per_miner, group_size, rollouts_per_sec: 20_000, seed: 0, max_new_tokens: 24 }
+        let difficulty = Config::dev(PathBuf::new()).difficulty;
+        Self { window_ms, grace_ms, groups_per_miner, group_size, rollouts_per_sec: 20_000, seed: 0, max_new_tokens: 24, difficulty }
     }
 
     fn coordinator(&self, data: PathBuf) -> Config {
@@ -81,6 +87,7 @@ impl NetConfig {
         cfg.group_size = self.group_size;
         cfg.rollouts_per_sec = self.rollouts_per_sec;
         cfg.max_new_tokens = self.max_new_tokens;
+        cfg.difficulty = self.difficulty;
         cfg
     }
 }
@@ -276,17 +283,33 @@ pub struct MinerSpec {
     pub name: String,
     /// Rollout hook (adversaries, or [`AlternateReward`]).
     pub tamper: Option<Box<dyn Tamper>>,
+    /// Model loader (some adversaries load another model); `None`: llama.cpp.
+    pub loader: Option<Loader>,
+    /// Groups mined per window at most ([`RunConfig::max_groups`]).
+    pub max_groups: Option<u32>,
 }
 
 impl MinerSpec {
     /// An honest miner.
     pub fn honest(name: &str) -> Self {
-        Self { name: name.into(), tamper: None }
+        Self { name: name.into(), tamper: None, loader: None, max_groups: None }
     }
 
     /// A miner with a rollout hook.
     pub fn with(name: &str, tamper: impl Tamper + 'static) -> Self {
-        Self { name: name.into(), tamper: Some(Box::new(tamper)) }
+        Self::boxed(name, Box::new(tamper), None)
+    }
+
+    /// A miner with a boxed rollout hook and optionally its own model loader
+    /// (what `edge_miner::adversary::setup` returns).
+    pub fn boxed(name: &str, tamper: Box<dyn Tamper>, loader: Option<Loader>) -> Self {
+        Self { name: name.into(), tamper: Some(tamper), loader, max_groups: None }
+    }
+
+    /// This miner mines at most `n` groups per window.
+    pub fn max_groups(mut self, n: u32) -> Self {
+        self.max_groups = Some(n);
+        self
     }
 }
 
@@ -296,8 +319,127 @@ pub struct MeshConfig {
     pub net: NetConfig,
     /// The miners.
     pub miners: Vec<MinerSpec>,
-    /// Whether a trainer runs.
+    /// Whether a trainer runs (it trusts unjudged rollouts only without a validator).
     pub trainer: bool,
+    /// Whether a validator runs (every rollout of every window, from the window the mesh starts in).
+    pub validator: bool,
+}
+
+/// What the mesh's validator reports.
+#[derive(Debug)]
+pub enum ValidatorEvent {
+    /// A window was verified and its verdicts posted.
+    Verified(Box<validator::service::WindowReport>),
+    /// A step failed; the validator reopens its service (progress on disk) and goes on.
+    Failed(String),
+}
+
+/// The in-process validator service (`validator run`), in a task.
+pub struct ValidatorHandle {
+    /// Its events.
+    pub events: mpsc::UnboundedReceiver<ValidatorEvent>,
+    /// Its configuration (its folder, with `progress.json`, survives restarts).
+    pub config: validator::service::ServiceConfig,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ValidatorHandle {
+    /// Starts the validator service in-process with `cfg`.
+    pub fn spawn(cfg: validator::service::ServiceConfig) -> Self {
+        let (tx, events) = mpsc::unbounded_channel();
+        let c = cfg.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let mut s = match validator::service::Service::open(c.clone()).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(ValidatorEvent::Failed(e.to_string()));
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                loop {
+                    match s.step().await {
+                        Ok(Some(r)) => {
+                            let _ = tx.send(ValidatorEvent::Verified(Box::new(r)));
+                        }
+                        Ok(None) => tokio::time::sleep(c.poll).await,
+                        Err(e) => {
+                            let _ = tx.send(ValidatorEvent::Failed(e.to_string()));
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Self { events, config: cfg, task }
+    }
+
+    /// Waits for the next verified window.
+    pub async fn next_report(&mut self, secs: u64) -> validator::service::WindowReport {
+        self.until(secs, |_| true).await
+    }
+
+    /// Waits for a verified window that `f` accepts (others are skipped).
+    pub async fn until(
+        &mut self,
+        secs: u64,
+        mut f: impl FnMut(&validator::service::WindowReport) -> bool,
+    ) -> validator::service::WindowReport {
+        within(secs, async {
+            loop {
+                match self.events.recv().await.expect("validator task ended") {
+                    ValidatorEvent::Verified(r) => {
+                        for (m, rep) in &r.miners {
+                            eprintln!(
+                                "validator: window {} miner {}: {}/{} valid {:?}",
+                                r.window,
+                                m.short(),
+                                rep.body.valid,
+                                rep.body.checked,
+                                rep.failed
+                            );
+                        }
+                        if f(&r) {
+                            return *r;
+                        }
+                    }
+                    ValidatorEvent::Failed(e) => eprintln!("validator step failed (retrying): {e}"),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Kills the validator task wherever it is (its folder stays); its
+    /// configuration and the windows it verified that were not read yet.
+    pub async fn kill(mut self) -> (validator::service::ServiceConfig, Vec<validator::service::WindowReport>) {
+        self.task.abort();
+        let _ = within(60, &mut self.task).await;
+        let mut unread = Vec::new();
+        while let Ok(e) = self.events.try_recv() {
+            if let ValidatorEvent::Verified(r) = e {
+                unread.push(*r);
+            }
+        }
+        (self.config, unread)
+    }
+}
+
+/// The dev validator's configuration for the coordinator of `net` (folder
+/// `validator` in the mesh folder): every rollout of every miner, from window `start`.
+pub fn validator_config(net: &Net, start: WindowId) -> validator::service::ServiceConfig {
+    let key = node::dev_key(Role::Validator);
+    let mut cfg = validator::service::ServiceConfig::new(
+        net.node.quic,
+        net.node.fingerprint.clone(),
+        key,
+        net.dir.path().join("validator"),
+    );
+    cfg.sample = validator::service::SampleConfig::ALL;
+    cfg.poll = Duration::from_millis(100);
+    cfg.start_window = Some(start);
+    cfg
 }
 
 /// What the mesh's trainer reports.
@@ -415,6 +557,8 @@ pub struct Mesh {
     pub names: Vec<String>,
     /// The trainer, if any.
     pub trainer: Option<TrainerHandle>,
+    /// The validator, if any.
+    pub validator: Option<ValidatorHandle>,
 }
 
 impl Mesh {
@@ -427,18 +571,35 @@ impl Mesh {
             let key = seeded_key(cfg.net.seed, &spec.name);
             let mut rc = net.miner_with_key(&spec.name, key, true);
             rc.tamper = spec.tamper;
+            rc.max_groups = spec.max_groups;
+            if let Some(l) = spec.loader {
+                rc.loader = l;
+            }
             miners.push(Miner::spawn(rc));
             names.push(spec.name);
         }
+        let validator = cfg.validator.then(|| ValidatorHandle::spawn(validator_config(&net, net.window())));
         let trainer = cfg.trainer.then(|| {
-            TrainerHandle::spawn(trainer_config(
-                net.node.quic,
-                &net.node.fingerprint,
-                &net.dir.path().join("trainer"),
-                &net.genesis_bytes,
-            ))
+            let mut t = trainer_config(net.node.quic, &net.node.fingerprint, &net.dir.path().join("trainer"), &net.genesis_bytes);
+            t.trust_unjudged = !cfg.validator;
+            TrainerHandle::spawn(t)
         });
-        Mesh { net, miners, names, trainer }
+        Mesh { net, miners, names, trainer, validator }
+    }
+
+    /// The validator (panics if the mesh has none).
+    pub fn validator(&mut self) -> &mut ValidatorHandle {
+        self.validator.as_mut().expect("the mesh has no validator")
+    }
+
+    /// Door acceptance of a miner: accepted / (accepted + refused), not
+    /// counting identical completions refused as replays (the random tiny
+    /// model repeats itself now and then; that refusal is by design).
+    pub fn acceptance(&self, key: &PublicKey) -> f64 {
+        let st = self.stats(key);
+        let replays = st.rejected.get("replayed_content").copied().unwrap_or(0);
+        let refused: u64 = st.rejected.values().sum::<u64>() - replays;
+        st.accepted as f64 / (st.accepted + refused).max(1) as f64
     }
 
     /// The miner called `name`.
@@ -456,6 +617,9 @@ impl Mesh {
     pub async fn stop(self) -> Vec<RunSummary> {
         if let Some(t) = self.trainer {
             t.kill().await;
+        }
+        if let Some(v) = self.validator {
+            v.kill().await;
         }
         let mut out = Vec::new();
         for m in self.miners {

@@ -42,6 +42,7 @@ async fn status_page_renders_a_running_mesh() {
         net: NetConfig { max_new_tokens: 16, ..NetConfig::new(3_000, 500, 1, 4) },
         miners: vec![MinerSpec::honest("a")],
         trainer: false,
+        validator: false,
     })
     .await;
     // A published checkpoint (a delta) so the history has one.

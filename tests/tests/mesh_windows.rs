@@ -16,6 +16,7 @@ async fn checkpoint_advances_every_window_and_miners_follow() {
         net: NetConfig { max_new_tokens: 16, ..NetConfig::new(4_000, 600, 2, 4) },
         miners: vec![MinerSpec::with("a", AlternateReward), MinerSpec::with("b", AlternateReward)],
         trainer: true,
+        validator: false,
     })
     .await;
     let mut trained = BTreeSet::new();

@@ -23,6 +23,12 @@
 //! - **bad input**: bytes that do not decode are counted and logged, never
 //!   a panic; a coordinator that goes away is retried with backoff.
 //!
+//! **Restarts.** Progress is kept in `progress.json` in the service folder:
+//! the next window to verify and the miners whose verdicts on it the
+//! coordinator has already acknowledged (written right after each
+//! acknowledgement). A restarted service resumes there: every window gets
+//! its verdicts, and an acknowledged verdict is not posted again.
+//!
 //! **Pace.** Windows are verified in order. If verification falls more than
 //! one window behind the clock the service logs a warning and sets the
 //! `tributary_validator_windows_behind` gauge; it never skips a window.
@@ -96,6 +102,9 @@ pub enum ServiceError {
     /// Local I/O.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// `progress.json` is malformed.
+    #[error("progress.json: {0}")]
+    Progress(String),
 }
 
 /// Which miners and rollouts of a window are checked (grail §7.3 shape).
@@ -156,8 +165,46 @@ pub struct ServiceConfig {
     pub max_backoff: Duration,
     /// Attempts per request before giving up (the coordinator is gone).
     pub max_attempts: u32,
-    /// First window to verify (default: the window in progress at start).
+    /// First window to verify when the folder holds no progress (default:
+    /// the window in progress at start); a restart resumes from `progress.json`.
     pub start_window: Option<WindowId>,
+}
+
+/// `progress.json`: where a restarted service resumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// The next window to verify.
+    pub next_window: WindowId,
+    /// Miners whose verdicts on `next_window` the coordinator acknowledged.
+    pub posted: Vec<PublicKey>,
+}
+
+impl Progress {
+    fn path(dir: &std::path::Path) -> PathBuf {
+        dir.join("progress.json")
+    }
+
+    /// The progress saved in `dir`, if any.
+    pub fn load(dir: &std::path::Path) -> Result<Option<Progress>, ServiceError> {
+        match std::fs::read(Self::path(dir)) {
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| ServiceError::Progress(e.to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Saves to `dir` atomically (temporary file, fsync, rename).
+    fn save(&self, dir: &std::path::Path) -> Result<(), ServiceError> {
+        use std::io::Write as _;
+        let path = Self::path(dir);
+        let tmp = path.with_extension("json.part");
+        let bytes = serde_json::to_vec(self).map_err(|e| ServiceError::Progress(e.to_string()))?;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
 }
 
 impl ServiceConfig {
@@ -315,6 +362,7 @@ pub struct Service {
     loaded: Option<Loaded>,
     gsm8k: Option<Gsm8kEnv>,
     next_window: Option<WindowId>,
+    posted: Vec<PublicKey>,
 }
 
 impl std::fmt::Debug for Service {
@@ -324,13 +372,22 @@ impl std::fmt::Debug for Service {
 }
 
 impl Service {
-    /// Connects (with backoff) and prepares the model folder.
+    /// Connects (with backoff) and prepares the model folder; resumes from
+    /// the folder's `progress.json` if there is one.
     pub async fn open(cfg: ServiceConfig) -> Result<Self, ServiceError> {
         std::fs::create_dir_all(cfg.dir.join("models"))?;
         let mut client = Client { cfg: cfg.clone(), session: None, schedule: None };
         let schedule = client.schedule().await?;
-        let next_window = Some(cfg.start_window.unwrap_or_else(|| schedule.window_at(now_ms()).unwrap_or(0)));
-        Ok(Self { cfg, client, loaded: None, gsm8k: None, next_window })
+        let (next_window, posted) = match Progress::load(&cfg.dir)? {
+            Some(p) => (p.next_window, p.posted),
+            None => (cfg.start_window.unwrap_or_else(|| schedule.window_at(now_ms()).unwrap_or(0)), Vec::new()),
+        };
+        Ok(Self { cfg, client, loaded: None, gsm8k: None, next_window: Some(next_window), posted })
+    }
+
+    fn save_progress(&self) -> Result<(), ServiceError> {
+        let Some(next_window) = self.next_window else { return Ok(()) };
+        Progress { next_window, posted: self.posted.clone() }.save(&self.cfg.dir)
     }
 
     /// The next window to verify.
@@ -356,6 +413,8 @@ impl Service {
         let report = self.verify_window(w).await?;
         self.post(&report).await?;
         self.next_window = Some(w + 1);
+        self.posted.clear();
+        self.save_progress()?;
         Ok(Some(report))
     }
 
@@ -514,12 +573,21 @@ impl Service {
 
     /// Signs and posts one verdict per miner.
     pub async fn post(&mut self, report: &WindowReport) -> Result<(), ServiceError> {
+        let resuming = self.next_window == Some(report.window);
         for m in report.miners.values() {
+            if resuming && self.posted.contains(&m.body.miner) {
+                continue;
+            }
             let v = Verdict::sign(m.body.clone(), &self.cfg.key);
             match self.client.request(&Frame::PostVerdict(v)).await? {
                 Frame::VerdictAck(a) if a.window == report.window && a.miner == m.body.miner => {
                     let outcome = if m.body.hard_failure { "failed" } else { "passed" };
                     metrics::counter!("tributary_validator_verdicts_total", "outcome" => outcome).increment(1);
+                    if resuming {
+                        // Saved before the next await: a restart never posts it again.
+                        self.posted.push(m.body.miner);
+                        self.save_progress()?;
+                    }
                 }
                 f => return Err(ServiceError::Unexpected(f.tag())),
             }

@@ -31,7 +31,7 @@ mod gsm8k;
 mod sat;
 
 pub use answer::{extract_number, normalize_number};
-pub use arith::ArithEnv;
+pub use arith::{ArithEnv, PRACTICE_LEVEL};
 pub use gsm8k::{Gsm8kEnv, Gsm8kItem};
 pub use sat::{SatEnv, SatProblem};
 
@@ -111,20 +111,37 @@ pub enum TaskAnswer {
     Number(String),
     /// A 3-SAT instance; any satisfying assignment is correct.
     Sat(SatProblem),
+    /// A number, with partial credit for brevity when wrong: the arith
+    /// practice level of `--dev` networks ([`PRACTICE_LEVEL`]).
+    Practice(String),
 }
 
 impl TaskAnswer {
     /// Reward of a completion: `1.0` if its answer is correct, else `0.0`.
     /// Numbers: [`extract_number`] then exact comparison of normalized
     /// decimals. SAT: [`SatProblem::parse_assignment`], then every clause
-    /// must be satisfied.
+    /// must be satisfied. Practice: as a number, but a wrong answer earns
+    /// [`practice_credit`] instead of `0.0`.
     pub fn reward(&self, completion: &str) -> f32 {
         let ok = match self {
-            TaskAnswer::Number(want) => extract_number(completion).is_some_and(|got| &got == want),
+            TaskAnswer::Number(want) | TaskAnswer::Practice(want) => extract_number(completion).is_some_and(|got| &got == want),
             TaskAnswer::Sat(p) => p.parse_assignment(completion).is_some_and(|a| p.satisfied_by(&a)),
         };
-        if ok { 1.0 } else { 0.0 }
+        match self {
+            _ if ok => 1.0,
+            TaskAnswer::Practice(_) => practice_credit(completion),
+            _ => 0.0,
+        }
     }
+}
+
+/// The practice level's credit for a wrong answer: `0.5 · 16 / (16 + n)`
+/// for a completion of `n` characters (`0.5` when empty, falling with
+/// length). Computed in `f32` with one correctly rounded division, so every
+/// machine gets the same bits.
+pub fn practice_credit(completion: &str) -> f32 {
+    let n = completion.chars().count().min(1 << 20) as f32;
+    0.5 * (16.0 / (16.0 + n))
 }
 
 /// One task: the user message and its reference answer.

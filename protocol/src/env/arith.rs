@@ -23,6 +23,17 @@ pub const BRIDGE_FIRST: u32 = 100;
 /// Base SmolLM2-135M-Instruct, greedy, 48 new tokens: see `docs/training.md`.
 pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_FIRST + 4;
 
+/// The practice level, for `--dev` networks and tests only: tasks shaped like
+/// coarse level 0 (`a + b`, one digit each) whose answer is
+/// [`TaskAnswer::Practice`]: reward 1 for the right number, otherwise a
+/// partial credit that grows as the completion gets shorter
+/// ([`super::practice_credit`]). The random tiny model never adds right, so
+/// with the plain reward its groups have no variance and teach nothing; this
+/// shaping gives it an honest learning signal (miner, validator and trainer
+/// compute the same function of the completion), but it pays for brevity,
+/// not arithmetic: never use it on a real network.
+pub const PRACTICE_LEVEL: u32 = 900;
+
 /// Arithmetic expressions over non-negative integers, evaluated with the usual
 /// precedence (`*` before `+`/`-`, left to right), in `i128` (cannot overflow
 /// within [`MAX_DIFFICULTY`]).
@@ -44,10 +55,11 @@ pub struct ArithEnv {
 
 impl ArithEnv {
     /// An arithmetic environment of difficulty `difficulty`: a coarse level
-    /// (`0..=10`, larger values clamped to 10) or a bridge level
-    /// ([`BRIDGE_LEVELS`], kept as is).
+    /// (`0..=10`, larger values clamped to 10), a bridge level
+    /// ([`BRIDGE_LEVELS`]) or the [`PRACTICE_LEVEL`] (kept as is).
     pub fn new(difficulty: u32) -> Self {
-        let difficulty = if BRIDGE_LEVELS.contains(&difficulty) { difficulty } else { difficulty.min(MAX_DIFFICULTY) };
+        let kept = BRIDGE_LEVELS.contains(&difficulty) || difficulty == PRACTICE_LEVEL;
+        let difficulty = if kept { difficulty } else { difficulty.min(MAX_DIFFICULTY) };
         Self { difficulty }
     }
 
@@ -60,18 +72,22 @@ impl ArithEnv {
     pub fn task(&self, seed: u64) -> Task {
         let d = self.difficulty;
         let mut st = PrfStream::new(labels::ENV, &[b"arith", &d.to_le_bytes(), &seed.to_le_bytes()]);
-        let (operands, operators) = if BRIDGE_LEVELS.contains(&d) { bridge(d, &mut st) } else { coarse(d, &mut st) };
+        let (operands, operators) = match d {
+            PRACTICE_LEVEL => coarse(0, &mut st),
+            d if BRIDGE_LEVELS.contains(&d) => bridge(d, &mut st),
+            d => coarse(d, &mut st),
+        };
 
         let mut expr = operands[0].to_string();
         for (op, x) in operators.iter().zip(&operands[1..]) {
             expr.push_str(&format!(" {op} {x}"));
         }
-        let value = evaluate(&operands, &operators);
+        let value = evaluate(&operands, &operators).to_string();
         Task {
             env: EnvId::Arith,
             id: seed,
             prompt: format!("Compute {expr}."),
-            answer: TaskAnswer::Number(value.to_string()),
+            answer: if d == PRACTICE_LEVEL { TaskAnswer::Practice(value) } else { TaskAnswer::Number(value) },
         }
     }
 }
@@ -187,6 +203,25 @@ mod tests {
     }
 
     const COARSE_PINNED: &str = "bed0fdcced10a4b0db92769e075a37d8a031c8369dd4c43e92f3465363222603";
+
+    #[test]
+    fn practice_level() {
+        let env = ArithEnv::new(PRACTICE_LEVEL);
+        assert_eq!(env.difficulty(), PRACTICE_LEVEL);
+        for seed in 0..100 {
+            let t = env.task(seed);
+            let (xs, ops) = parse(&t.prompt);
+            assert!(ops == ['+'] && xs.iter().all(|&x| x < 10), "{}", t.prompt);
+            let TaskAnswer::Practice(want) = &t.answer else { panic!("practice answers: {:?}", t.answer) };
+            assert_eq!(*want, (xs[0] + xs[1]).to_string());
+            assert_eq!(t.answer.reward(&format!("Answer: {want}")), 1.0);
+            // Wrong or no answer: a credit below 1/2 that shrinks with length.
+            let short = t.answer.reward("Answer: 19");
+            let long = t.answer.reward("I am not sure what the sum is, sorry. Answer: 19");
+            assert!(0.0 < long && long < short && short < 0.5, "{long} {short}");
+            assert_eq!(t.answer.reward(""), 0.5);
+        }
+    }
 
     #[test]
     fn bridge_levels() {

@@ -12,11 +12,14 @@
 #   DEMO_WINDOW_MS=MS   window length (default 90000: 2 miners x 2 groups x G=4
 #                       x 48 tokens on one CPU thread each, plus a GRPO step)
 #   DEMO_GROUPS=N       groups per miner per window (default 2)
+#   DEMO_GROUP_SIZE=G   rollouts per group (default 4)
 #   DEMO_TOKENS=N       most new tokens per rollout (default 48)
-#   DEMO_DIFFICULTY=D   arith difficulty (default 0: greedy base accuracy 90%
-#                       on 30 tasks, ~7% at 1, 0% at 2 (48 tokens); sampled at
-#                       T=0.7 it is lower, so groups have reward variance)
+#   DEMO_DIFFICULTY=D   arith difficulty (default 102, a bridge level: one-digit
+#                       a - b with a >= b; greedy base accuracy 36% on 50 tasks
+#                       at 48 tokens, against 90% at 0 and ~7% at 1; see
+#                       docs/training.md)
 #   DEMO_LR=X           trainer learning rate (default 1e-5)
+#   DEMO_VALIDATOR=0    run no validator (the trainer then trusts unjudged rollouts)
 #   DEMO_KEEP=1         keep everything running after the summary (Ctrl-C stops)
 #   DEMO_DIR=DIR        working folder (default: a new temporary folder)
 set -euo pipefail
@@ -25,8 +28,9 @@ cd "$root"
 windows="${DEMO_WINDOWS:-3}"
 window_ms="${DEMO_WINDOW_MS:-90000}"
 groups="${DEMO_GROUPS:-2}"
+group_size="${DEMO_GROUP_SIZE:-4}"
 tokens="${DEMO_TOKENS:-48}"
-difficulty="${DEMO_DIFFICULTY:-0}"
+difficulty="${DEMO_DIFFICULTY:-102}"
 lr="${DEMO_LR:-1e-5}"
 dir="${DEMO_DIR:-$(mktemp -d -t tributary-demo.XXXXXX)}"
 mkdir -p "$dir"
@@ -66,7 +70,7 @@ echo "== keys"
 trainer_key="$("$bin/edge-miner" init --data "$dir/trainer-key" | cut -d= -f2)"
 echo "trainer $trainer_key"
 
-echo "== coordinator (window ${window_ms} ms, ${groups} groups x 4 per miner, ${tokens} tokens, arith difficulty ${difficulty})"
+echo "== coordinator (window ${window_ms} ms, ${groups} groups x ${group_size} per miner, ${tokens} tokens, arith difficulty ${difficulty})"
 cat > "$dir/coordinator.toml" <<EOF
 listen = "127.0.0.1:0"
 http = "127.0.0.1:0"
@@ -78,13 +82,13 @@ difficulty = $difficulty
 temperature = 0.7
 max_new_tokens = $tokens
 groups_per_miner = $groups
-group_size = 4
+group_size = $group_size
 model = "$base"
 trainer = "$trainer_key"
 EOF
 validator_args=()
 has_validator=0
-if "$bin/validator" --help 2>/dev/null | grep -q "^  run"; then
+if [ "${DEMO_VALIDATOR:-1}" != 0 ] && "$bin/validator" --help 2>/dev/null | grep -q "^  run"; then
   has_validator=1
   validator_key="$("$bin/edge-miner" init --data "$dir/validator-key" | cut -d= -f2)"
   validator_args=(--validator "$validator_key")
@@ -114,7 +118,7 @@ if [ "$has_validator" = 1 ]; then
     > "$dir/validator.out" 2> "$dir/validator.log" &
   pids+=($!)
 else
-  echo "== validator: this build has no 'validator run'; the trainer trusts unjudged rollouts (--dev)"
+  echo "== validator: none (DEMO_VALIDATOR=0 or no 'validator run' in this build); the trainer trusts unjudged rollouts (--dev)"
 fi
 
 echo "== trainer"

@@ -1,23 +1,46 @@
 #!/usr/bin/env bash
 # Does training work? Runs the demo network (scripts/demo.sh: coordinator,
-# two llama.cpp miners, trainer, SmolLM2-135M, arith) for K windows, then
-# measures greedy held-out accuracy of the base and the final checkpoint on a
-# fixed held-out set (seed 12345: tasks no window assigns), and writes the
-# mean reward per window as CSV next to the figures.
+# two llama.cpp miners, trainer; SmolLM2-135M-Instruct on arith) for K
+# windows, then measures greedy held-out accuracy of the base and the final
+# checkpoint on a fixed held-out set (the offline window of seed 12345: task
+# seeds no network window assigns), writes the mean reward per window as CSV
+# and plots it as a PNG (train-bench plot). Figures: docs/training.md.
 #
 #   BENCH_WINDOWS=K     windows (default 20)
 #   BENCH_TASKS=N       held-out tasks (default 100)
-#   DEMO_*              passed to scripts/demo.sh (window length, difficulty, tokens, lr)
+#   BENCH_SEED=S        held-out offline seed (default 12345)
+#   BENCH_PNG=FILE      also copy the plot there (e.g. docs/train-reward.png)
+#   DEMO_*              passed to scripts/demo.sh; the bench's defaults:
+#                       DEMO_DIFFICULTY=102, DEMO_TOKENS=48, DEMO_GROUPS=2,
+#                       DEMO_GROUP_SIZE=8, DEMO_WINDOW_MS=90000, DEMO_LR=3e-5,
+#                       DEMO_VALIDATOR=0 (two cores cannot also prove every window)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 k="${BENCH_WINDOWS:-20}"
 tasks="${BENCH_TASKS:-100}"
+seed="${BENCH_SEED:-12345}"
+export DEMO_DIFFICULTY="${DEMO_DIFFICULTY:-102}"
+export DEMO_TOKENS="${DEMO_TOKENS:-48}"
+export DEMO_GROUPS="${DEMO_GROUPS:-2}"
+export DEMO_GROUP_SIZE="${DEMO_GROUP_SIZE:-8}"
+export DEMO_WINDOW_MS="${DEMO_WINDOW_MS:-90000}"
+export DEMO_LR="${DEMO_LR:-3e-5}"
+export DEMO_VALIDATOR="${DEMO_VALIDATOR:-0}"
 dir="${DEMO_DIR:-$(mktemp -d -t tributary-bench.XXXXXX)}"
-difficulty="${DEMO_DIFFICULTY:-0}"
-tokens="${DEMO_TOKENS:-48}"
-DEMO_DIR="$dir" DEMO_WINDOWS="$k" bash scripts/demo.sh | tee "$dir/demo.txt"
+mkdir -p "$dir"
+font=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
+if [ ! -f "$font" ]; then
+  echo "== installing fonts-dejavu-core (the plot's font)"
+  { apt-get update -qq && apt-get install -y -qq fonts-dejavu-core; } >/dev/null 2>&1 \
+    || echo "could not install fonts-dejavu-core: the plot step will fail" >&2
+fi
+echo "== build train-bench"
+cargo build -q -p tributary-tests --bin train-bench
 bin="$root/target/debug"
+
+echo "== network: $k windows of $DEMO_WINDOW_MS ms, arith difficulty $DEMO_DIFFICULTY, lr $DEMO_LR (working folder $dir)"
+DEMO_DIR="$dir" DEMO_WINDOWS="$k" bash scripts/demo.sh | tee "$dir/demo.txt"
 base="$root/.cache/models/SmolLM2-135M-Instruct.bf16.gguf"
 final="$(ls -t "$dir"/trainer/publish/checkpoints/*.gguf 2>/dev/null | head -1 || true)"
 python3 - "$dir/status.json" > "$dir/reward.csv" <<'PY'
@@ -28,16 +51,17 @@ for w in s["windows"]:
     if w["closed"] and w["rollouts"]:
         print(f"{w['window']},{w['rollouts']},{w['mean_reward']:.4f},{w['checkpoint'][:16]}")
 PY
-accuracy() {
-  "$bin/edge-miner" generate --model "$1" --env arith --difficulty "$difficulty" --tasks "$tasks" --group 1 \
-    --max-new-tokens "$tokens" --seed 12345 --temperature 0 --threads 2 --out "$2" >/dev/null 2>&1
-  python3 -c "import json,sys; r=[json.loads(l)['reward'] for l in open(sys.argv[1])]; print(f'{sum(r)/len(r):.3f}')" "$2"
-}
-echo "== held-out greedy accuracy (arith difficulty $difficulty, $tasks tasks, seed 12345)"
-echo "base  $(accuracy "$base" "$dir/heldout-base.jsonl")"
-if [ -n "$final" ]; then
-  echo "final $(accuracy "$final" "$dir/heldout-final.jsonl")  ($(basename "$final"))"
-else
-  echo "final: the trainer published no checkpoint"
+echo "== reward per window ($dir/reward.csv)"
+cat "$dir/reward.csv"
+"$bin/train-bench" plot --csv "$dir/reward.csv" --out "$dir/reward.png" \
+  --title "SmolLM2-135M, arith $DEMO_DIFFICULTY: mean reward per window (T=0.7, lr $DEMO_LR)"
+if [ -n "${BENCH_PNG:-}" ]; then cp "$dir/reward.png" "$BENCH_PNG"; echo "plot copied to $BENCH_PNG"; fi
+
+echo "== held-out greedy accuracy (base, then final checkpoint; one llama.cpp thread each)"
+if [ -z "$final" ]; then
+  echo "the trainer published no checkpoint" >&2
+  exit 1
 fi
-echo "reward per window: $dir/reward.csv"
+"$bin/train-bench" eval --model "$base" --model "$final" --difficulty "$DEMO_DIFFICULTY" --tasks "$tasks" \
+  --seed "$seed" --max-new-tokens "$DEMO_TOKENS" --threads 1 --out-dir "$dir" | tee "$dir/heldout.txt"
+echo "model0 = base, model1 = final ($(basename "$final")); completions in $dir/heldout-{0,1}.jsonl"

@@ -48,6 +48,11 @@ struct Args {
     /// Python with torch + transformers (default: `$TRIBUTARY_HOME/../venv-bench`, see scripts/bench-venv.sh).
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Timed rounds, each one Rust step then one PyTorch step (a fresh process
+    /// from the base), so load from other processes hits both alike; the
+    /// table shows medians. The delta figures are those of the first step.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Skip the PyTorch comparison.
     #[arg(long)]
     no_pytorch: bool,
@@ -120,16 +125,18 @@ fn default_python() -> PathBuf {
 }
 
 /// Runs the PyTorch script and returns its `key=value` lines.
-fn run_pytorch(args: &Args, python: &Path, ref_logits: &Path, prompt: &[u32]) -> Result<BTreeMap<String, String>> {
+fn run_pytorch(args: &Args, python: &Path, check: Option<(&Path, &[u32])>) -> Result<BTreeMap<String, String>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pytorch-grpo-bench.py");
-    let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
-    let out = Command::new(python)
-        .arg(&script)
+    let mut cmd = Command::new(python);
+    cmd.arg(&script)
         .args(["--hf".as_ref(), args.hf.as_os_str()])
         .args(["--batch".as_ref(), args.batch.as_os_str()])
-        .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()])
-        .args(["--ref-logits".as_ref(), ref_logits.as_os_str()])
-        .args(["--prompt", &prompt.join(",")])
+        .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()]);
+    if let Some((ref_logits, prompt)) = check {
+        let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
+        cmd.args(["--ref-logits".as_ref(), ref_logits.as_os_str()]).args(["--prompt", &prompt.join(",")]);
+    }
+    let out = cmd
         .output()
         .with_context(|| format!("running {} (create it with scripts/bench-venv.sh)", python.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -166,13 +173,12 @@ fn main() -> Result<()> {
         Ok(Vec::<f32>::try_from(&logits)?)
     })?;
 
-    // The Rust step.
+    // Round 1's Rust step, then what it publishes.
     let (t, cpu) = (Instant::now(), process_cpu_secs());
     let stats = trainer.step(&samples)?;
-    let rust_step = t.elapsed().as_secs_f64();
-    let rust_cpu = process_cpu_secs() - cpu;
+    let mut rust_wall = vec![t.elapsed().as_secs_f64()];
+    let mut rust_cpu = vec![process_cpu_secs() - cpu];
 
-    // Publication figures.
     let t = Instant::now();
     let new_bytes = trainer.export_checkpoint(&base)?;
     let export_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -188,22 +194,60 @@ fn main() -> Result<()> {
     if target != new.bytes() {
         bail!("applying the delta did not reproduce the new checkpoint");
     }
+    drop(target);
     let (changed, total) = delta::change_stats(base.bytes(), new.bytes())?;
     let full = new.bytes().len();
     std::fs::write(&args.save, new.bytes()).with_context(|| format!("writing {}", args.save.display()))?;
+    let d_len = d.len();
+    drop((new, d, decoded));
 
-    // PyTorch on the same batch.
+    // PyTorch on the same batch, alternating with further Rust steps (same
+    // batch, same cost per step).
     let mut py = BTreeMap::new();
+    let (mut py_wall, mut py_cpu) = (Vec::new(), Vec::new());
+    let mut loads = Vec::new();
+    let loadavg = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("").to_owned();
     if !args.no_pytorch {
         trainer::hf::export(&base, &args.hf)?;
         let ref_path = args.hf.join("ref_logits.f32");
         let raw: Vec<u8> = ref_logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         std::fs::write(&ref_path, raw)?;
         let python = args.python.clone().unwrap_or_else(default_python);
-        // Free the Rust trainer's memory first: the two runs must not compete.
-        drop(trainer);
-        py = run_pytorch(&args, &python, &ref_path, &prompt)?;
+        for round in 0..args.rounds.max(1) {
+            if round > 0 {
+                let (t, cpu) = (Instant::now(), process_cpu_secs());
+                trainer.step(&samples)?;
+                rust_wall.push(t.elapsed().as_secs_f64());
+                rust_cpu.push(process_cpu_secs() - cpu);
+            }
+            let check = (round == 0).then_some((ref_path.as_path(), prompt.as_slice()));
+            let out = run_pytorch(&args, &python, check)?;
+            let get = |k: &str| out.get(k).and_then(|v| v.parse::<f64>().ok());
+            if let (Some(w), Some(c)) = (get("pytorch_step_seconds"), get("pytorch_step_cpu_seconds")) {
+                py_wall.push(w);
+                py_cpu.push(c);
+            }
+            loads.push(loadavg());
+            eprintln!(
+                "round {}: Rust {:.2} s ({:.2} CPU s), PyTorch {:.2} s ({:.2} CPU s), load {}",
+                round + 1,
+                rust_wall[round],
+                rust_cpu[round],
+                py_wall.last().copied().unwrap_or(f64::NAN),
+                py_cpu.last().copied().unwrap_or(f64::NAN),
+                loads[round]
+            );
+            if round == 0 {
+                py = out;
+            }
+        }
     }
+    let median = |v: &[f64]| -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
+    };
+    let (rust_step, rust_cpu_m) = (median(&rust_wall), median(&rust_cpu));
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("batch: {seqs} sequences, {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}", cfg.micro_batch_tokens);
@@ -212,21 +256,22 @@ fn main() -> Result<()> {
     println!();
     println!("| figure | value |");
     println!("|---|---|");
-    println!("| Rust step (s) | {rust_step:.2} |");
-    println!("| Rust step, CPU (s) | {rust_cpu:.2} |");
-    if let Some(p) = py.get("pytorch_step_seconds").and_then(|v| v.parse::<f64>().ok()) {
-        println!("| PyTorch step (s) | {p:.2} |");
+    let list = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
+    println!("| rounds (Rust step, then PyTorch step) | {} (load {}) |", rust_wall.len(), loads.join(", "));
+    println!("| Rust step, median (s) | {rust_step:.2} ({}) |", list(&rust_wall));
+    println!("| Rust step CPU, median (s) | {rust_cpu_m:.2} ({}) |", list(&rust_cpu));
+    if !py_wall.is_empty() {
+        let (p, pc) = (median(&py_wall), median(&py_cpu));
+        println!("| PyTorch step, median (s) | {p:.2} ({}) |", list(&py_wall));
+        println!("| PyTorch step CPU, median (s) | {pc:.2} ({}) |", list(&py_cpu));
         println!("| PyTorch / Rust, wall (goal ≥ 1.0) | {:.2} |", p / rust_step);
+        println!("| PyTorch / Rust, CPU | {:.2} |", pc / rust_cpu_m);
     }
-    if let Some(p) = py.get("pytorch_step_cpu_seconds").and_then(|v| v.parse::<f64>().ok()) {
-        println!("| PyTorch step, CPU (s) | {p:.2} |");
-        println!("| PyTorch / Rust, CPU | {:.2} |", p / rust_cpu);
-        if let Some(l) = py.get("pytorch_loss") {
-            println!("| PyTorch loss (Rust {:.6}) | {l} |", stats.loss);
-        }
-        if let Some(g) = py.get("pytorch_grad_norm") {
-            println!("| PyTorch grad norm (Rust {:.4}) | {g} |", stats.grad_norm);
-        }
+    if let Some(l) = py.get("pytorch_loss") {
+        println!("| PyTorch loss, step 1 (Rust {:.6}) | {l} |", stats.loss);
+    }
+    if let Some(g) = py.get("pytorch_grad_norm") {
+        println!("| PyTorch grad norm, step 1 (Rust {:.4}) | {g} |", stats.grad_norm);
     }
     if let Some(v) = py.get("hf_logits_max_abs_diff") {
         println!("| HF export vs reference, next-token logits max abs diff | {v} |");
@@ -235,8 +280,8 @@ fn main() -> Result<()> {
         println!("| HF export vs reference, same argmax | {v} |");
     }
     println!("| full checkpoint (bytes) | {full} |");
-    println!("| delta (bytes) | {} |", d.len());
-    println!("| full / delta (goal ≥ 130) | {:.1} |", full as f64 / d.len() as f64);
+    println!("| delta (bytes) | {d_len} |");
+    println!("| full / delta (goal ≥ 130) | {:.1} |", full as f64 / d_len as f64);
     println!("| changed elements | {changed} of {total} ({:.4} %) |", 100.0 * changed as f64 / total as f64);
     println!("| export BF16 GGUF (ms) | {export_ms:.0} |");
     println!("| delta encode (ms) | {encode_ms:.0} |");

@@ -211,7 +211,9 @@ pub struct Server {
 impl Server {
     /// Binds and starts accepting connections.
     pub fn start(listen: SocketAddr, cert_der: Vec<u8>, key_der: Vec<u8>, shared: Arc<Shared>) -> Result<Self, NetError> {
-        let endpoint = quinn::Endpoint::server(net::server_config(cert_der, key_der)?, listen)?;
+        // The reset key follows the certificate key: after a restart on the
+        // same folder, the predecessor's clients are reset at once.
+        let endpoint = net::server_endpoint(listen, cert_der, key_der)?;
         let addr = endpoint.local_addr()?;
         let ep = endpoint.clone();
         let sh = shared.clone();

@@ -151,7 +151,81 @@ pub fn client_config(fingerprint: &str) -> Result<quinn::ClientConfig, NetError>
         .with_no_client_auth();
     tls.alpn_protocols = vec![wire::ALPN.to_vec()];
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| NetError::Tls(e.to_string()))?;
-    Ok(quinn::ClientConfig::new(Arc::new(crypto)))
+    let mut cfg = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    // Keep-alives make a client waiting for an answer send now and then, so a
+    // coordinator restarted on the same port answers with a stateless reset
+    // ([`endpoint_config`]) and the client reconnects at once instead of
+    // waiting out the idle timeout.
+    transport.keep_alive_interval(Some(std::time::Duration::from_secs(2)));
+    cfg.transport_config(Arc::new(transport));
+    Ok(cfg)
+}
+
+/// The stateless-reset key of a server endpoint: HMAC = keyed BLAKE3 under a
+/// key derived from a secret that survives restarts.
+struct ResetKey([u8; 32]);
+
+impl quinn::crypto::HmacKey for ResetKey {
+    fn sign(&self, data: &[u8], signature_out: &mut [u8]) {
+        let mac = blake3::keyed_hash(&self.0, data);
+        let n = signature_out.len().min(32);
+        signature_out[..n].copy_from_slice(&mac.as_bytes()[..n]);
+    }
+
+    fn signature_len(&self) -> usize {
+        32
+    }
+
+    fn verify(&self, data: &[u8], signature: &[u8]) -> Result<(), quinn::crypto::CryptoError> {
+        let mac = blake3::keyed_hash(&self.0, data);
+        // blake3::Hash compares in constant time.
+        match <[u8; 32]>::try_from(signature) {
+            Ok(sig) if blake3::Hash::from(sig) == mac => Ok(()),
+            _ => Err(quinn::crypto::CryptoError),
+        }
+    }
+}
+
+/// Random 8-byte connection ids that any restart of the server accepts as
+/// its own (quinn's default generator keys them per process, so packets of a
+/// predecessor's connections would be dropped instead of reset).
+struct RandomCid;
+
+impl quinn::ConnectionIdGenerator for RandomCid {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        quinn::ConnectionId::new(&rand::random::<[u8; 8]>())
+    }
+
+    fn cid_len(&self) -> usize {
+        8
+    }
+
+    fn cid_lifetime(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// The endpoint configuration of a server whose stateless-reset key is
+/// derived from `secret` (the coordinator's certificate key). A server
+/// restarted with the same secret (after a crash, on the same port) answers
+/// packets of its predecessor's connections with stateless resets the
+/// clients accept, so they learn at once that the connection is gone.
+pub fn endpoint_config(secret: &[u8]) -> quinn::EndpointConfig {
+    let key = ResetKey(blake3::derive_key("tributary 2025 quic stateless reset v1", secret));
+    let mut cfg = quinn::EndpointConfig::new(Arc::new(key));
+    cfg.cid_generator(|| Box::new(RandomCid));
+    cfg
+}
+
+/// A server endpoint on `listen` with [`server_config`] and [`endpoint_config`]
+/// (reset key derived from the certificate key).
+pub fn server_endpoint(listen: SocketAddr, cert_der: Vec<u8>, key_der: Vec<u8>) -> Result<quinn::Endpoint, NetError> {
+    let endpoint_cfg = endpoint_config(&key_der);
+    let server = server_config(cert_der, key_der)?;
+    let socket = std::net::UdpSocket::bind(listen)?;
+    let runtime = quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime"))?;
+    Ok(quinn::Endpoint::new(endpoint_cfg, Some(server), socket, runtime)?)
 }
 
 /// Reads one frame; `Ok(None)` on a clean end of stream before a header.

@@ -31,10 +31,8 @@ use tributary_net::Session;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId, content_id_of};
 use tributary_protocol::gguf::{self, GgmlType};
 use tributary_protocol::identity::{Keypair, PublicKey};
-use tributary_protocol::rollout::Rollout;
 use tributary_protocol::wire::{
     Blob, CheckpointBody, CheckpointChunk, CheckpointKind, Frame, MAX_CHUNK_LEN, PublishCheckpoint, RejectReason, Role,
-    WindowInfo,
 };
 use tributary_protocol::window::WindowId;
 
@@ -262,26 +260,11 @@ impl Miner {
     }
 }
 
-/// A rollout hook that gives alternating rewards (`rollout % 2`): a stand-in
-/// learning signal on the random tiny model, which never answers right (so
-/// honest groups have zero reward variance and teach nothing). Rollouts with
-/// it are not honest: a validator rejects them.
-#[derive(Debug, Clone, Copy)]
-pub struct AlternateReward;
-
-impl Tamper for AlternateReward {
-    fn tamper(&mut self, _: &WindowInfo, group: &mut Vec<Rollout>) {
-        for r in group {
-            r.reward = (r.rollout % 2) as f32;
-        }
-    }
-}
-
 /// One miner of a [`Mesh`].
 pub struct MinerSpec {
     /// Folder name and key derivation label.
     pub name: String,
-    /// Rollout hook (adversaries, or [`AlternateReward`]).
+    /// Rollout hook (adversaries).
     pub tamper: Option<Box<dyn Tamper>>,
     /// Model loader (some adversaries load another model); `None`: llama.cpp.
     pub loader: Option<Loader>,
@@ -445,6 +428,9 @@ pub fn validator_config(net: &Net, start: WindowId) -> validator::service::Servi
 /// What the mesh's trainer reports.
 #[derive(Debug, Clone)]
 pub enum TrainerEvent {
+    /// A round took in closed windows without publishing (their rollouts
+    /// were held for verdicts, or had no reward variance).
+    Consumed(Vec<WindowId>),
     /// A round took a step and published.
     Published {
         /// The windows trained on.
@@ -464,6 +450,7 @@ pub struct TrainerHandle {
     pub events: mpsc::UnboundedReceiver<TrainerEvent>,
     /// Its configuration (its state folder survives restarts).
     pub config: trainer::service::ServiceConfig,
+    tx: mpsc::UnboundedSender<TrainerEvent>,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -473,9 +460,26 @@ impl TrainerHandle {
     pub fn spawn(cfg: trainer::service::ServiceConfig) -> Self {
         let (tx, events) = mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
-        let c = cfg.clone();
-        let task = tokio::spawn(async move {
+        let task = Self::start(cfg.clone(), tx.clone(), stop.clone());
+        Self { events, config: cfg, tx, stop, task }
+    }
+
+    /// Kills the trainer task wherever it is (not a polite stop) and starts
+    /// it again on its folder; events already sent are kept.
+    pub async fn restart(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.abort();
+        let _ = within(60, &mut self.task).await;
+        self.stop = Arc::new(AtomicBool::new(false));
+        self.task = Self::start(self.config.clone(), self.tx.clone(), self.stop.clone());
+    }
+
+    fn start(
+        c: trainer::service::ServiceConfig,
+        tx: mpsc::UnboundedSender<TrainerEvent>,
+        st: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
             while !st.load(Ordering::Relaxed) {
                 let mut s = match trainer::service::Service::open(c.clone()).await {
                     Ok(s) => s,
@@ -487,11 +491,15 @@ impl TrainerHandle {
                 };
                 while !st.load(Ordering::Relaxed) {
                     match s.round().await {
-                        Ok(r) => {
-                            if let Some((window, id)) = r.published {
+                        Ok(r) => match r.published {
+                            Some((window, id)) => {
                                 let _ = tx.send(TrainerEvent::Published { trained: r.windows, window, id });
                             }
-                        }
+                            None if !r.windows.is_empty() => {
+                                let _ = tx.send(TrainerEvent::Consumed(r.windows));
+                            }
+                            None => {}
+                        },
                         Err(e) => {
                             let _ = tx.send(TrainerEvent::Failed(e.to_string()));
                             break;
@@ -500,16 +508,21 @@ impl TrainerHandle {
                     tokio::time::sleep(c.poll).await;
                 }
             }
-        });
-        Self { events, config: cfg, stop, task }
+        })
     }
 
-    /// Waits for the next publication.
+    /// Waits for the next publication: the windows taken in since the last
+    /// one (in rounds that published or not), the window published for, the checkpoint.
     pub async fn next_published(&mut self, secs: u64) -> (Vec<WindowId>, WindowId, ContentId) {
         within(secs, async {
+            let mut consumed = Vec::new();
             loop {
                 match self.events.recv().await.expect("trainer task ended") {
-                    TrainerEvent::Published { trained, window, id } => return (trained, window, id),
+                    TrainerEvent::Consumed(w) => consumed.extend(w),
+                    TrainerEvent::Published { trained, window, id } => {
+                        consumed.extend(trained);
+                        return (consumed, window, id);
+                    }
                     TrainerEvent::Failed(e) => eprintln!("trainer round failed (retrying): {e}"),
                 }
             }
@@ -667,6 +680,7 @@ impl CoordinatorProcess {
                 cfg.group_size.to_string(),
                 cfg.rollouts_per_sec.to_string(),
                 cfg.max_new_tokens.to_string(),
+                cfg.difficulty.to_string(),
                 quic_port.to_string(),
             ])
             .stdout(Stdio::piped())

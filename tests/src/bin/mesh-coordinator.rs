@@ -1,6 +1,6 @@
 //! A `--dev` coordinator with a test network's settings, as a process the
 //! fault tests can `kill -9`:
-//! `mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC MAX_NEW_TOKENS QUIC_PORT`.
+//! `mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC MAX_NEW_TOKENS DIFFICULTY QUIC_PORT`.
 //! Prints `quic=`, `http=`, `fingerprint=`, `checkpoint=` lines, then serves until killed.
 
 use std::io::Write;
@@ -11,8 +11,10 @@ use coordinator::node::{self, Config};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [data, window_ms, grace_ms, groups, group_size, rate, tokens, port] = args.as_slice() else {
-        anyhow::bail!("usage: mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC MAX_NEW_TOKENS QUIC_PORT");
+    let [data, window_ms, grace_ms, groups, group_size, rate, tokens, difficulty, port] = args.as_slice() else {
+        anyhow::bail!(
+            "usage: mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC MAX_NEW_TOKENS DIFFICULTY QUIC_PORT"
+        );
     };
     let mut cfg = Config::dev(data.into());
     cfg.window_ms = window_ms.parse().context("WINDOW_MS")?;
@@ -21,6 +23,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.group_size = group_size.parse().context("GROUP_SIZE")?;
     cfg.rollouts_per_sec = rate.parse().context("ROLLOUTS_PER_SEC")?;
     cfg.max_new_tokens = tokens.parse().context("MAX_NEW_TOKENS")?;
+    cfg.difficulty = difficulty.parse().context("DIFFICULTY")?;
     cfg.listen = ([127, 0, 0, 1], port.parse::<u16>().context("QUIC_PORT")?).into();
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;

@@ -15,10 +15,10 @@ use std::time::Duration;
 use edge_miner::adversary::{self, Attack, AttackOptions, CopyPool, Recorder};
 use edge_miner::run::RunEvent;
 use tributary_protocol::identity::PublicKey;
-use tributary_protocol::wire::{MinerStanding, RejectReason, Role};
+use tributary_protocol::wire::{MinerStanding, RejectReason};
 use tributary_protocol::window::WindowId;
-use tributary_tests::{Miner, Net, NetConfig, id_of, perturbed, publish, trainer_session, within};
-use validator::service::{SampleConfig, Service, ServiceConfig, WindowReport};
+use tributary_tests::{Miner, Net, NetConfig, id_of, perturbed, publish, trainer_session, validator_config, within};
+use validator::service::{Service, WindowReport};
 
 /// One network at a time: the machine's cores are shared by three miners and a validator.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -36,13 +36,9 @@ fn net_config() -> NetConfig {
     c
 }
 
+/// The mesh factory's validator configuration, stepped by the test itself.
 async fn validator_for(net: &Net, start: WindowId) -> Service {
-    let key = coordinator::node::dev_key(Role::Validator);
-    let mut cfg = ServiceConfig::new(net.node.quic, net.node.fingerprint.clone(), key, net.dir.path().join("validator"));
-    cfg.sample = SampleConfig::ALL;
-    cfg.poll = Duration::from_millis(100);
-    cfg.start_window = Some(start);
-    within(30, Service::open(cfg)).await.expect("validator")
+    within(30, Service::open(validator_config(net, start))).await.expect("validator")
 }
 
 /// Starts honest miners (the first one recording into `pool` if given) and the attacker.

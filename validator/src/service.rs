@@ -26,8 +26,10 @@
 //! **Restarts.** Progress is kept in `progress.json` in the service folder:
 //! the next window to verify and the miners whose verdicts on it the
 //! coordinator has already acknowledged (written right after each
-//! acknowledgement). A restarted service resumes there: every window gets
-//! its verdicts, and an acknowledged verdict is not posted again.
+//! acknowledgement), with the coordinator's certificate fingerprint. A
+//! restarted service resumes there (progress saved against another
+//! coordinator is ignored): every window gets its verdicts, and an
+//! acknowledged verdict is not posted again.
 //!
 //! **Pace.** Windows are verified in order. If verification falls more than
 //! one window behind the clock the service logs a warning and sets the
@@ -173,6 +175,9 @@ pub struct ServiceConfig {
 /// `progress.json`: where a restarted service resumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Progress {
+    /// The coordinator's certificate fingerprint (progress saved against
+    /// another network is ignored).
+    pub coordinator: String,
     /// The next window to verify.
     pub next_window: WindowId,
     /// Miners whose verdicts on `next_window` the coordinator acknowledged.
@@ -379,15 +384,16 @@ impl Service {
         let mut client = Client { cfg: cfg.clone(), session: None, schedule: None };
         let schedule = client.schedule().await?;
         let (next_window, posted) = match Progress::load(&cfg.dir)? {
-            Some(p) => (p.next_window, p.posted),
-            None => (cfg.start_window.unwrap_or_else(|| schedule.window_at(now_ms()).unwrap_or(0)), Vec::new()),
+            Some(p) if p.coordinator.eq_ignore_ascii_case(cfg.fingerprint.trim()) => (p.next_window, p.posted),
+            _ => (cfg.start_window.unwrap_or_else(|| schedule.window_at(now_ms()).unwrap_or(0)), Vec::new()),
         };
         Ok(Self { cfg, client, loaded: None, gsm8k: None, next_window: Some(next_window), posted })
     }
 
     fn save_progress(&self) -> Result<(), ServiceError> {
         let Some(next_window) = self.next_window else { return Ok(()) };
-        Progress { next_window, posted: self.posted.clone() }.save(&self.cfg.dir)
+        let coordinator = self.cfg.fingerprint.trim().to_ascii_lowercase();
+        Progress { coordinator, next_window, posted: self.posted.clone() }.save(&self.cfg.dir)
     }
 
     /// The next window to verify.

@@ -277,8 +277,10 @@ impl Rollout {
 pub fn verify_digest(miner: &[u8; 32], digest: &[u8; 32], signature: &[u8; 64]) -> Result<(), IdentityError> {
     use std::cell::RefCell;
     const CACHED_KEYS: usize = 64;
+    /// The next slot to replace once full, and the cached keys.
+    type KeyCache = (usize, Vec<([u8; 32], ed25519_dalek::VerifyingKey)>);
     thread_local! {
-        static KEYS: RefCell<(usize, Vec<([u8; 32], ed25519_dalek::VerifyingKey)>)> = const { RefCell::new((0, Vec::new())) };
+        static KEYS: RefCell<KeyCache> = const { RefCell::new((0, Vec::new())) };
     }
     let key = KEYS.with(|cell| {
         let mut cache = cell.borrow_mut();

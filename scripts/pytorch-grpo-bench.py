@@ -9,7 +9,7 @@ for transformers first); usable alone:
 
 Mirrors trainer::train::Trainer::step and trainer::grpo::grpo_loss with the
 defaults of TrainConfig/GrpoConfig: fp32 weights; micro-batches of at most
-2048 completion tokens after a stable sort by sequence length; right padding
+--micro-batch-tokens completion tokens after a stable sort by sequence length; right padding
 with token 0 (causal attention, so no mask is needed); LM head on the
 completion positions only; GSPO sequence ratio against the miner log-probs
 (log-ratio clamp ±5, ratio cap 10), asymmetric clip 0.2/0.28, δ = 4 cap for
@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 CLIP_LOW, CLIP_HIGH, NEG_CAP, LR_CLAMP, RATIO_MAX, ENT_COEF = 0.2, 0.28, 4.0, 5.0, 10.0, 0.001
-MICRO_BATCH_TOKENS = 2048
 
 
 def group_advantages(rewards, eps=1e-8):
@@ -54,12 +53,12 @@ def load_samples(path):
     return samples
 
 
-def micro_batches(samples):
+def micro_batches(samples, micro_batch_tokens):
     order = sorted(samples, key=lambda s: len(s["tokens"]))
     out, used = [[]], 0
     for s in order:
         n = len(s["tokens"]) - s["prompt_len"]
-        if used + n > MICRO_BATCH_TOKENS and out[-1]:
+        if used + n > micro_batch_tokens and out[-1]:
             out.append([])
             used = 0
         used += n
@@ -81,12 +80,12 @@ def grpo_loss(logp, old, seq, lens, adv, entropy, total_tokens, total_seqs):
     return pg - per_seq_h.sum() * (ENT_COEF / max(total_seqs, 1.0))
 
 
-def step(model, opt, samples):
+def step(model, opt, samples, micro_batch_tokens):
     total_tokens = sum(len(s["tokens"]) - s["prompt_len"] for s in samples)
     total_seqs = len(samples)
     emb = model.get_output_embeddings().weight
     loss_sum = 0.0
-    for mb in micro_batches(samples):
+    for mb in micro_batches(samples, micro_batch_tokens):
         l = max(len(s["tokens"]) for s in mb)
         ids = torch.tensor([s["tokens"] + [0] * (l - len(s["tokens"])) for s in mb], dtype=torch.long)
         rows, targets, seq_of = [], [], []
@@ -118,6 +117,7 @@ def main():
     ap.add_argument("--batch", required=True, help="rollouts JSONL")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--micro-batch-tokens", type=int, default=512, help="TrainConfig::micro_batch_tokens")
     ap.add_argument("--ref-logits", help="reference next-token logits (f32 LE) on --prompt")
     ap.add_argument("--prompt", help="comma-separated prompt token ids for the logits check")
     a = ap.parse_args()
@@ -139,7 +139,7 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     samples = load_samples(a.batch)
     t, cpu = time.perf_counter(), time.process_time()
-    loss, norm = step(model, opt, samples)
+    loss, norm = step(model, opt, samples, a.micro_batch_tokens)
     secs, cpu_secs = time.perf_counter() - t, time.process_time() - cpu
     print(f"pytorch_loss={loss:.6f}")
     print(f"pytorch_grad_norm={norm:.4f}")

@@ -125,13 +125,19 @@ fn default_python() -> PathBuf {
 }
 
 /// Runs the PyTorch script and returns its `key=value` lines.
-fn run_pytorch(args: &Args, python: &Path, check: Option<(&Path, &[u32])>) -> Result<BTreeMap<String, String>> {
+fn run_pytorch(
+    args: &Args,
+    python: &Path,
+    micro_batch_tokens: usize,
+    check: Option<(&Path, &[u32])>,
+) -> Result<BTreeMap<String, String>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pytorch-grpo-bench.py");
     let mut cmd = Command::new(python);
     cmd.arg(&script)
         .args(["--hf".as_ref(), args.hf.as_os_str()])
         .args(["--batch".as_ref(), args.batch.as_os_str()])
-        .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()]);
+        .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()])
+        .args(["--micro-batch-tokens", &micro_batch_tokens.to_string()]);
     if let Some((ref_logits, prompt)) = check {
         let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
         cmd.args(["--ref-logits".as_ref(), ref_logits.as_os_str()]).args(["--prompt", &prompt.join(",")]);
@@ -221,7 +227,7 @@ fn main() -> Result<()> {
                 rust_cpu.push(process_cpu_secs() - cpu);
             }
             let check = (round == 0).then_some((ref_path.as_path(), prompt.as_slice()));
-            let out = run_pytorch(&args, &python, check)?;
+            let out = run_pytorch(&args, &python, cfg.micro_batch_tokens, check)?;
             let get = |k: &str| out.get(k).and_then(|v| v.parse::<f64>().ok());
             if let (Some(w), Some(c)) = (get("pytorch_step_seconds"), get("pytorch_step_cpu_seconds")) {
                 py_wall.push(w);

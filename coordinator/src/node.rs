@@ -65,7 +65,9 @@ pub struct Config {
     pub temperature: f32,
     /// Most completion tokens per rollout. Default 64 (`--dev`: 32).
     pub max_new_tokens: u32,
-    /// Difficulty of the arith environment. Default 3.
+    /// Difficulty of the arith environment. Default 102 (one-digit
+    /// subtraction: SmolLM2-135M solves ~36% greedy, so groups disagree and
+    /// GRPO has a signal; see `protocol::env::arith`).
     pub difficulty: u32,
     /// The dataset file of the gsm8k environment (its blake3 is published
     /// with each window so miners and validators use the same file).
@@ -110,7 +112,7 @@ impl Default for Config {
             group_size: 16,
             temperature: 0.7,
             max_new_tokens: 64,
-            difficulty: 3,
+            difficulty: 102,
             dataset: None,
             model: None,
             validators: vec![],

@@ -34,7 +34,7 @@ async fn miner_mines_several_windows() {
     assert_eq!(v[key.to_string()]["checkpoint"], net.genesis.to_string());
 }
 
-/// A minimal HTTP/1.0 GET.
+/// A minimal HTTP/1.0 GET (the mesh factory's).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -25,7 +25,7 @@ use std::time::Instant;
 use serde::Deserialize;
 use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
-use tributary_protocol::env::{ArithEnv, EnvError, EnvId, Environment, Gsm8kEnv, SatEnv, task_seed};
+use tributary_protocol::env::{ArithEnv, EnvError, EnvId, Environment, Gsm8kEnv, SatEnv, Task, task_seed};
 use tributary_protocol::offline::OfflineWindow;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::{Rollout, RolloutLimits, SamplingParams};
@@ -354,19 +354,10 @@ impl Context {
         let env = self.envs.get(&rec.env).ok_or_else(|| CheckError::Env(format!("environment {} missing", rec.env)))?;
         let task = env.task(task_seed(&self.window.secrets.seed, &self.miner, rec.group));
         let prompt = self.tokenizer.encode(&env.prompt_text(&task))?;
-        // The reward of the completion text without its final end-of-generation token.
         let completion = rec.tokens.get(rec.prompt_len.min(rec.tokens.len())..).unwrap_or(&[]);
-        let text_ids = match completion.split_last() {
-            Some((&last, rest)) if self.tokenizer.is_eog(last) => rest,
-            _ => completion,
-        };
-        let reward = match text_ids.iter().all(|&t| (t as usize) < self.vocab) {
-            true => match self.tokenizer.decode(text_ids) {
-                Ok(text) => env.reward(&task, &text),
-                Err(e) => return Ok(Err(format!("completion does not decode: {e}"))),
-            },
-            // Out-of-vocabulary ids: the structure check rejects the rollout.
-            false => f32::NAN,
+        let reward = match recompute_reward(&self.tokenizer, env, &task, completion) {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
         };
         let rollout = Rollout {
             window: 0,
@@ -415,6 +406,91 @@ fn make_assignment<'a>(
         sampling_seed: cx.window.secrets.seed,
         challenge_secret: cx.window.secrets.challenge,
     }
+}
+
+/// Groups rollouts into forward passes: one prompt per batch (the reference
+/// runs a group's prompt once), length-sorted, at most `max_rows` rollouts and
+/// `max_tokens` padded tokens each (a longer rollout runs alone). Returns
+/// indices into `rollouts`; every index appears exactly once.
+pub fn plan_batches(rollouts: &[&Rollout], max_rows: usize, max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..rollouts.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ra, rb) = (rollouts[a], rollouts[b]);
+        ra.prompt().cmp(rb.prompt()).then(ra.tokens.len().cmp(&rb.tokens.len()))
+    });
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < order.len() {
+        let mut end = at + 1;
+        while end < order.len()
+            && end - at < max_rows
+            && (end - at + 1) * rollouts[order[end]].tokens.len() <= max_tokens
+            && rollouts[order[end]].prompt() == rollouts[order[at]].prompt()
+        {
+            end += 1;
+        }
+        out.push(order[at..end].to_vec());
+        at = end;
+    }
+    out
+}
+
+/// The reference model's [`Evidence`] for a batch of structurally valid
+/// rollouts, each with its challenged positions: the validator's sketch at
+/// those positions (zero elsewhere) and every completion token's figures.
+pub fn rollout_evidence(
+    model: &ReferenceModel,
+    key: &SketchKey,
+    eos: u32,
+    items: &[(&Rollout, Vec<usize>)],
+    params: &VerifyParams,
+) -> Result<Vec<Evidence>, CheckError> {
+    let reqs: Vec<EvidenceRequest<'_>> = items
+        .iter()
+        .map(|(r, ch)| EvidenceRequest {
+            tokens: &r.tokens,
+            prompt_len: r.prompt_len as usize,
+            temperature: r.sampling.temperature,
+            eos,
+            hidden_positions: ch,
+        })
+        .collect();
+    let evidence = model.evidence(&reqs)?;
+    let mut out = Vec::with_capacity(items.len());
+    for ((r, ch), ev) in items.iter().zip(evidence) {
+        let mut sketches = vec![0u32; r.tokens.len()];
+        for (k, &pos) in ch.iter().enumerate() {
+            let h = ev.hidden_row(k).ok_or_else(|| CheckError::Options("missing hidden row".to_owned()))?;
+            if let Some(s) = sketches.get_mut(pos) {
+                *s = sketch::sketch(h, key, &params.sketch)?;
+            }
+        }
+        let positions = (0..ev.len())
+            .map(|j| PositionEvidence {
+                logprob_t1: ev.logprob[j] as f32,
+                prob_t1: ev.prob_t1[j] as f32,
+                prob_sampling: ev.prob_temp[j] as f32,
+                cdf_lo: ev.cdf_lo[j],
+                cdf_hi: ev.cdf_hi[j],
+            })
+            .collect();
+        out.push(Evidence { sketches, positions });
+    }
+    Ok(out)
+}
+
+/// The reward of a completion as the environment computes it: the text of
+/// the completion without its final end-of-generation token. `Err` when the
+/// ids do not decode (out-of-vocabulary ids are left to the structure check).
+pub fn recompute_reward(tokenizer: &Tokenizer, env: &Environment, task: &Task, completion: &[u32]) -> Result<f32, String> {
+    let text_ids = match completion.split_last() {
+        Some((&last, rest)) if tokenizer.is_eog(last) => rest,
+        _ => completion,
+    };
+    if text_ids.iter().any(|&t| t as usize >= tokenizer.vocab_size()) {
+        return Ok(f32::NAN);
+    }
+    tokenizer.decode(text_ids).map(|text| env.reward(task, &text)).map_err(|e| format!("completion does not decode: {e}"))
 }
 
 /// Runs the whole offline check and writes one verdict line per rollout (in
@@ -485,63 +561,20 @@ pub fn run_check(opts: &CheckOptions, out: &mut dyn Write) -> Result<CheckSummar
             to_run.push(i);
         }
     }
-    // Batches of one prompt (the reference runs a group's prompt once),
-    // length-sorted, bounded by count and by padded tokens.
-    to_run.sort_by(|&a, &b| {
-        let (ra, rb) = (&prepared[a].rollout, &prepared[b].rollout);
-        ra.prompt().cmp(rb.prompt()).then(ra.tokens.len().cmp(&rb.tokens.len()))
-    });
     let started = Instant::now();
-    let mut at = 0;
-    while at < to_run.len() {
-        let mut end = at + 1;
-        while end < to_run.len()
-            && end - at < opts.batch
-            && (end - at + 1) * prepared[to_run[end]].rollout.tokens.len() <= opts.batch_tokens
-            && prepared[to_run[end]].rollout.prompt() == prepared[to_run[at]].rollout.prompt()
-        {
-            end += 1;
-        }
-        let batch = &to_run[at..end];
-        let challenged: Vec<Vec<usize>> =
-            batch.iter().map(|&i| verify::challenged(&prepared[i].rollout, &cx.window.secrets.challenge, params)).collect();
-        let reqs: Vec<EvidenceRequest<'_>> = batch
+    let refs: Vec<&Rollout> = to_run.iter().map(|&i| &prepared[i].rollout).collect();
+    for batch in plan_batches(&refs, opts.batch, opts.batch_tokens) {
+        let items: Vec<(&Rollout, Vec<usize>)> = batch
             .iter()
-            .zip(&challenged)
-            .map(|(&i, ch)| {
-                let r = &prepared[i].rollout;
-                EvidenceRequest {
-                    tokens: &r.tokens,
-                    prompt_len: r.prompt_len as usize,
-                    temperature: r.sampling.temperature,
-                    eos: cx.tokenizer.eos_id(),
-                    hidden_positions: ch,
-                }
-            })
+            .map(|&k| (refs[k], verify::challenged(refs[k], &cx.window.secrets.challenge, params)))
             .collect();
-        let evidence = model.evidence(&reqs)?;
-        for ((&i, ch), ev) in batch.iter().zip(&challenged).zip(evidence) {
-            let p = &prepared[i];
+        let evidence = rollout_evidence(&model, &key, cx.tokenizer.eos_id(), &items, params)?;
+        for (&k, ev) in batch.iter().zip(evidence) {
+            let p = &prepared[to_run[k]];
             summary.tokens += p.rollout.tokens.len();
-            let mut sketches = vec![0u32; p.rollout.tokens.len()];
-            for (k, &pos) in ch.iter().enumerate() {
-                let h = ev.hidden_row(k).ok_or_else(|| CheckError::Options("missing hidden row".to_owned()))?;
-                sketches[pos] = sketch::sketch(h, &key, &params.sketch)?;
-            }
-            let positions = (0..ev.len())
-                .map(|j| PositionEvidence {
-                    logprob_t1: ev.logprob[j] as f32,
-                    prob_t1: ev.prob_t1[j] as f32,
-                    prob_sampling: ev.prob_temp[j] as f32,
-                    cdf_lo: ev.cdf_lo[j],
-                    cdf_hi: ev.cdf_hi[j],
-                })
-                .collect();
             let a = make_assignment(p, &cx, opts, groups_per_miner, group_size, vocab32);
-            let v = verify::verify_rollout(&p.rollout, &a, p.reward, &Evidence { sketches, positions }, params)?;
-            checked[i] = Some(v);
+            checked[to_run[k]] = Some(verify::verify_rollout(&p.rollout, &a, p.reward, &ev, params)?);
         }
-        at = end;
     }
     summary.model_seconds = started.elapsed().as_secs_f64();
 

@@ -9,10 +9,9 @@
 
 use std::io::Write;
 
-use serde::{Deserialize, Serialize};
 use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::{EnvId, Environment, task_seed};
-pub use tributary_protocol::offline::OfflineWindow;
+use tributary_protocol::env::{Environment, task_seed};
+pub use tributary_protocol::offline::{OfflineWindow, RolloutRecord};
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
 
@@ -31,41 +30,6 @@ pub struct GenerateOptions {
     pub temperature: f32,
     /// Sketch parameters.
     pub sketch_params: SketchParams,
-}
-
-/// One generated rollout, as written to the JSONL file (byte arrays as hex).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RolloutRecord {
-    /// The environment.
-    pub env: EnvId,
-    /// The task seed (`task_seed(window_seed, miner, group)`).
-    pub task_id: u64,
-    /// Group index (the task's index in the run).
-    pub group: u32,
-    /// Rollout index within the group.
-    pub rollout: u32,
-    /// Window (= sampling) seed, hex.
-    pub window_seed: String,
-    /// Miner public key, hex.
-    pub miner: String,
-    /// Content id of the model checkpoint, hex, when known.
-    pub model: Option<String>,
-    /// Sampling temperature.
-    pub temperature: f32,
-    /// All token ids, prompt first.
-    pub tokens: Vec<u32>,
-    /// Number of prompt tokens at the start of `tokens`.
-    pub prompt_len: usize,
-    /// Raw (T = 1) log-probability of each completion token.
-    pub logprobs: Vec<f32>,
-    /// Sketch of the hidden state at every position (`tokens.len()` entries).
-    pub sketches: Vec<u32>,
-    /// Whether the rollout ended with an end-of-generation token.
-    pub eog: bool,
-    /// Completion text (without the final end-of-generation token).
-    pub completion: String,
-    /// The environment's reward for the completion.
-    pub reward: f32,
 }
 
 /// Why an offline run failed.

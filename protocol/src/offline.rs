@@ -10,6 +10,7 @@
 //! - the miner key is the ed25519 key whose secret seed is
 //!   `blake3::derive_key(OFFLINE_MINER_CONTEXT, S as u64 LE)`.
 
+use crate::env::EnvId;
 use crate::identity::Keypair;
 use crate::window::WindowSecrets;
 
@@ -44,6 +45,46 @@ impl OfflineWindow {
         let miner = Keypair::from_seed(blake3::derive_key(OFFLINE_MINER_CONTEXT, &seed.to_le_bytes()));
         Self { secrets, miner }
     }
+}
+
+/// One rollout as `edge-miner generate` writes it and `validator check`
+/// reads it: one JSON object per line, byte arrays as hex. Readers ignore
+/// unknown fields; the fields after `sketches` are informative.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RolloutRecord {
+    /// The environment.
+    pub env: EnvId,
+    /// The task seed (`task_seed(window_seed, miner, group)`).
+    pub task_id: u64,
+    /// Group index (the task's index in the run).
+    pub group: u32,
+    /// Rollout index within the group.
+    pub rollout: u32,
+    /// Window (= sampling) seed, hex.
+    pub window_seed: String,
+    /// Miner public key, hex.
+    pub miner: String,
+    /// Content id of the model checkpoint, hex, when known.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// All token ids, prompt first.
+    pub tokens: Vec<u32>,
+    /// Number of prompt tokens at the start of `tokens`.
+    pub prompt_len: usize,
+    /// Raw (T = 1) log-probability of each completion token.
+    pub logprobs: Vec<f32>,
+    /// Sketch of the hidden state at every position (`tokens.len()` entries).
+    pub sketches: Vec<u32>,
+    /// Whether the rollout ended with an end-of-generation token.
+    #[serde(default)]
+    pub eog: bool,
+    /// Completion text (without the final end-of-generation token).
+    #[serde(default)]
+    pub completion: String,
+    /// The environment's reward for the completion.
+    pub reward: f32,
 }
 
 #[cfg(test)]

@@ -22,7 +22,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::Deserialize;
 use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{ArithEnv, EnvError, EnvId, Environment, Gsm8kEnv, SatEnv, Task, task_seed};
@@ -123,38 +122,7 @@ impl From<EnvError> for CheckError {
     }
 }
 
-/// One rollout as `edge-miner generate` writes it (one JSON object per line;
-/// byte arrays as hex). Unknown fields are ignored.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct RolloutRecord {
-    /// The environment.
-    pub env: EnvId,
-    /// The task seed the miner used.
-    pub task_id: u64,
-    /// Group index.
-    pub group: u32,
-    /// Rollout index within the group.
-    pub rollout: u32,
-    /// Window (= sampling) seed, hex.
-    pub window_seed: String,
-    /// Miner public key, hex.
-    pub miner: String,
-    /// Content id of the miner's checkpoint, hex, when known.
-    #[serde(default)]
-    pub model: Option<String>,
-    /// Sampling temperature.
-    pub temperature: f32,
-    /// All token ids, prompt first.
-    pub tokens: Vec<u32>,
-    /// Number of prompt tokens.
-    pub prompt_len: usize,
-    /// Raw (T = 1) log-probability of each completion token.
-    pub logprobs: Vec<f32>,
-    /// Sketch at every position.
-    pub sketches: Vec<u32>,
-    /// The reward the miner computed.
-    pub reward: f32,
-}
+pub use tributary_protocol::offline::RolloutRecord;
 
 /// The verdict on one line of the file.
 #[derive(Debug, Clone, PartialEq)]

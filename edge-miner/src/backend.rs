@@ -164,3 +164,51 @@ pub trait Backend {
     /// Vocabulary size.
     fn vocab_size(&self) -> usize;
 }
+
+/// Per-sequence bookkeeping of a group being generated, shared by every
+/// backend so they follow one schedule: a sampled token stays pending until it
+/// is fed back (its hidden state is the next sketch), and the sequence ends on
+/// an end-of-generation token or at the length limit.
+pub(crate) struct SeqState {
+    pub(crate) completion: Vec<u32>,
+    pub(crate) logprobs: Vec<f32>,
+    /// Sketches of the completion positions (the prompt's come first in the output).
+    pub(crate) sketches: Vec<u32>,
+    /// Token sampled but not yet fed to the model.
+    pub(crate) pending: Option<u32>,
+    pub(crate) finished: bool,
+}
+
+impl SeqState {
+    /// A sequence whose first completion token is `first` (drawn from the
+    /// prompt's last logits).
+    pub(crate) fn start(first: Sampled, req: &GroupRequest<'_>) -> Self {
+        let mut st = Self {
+            completion: Vec::with_capacity(req.max_new_tokens),
+            logprobs: Vec::with_capacity(req.max_new_tokens),
+            sketches: Vec::with_capacity(req.max_new_tokens),
+            pending: None,
+            finished: req.max_new_tokens == 0,
+        };
+        if !st.finished {
+            st.push(first, req);
+        }
+        st
+    }
+
+    /// Appends a sampled token.
+    pub(crate) fn push(&mut self, choice: Sampled, req: &GroupRequest<'_>) {
+        self.completion.push(choice.token);
+        self.logprobs.push(choice.logprob_t1);
+        self.pending = Some(choice.token);
+        self.finished = req.is_eog(choice.token) || self.completion.len() >= req.max_new_tokens;
+    }
+
+    /// The finished sequence, the prompt's sketches first.
+    pub(crate) fn finish(self, prompt_sketches: &[u32]) -> GeneratedSeq {
+        let mut sketches = Vec::with_capacity(prompt_sketches.len() + self.sketches.len());
+        sketches.extend_from_slice(prompt_sketches);
+        sketches.extend(self.sketches);
+        GeneratedSeq { completion: self.completion, logprobs: self.logprobs, sketches }
+    }
+}

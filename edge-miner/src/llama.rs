@@ -47,8 +47,8 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::token::LlamaToken;
 
-use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest};
-use tributary_protocol::sampling::{self, Sampled};
+use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest, SeqState};
+use tributary_protocol::sampling;
 use tributary_protocol::sketch::{self, SketchKey, SketchParams};
 
 /// Micro-batch size: below 64 so llama.cpp's CPU flash attention takes the
@@ -118,16 +118,6 @@ impl std::fmt::Debug for LlamaCppBackend {
             .field("n_embd", &self.n_embd)
             .finish_non_exhaustive()
     }
-}
-
-/// Per-sequence state of a group being generated.
-struct SeqState {
-    completion: Vec<u32>,
-    logprobs: Vec<f32>,
-    sketches: Vec<u32>,
-    /// Token sampled but not yet fed to the model.
-    pending: Option<u32>,
-    finished: bool,
 }
 
 impl LlamaCppBackend {
@@ -267,22 +257,7 @@ impl LlamaCppBackend {
                 .map_err(|e| BackendError::Context(e.to_string()))?;
         }
 
-        let mut seqs: Vec<SeqState> = first
-            .into_iter()
-            .map(|choice| {
-                let mut st = SeqState {
-                    completion: Vec::with_capacity(req.max_new_tokens),
-                    logprobs: Vec::with_capacity(req.max_new_tokens),
-                    sketches: Vec::with_capacity(req.max_new_tokens),
-                    pending: None,
-                    finished: req.max_new_tokens == 0,
-                };
-                if !st.finished {
-                    st.push(choice, req);
-                }
-                st
-            })
-            .collect();
+        let mut seqs: Vec<SeqState> = first.into_iter().map(|choice| SeqState::start(choice, req)).collect();
 
         // 2. decode steps: feed every pending token, read its state and the next logits
         let mut rows: Vec<(usize, u32)> = Vec::with_capacity(g);
@@ -314,14 +289,7 @@ impl LlamaCppBackend {
             }
         }
 
-        Ok(seqs
-            .into_iter()
-            .map(|st| {
-                let mut sketches = prompt_sketches.clone();
-                sketches.extend(st.sketches);
-                GeneratedSeq { completion: st.completion, logprobs: st.logprobs, sketches }
-            })
-            .collect())
+        Ok(seqs.into_iter().map(|st| st.finish(&prompt_sketches)).collect())
     }
 
     /// Teacher-forced forward over `tokens` (one sequence, prefilled in chunks
@@ -432,17 +400,6 @@ fn widen_bf16_to_f32(src: &Path) -> Result<Option<TempFile>, BackendError> {
     let tmp = TempFile(std::env::temp_dir().join(format!("tributary-f32-{}-{n}.gguf", std::process::id())));
     w.write_file(&tmp.0).map_err(|e| err(&e))?;
     Ok(Some(tmp))
-}
-
-impl SeqState {
-    /// Appends a sampled token; it stays pending until fed, and ends the
-    /// sequence if it is an end-of-generation token or the length limit.
-    fn push(&mut self, choice: Sampled, req: &GroupRequest<'_>) {
-        self.completion.push(choice.token);
-        self.logprobs.push(choice.logprob_t1);
-        self.pending = Some(choice.token);
-        self.finished = req.is_eog(choice.token) || self.completion.len() >= req.max_new_tokens;
-    }
 }
 
 impl Backend for LlamaCppBackend {

@@ -25,10 +25,9 @@ mod model;
 use std::path::{Path, PathBuf};
 
 use tributary_protocol::checkpoint::Checkpoint;
-use tributary_protocol::sampling::Sampled;
 use tributary_protocol::sketch::{self, SketchKey, SketchParams};
 
-use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest};
+use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest, SeqState};
 pub use gpu::{AdapterSummary, list_adapters};
 pub use model::{ForwardOut, RowSpec, WgpuModel};
 
@@ -99,23 +98,6 @@ impl WgpuConfig {
 pub struct WgpuBackend {
     model: WgpuModel,
     path: PathBuf,
-}
-
-struct SeqState {
-    completion: Vec<u32>,
-    logprobs: Vec<f32>,
-    sketches: Vec<u32>,
-    pending: Option<u32>,
-    finished: bool,
-}
-
-impl SeqState {
-    fn push(&mut self, choice: Sampled, req: &GroupRequest<'_>) {
-        self.completion.push(choice.token);
-        self.logprobs.push(choice.logprob_t1);
-        self.pending = Some(choice.token);
-        self.finished = req.is_eog(choice.token) || self.completion.len() >= req.max_new_tokens;
-    }
 }
 
 impl WgpuBackend {
@@ -257,22 +239,7 @@ impl WgpuBackend {
             }
         }
         self.model.copy_sequence(0, 1..g, p)?;
-        let mut seqs: Vec<SeqState> = first
-            .into_iter()
-            .map(|choice| {
-                let mut st = SeqState {
-                    completion: Vec::with_capacity(req.max_new_tokens),
-                    logprobs: Vec::with_capacity(req.max_new_tokens),
-                    sketches: Vec::with_capacity(req.max_new_tokens),
-                    pending: None,
-                    finished: req.max_new_tokens == 0,
-                };
-                if !st.finished {
-                    st.push(choice, req);
-                }
-                st
-            })
-            .collect();
+        let mut seqs: Vec<SeqState> = first.into_iter().map(|choice| SeqState::start(choice, req)).collect();
 
         // 2. decode: feed every pending token; read its state and the next logits
         let mut rows: Vec<RowSpec> = Vec::with_capacity(g);
@@ -304,14 +271,7 @@ impl WgpuBackend {
                 st.push(choice, req);
             }
         }
-        Ok(seqs
-            .into_iter()
-            .map(|st| {
-                let mut sketches = prompt_sketches.clone();
-                sketches.extend(st.sketches);
-                GeneratedSeq { completion: st.completion, logprobs: st.logprobs, sketches }
-            })
-            .collect())
+        Ok(seqs.into_iter().map(|st| st.finish(&prompt_sketches)).collect())
     }
 }
 

@@ -9,10 +9,9 @@ use tributary_protocol::assets;
 use tributary_protocol::tokenizer::Tokenizer;
 
 fn gsm8k_test_file() -> PathBuf {
-    match std::env::var_os("TRIBUTARY_GSM8K_DIR") {
-        Some(d) => PathBuf::from(d).join("test.jsonl"),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/gsm8k/test.jsonl"),
-    }
+    tributary_protocol::assets::gsm8k_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+        .expect("shared/data/gsm8k beside the repository (or TRIBUTARY_GSM8K_DIR)")
+        .join("test.jsonl")
 }
 
 fn hand_written() -> Vec<String> {

@@ -35,3 +35,13 @@ pub fn smollm2_q4_1() -> PathBuf {
 pub fn smollm2_bf16() -> PathBuf {
     models_dir().join(SMOLLM2_BF16)
 }
+
+/// The GSM8K folder (`train.jsonl`, `test.jsonl`): `$TRIBUTARY_GSM8K_DIR`,
+/// else the first `shared/data/gsm8k` found beside `start` or one of its
+/// ancestors (the project's checkouts keep `shared/` next to the repository).
+pub fn gsm8k_dir(start: &std::path::Path) -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("TRIBUTARY_GSM8K_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    start.ancestors().map(|a| a.join("shared").join("data").join("gsm8k")).find(|d| d.join("test.jsonl").is_file())
+}

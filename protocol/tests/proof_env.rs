@@ -5,15 +5,11 @@ use std::path::Path;
 use tributary_protocol::env::*;
 use tributary_protocol::prf::Seed;
 
-const GSM8K_TEST: &str = "/work/shared/data/gsm8k/test.jsonl";
-
 #[test]
 fn gsm8k_file_loads_and_gold_solutions_score_one() {
-    let path = Path::new(GSM8K_TEST);
-    if !path.exists() {
-        eprintln!("skipping: {GSM8K_TEST} not present");
-        return;
-    }
+    let dir = tributary_protocol::assets::gsm8k_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .expect("shared/data/gsm8k beside the repository (or TRIBUTARY_GSM8K_DIR)");
+    let path = &dir.join("test.jsonl");
     let env = Gsm8kEnv::load(path).unwrap();
     assert_eq!(env.len(), 1319);
     let raw = std::fs::read_to_string(path).unwrap();

@@ -316,3 +316,27 @@ impl Session {
         self.recv().await
     }
 }
+
+/// Installs the Prometheus recorder and serves its text on `addr` (plain
+/// HTTP, any path): the `/metrics` listener of the validator and trainer.
+pub async fn serve_metrics(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let body = handle.render();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s.read(&mut buf)).await;
+                let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(bound)
+}

@@ -109,7 +109,7 @@ fn run(args: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         if let Some(addr) = args.metrics {
-            let bound = serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
+            let bound = tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics=http://{bound}/metrics");
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -122,29 +122,6 @@ fn run(args: RunArgs) -> Result<()> {
         service.run(stop).await.context("validator run")?;
         Ok(())
     })
-}
-
-/// Serves the Prometheus text of the installed recorder on `addr` (plain HTTP, any path).
-async fn serve_metrics(addr: std::net::SocketAddr) -> std::io::Result<std::net::SocketAddr> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let body = handle.render();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s.read(&mut buf)).await;
-                let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n", body.len());
-                let _ = s.write_all(head.as_bytes()).await;
-                let _ = s.write_all(body.as_bytes()).await;
-            });
-        }
-    });
-    Ok(bound)
 }
 
 /// The `--dev` validator key: `coordinator::node::dev_key(Role::Validator)`

@@ -23,16 +23,11 @@ use crate::store::Store;
 /// Seed of the tiny model every `--dev` role generates, so all agree on its content id.
 pub const DEV_TINY_SEED: u64 = 0;
 
-/// blake3 key-derivation context of the `--dev` role keys.
-pub const DEV_KEY_CONTEXT: &str = "tributary 2025 dev role key v1";
+pub use tributary_protocol::wire::DEV_KEY_CONTEXT;
 
-/// The well-known key of a role in a `--dev` network: ed25519 with secret
-/// seed `blake3::derive_key(DEV_KEY_CONTEXT, role name)`. A `--dev`
-/// coordinator authorises the dev trainer and validator keys, so `trainer run
-/// --dev` and `validator run --dev` join without configuration. These keys
-/// are public knowledge: never use them outside `--dev`.
+/// The well-known key of a role in a `--dev` network ([`Role::dev_key`]).
 pub fn dev_key(role: Role) -> Keypair {
-    Keypair::from_seed(blake3::derive_key(DEV_KEY_CONTEXT, role.as_str().as_bytes()))
+    role.dev_key()
 }
 
 /// The `--dev` tiny model's bytes (deterministic: every `--dev` role builds the same file).

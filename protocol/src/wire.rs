@@ -128,6 +128,20 @@ pub enum Role {
     Trainer,
 }
 
+/// blake3 key-derivation context of the `--dev` role keys.
+pub const DEV_KEY_CONTEXT: &str = "tributary 2025 dev role key v1";
+
+impl Role {
+    /// The well-known key of this role in a `--dev` network: ed25519 with
+    /// secret seed `blake3::derive_key(DEV_KEY_CONTEXT, role name)`. A `--dev`
+    /// coordinator authorises the dev trainer and validator keys, so those
+    /// roles join without configuration. Public knowledge: never use it
+    /// outside `--dev`.
+    pub fn dev_key(self) -> crate::identity::Keypair {
+        crate::identity::Keypair::from_seed(blake3::derive_key(DEV_KEY_CONTEXT, self.as_str().as_bytes()))
+    }
+}
+
 impl Role {
     /// Lower-case name, for logs and metrics.
     pub fn as_str(self) -> &'static str {

@@ -124,10 +124,9 @@ fn run(args: RunArgs) -> Result<()> {
     })
 }
 
-/// The `--dev` validator key: `coordinator::node::dev_key(Role::Validator)`
-/// (same derivation; a `--dev` coordinator authorises it).
+/// The `--dev` validator key (a `--dev` coordinator authorises it).
 fn coordinator_dev_key() -> tributary_protocol::identity::Keypair {
-    tributary_protocol::identity::Keypair::from_seed(blake3::derive_key("tributary 2025 dev role key v1", b"validator"))
+    tributary_protocol::wire::Role::Validator.dev_key()
 }
 
 #[derive(clap::Args, Debug)]

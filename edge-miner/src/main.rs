@@ -304,6 +304,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     }
     let window = OfflineWindow::from_seed(args.seed);
     let opts = GenerateOptions {
+        first_task: 0,
         tasks: args.tasks,
         group: args.group,
         max_new_tokens: args.max_new_tokens,

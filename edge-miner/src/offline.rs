@@ -20,6 +20,10 @@ use crate::backend::{Backend, BackendError, DrawKey, GeneratedSeq, GroupRequest}
 /// What an offline run generates.
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {
+    /// Index of the first task (group): a run covers groups
+    /// `first_task..first_task + tasks`, so a long run can be resumed or
+    /// extended without regenerating what it already has.
+    pub first_task: usize,
     /// Number of tasks (one group each).
     pub tasks: usize,
     /// Rollouts per task (G).
@@ -78,7 +82,7 @@ pub struct Job<'a> {
     pub opts: &'a GenerateOptions,
 }
 
-/// Generates `job.opts.tasks` groups with `backend` and hands each record to
+/// Generates `job.opts.tasks` groups (from `job.opts.first_task`) with `backend` and hands each record to
 /// `sink` in order (task, then rollout). `on_group` is called after every group.
 pub fn generate<B: Backend + ?Sized>(
     backend: &mut B,
@@ -94,7 +98,8 @@ pub fn generate<B: Backend + ?Sized>(
     let mut summary = GenerateSummary::default();
     let mut reward_sum = 0.0f64;
     for t in 0..opts.tasks {
-        let group = u32::try_from(t).map_err(|_| OfflineError::Options(format!("{} tasks", opts.tasks)))?;
+        let group = u32::try_from(opts.first_task + t)
+            .map_err(|_| OfflineError::Options(format!("{} + {} tasks", opts.first_task, opts.tasks)))?;
         let task = env.task(task_seed(&seed, &miner, group));
         let prompt = tokenizer.encode(&env.prompt_text(&task))?;
         let req = GroupRequest {

@@ -48,7 +48,7 @@ fn run(f: &mut Fixture, env: &Environment, seed: u64, opts: &GenerateOptions) ->
 }
 
 fn opts(temperature: f32) -> GenerateOptions {
-    GenerateOptions { tasks: 3, group: 4, max_new_tokens: 24, temperature, sketch_params: SketchParams::DEFAULT }
+    GenerateOptions { first_task: 0, tasks: 3, group: 4, max_new_tokens: 24, temperature, sketch_params: SketchParams::DEFAULT }
 }
 
 fn check_shapes(f: &Fixture, env: &Environment, recs: &[RolloutRecord], o: &GenerateOptions, seed: u64) {

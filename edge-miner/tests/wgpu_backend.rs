@@ -280,7 +280,7 @@ fn rollouts_pass_the_reference_validator() {
     let env = Environment::Arith(ArithEnv::new(3));
     let seed = 21;
     let window = OfflineWindow::from_seed(seed);
-    let opts = GenerateOptions { tasks: 3, group: 4, max_new_tokens: 24, temperature: 0.9, sketch_params: SketchParams::DEFAULT };
+    let opts = GenerateOptions { first_task: 0, tasks: 3, group: 4, max_new_tokens: 24, temperature: 0.9, sketch_params: SketchParams::DEFAULT };
     let model_id = Checkpoint::open(&path).unwrap().content_id();
     let job = Job { tokenizer: &tokenizer, env: &env, model: Some(model_id), window: &window, opts: &opts };
     let out = dir.path().join("rollouts.jsonl");

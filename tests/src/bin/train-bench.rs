@@ -122,6 +122,7 @@ fn eval(o: &Opts) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     let env = Environment::Arith(ArithEnv::new(difficulty));
     let gen_opts = GenerateOptions {
+        first_task: 0,
         tasks,
         group: 1,
         max_new_tokens: o.num("max-new-tokens", 48)?,

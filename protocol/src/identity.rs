@@ -24,6 +24,8 @@ pub mod domain {
     pub const WEIGHTS: &str = "tributary/weights/v1";
     /// The trainer's announcement of a checkpoint.
     pub const CHECKPOINT: &str = "tributary/checkpoint/v1";
+    /// The trainer's report of one training step (loss, reward, delta figures).
+    pub const TRAINER_STATS: &str = "tributary/trainer-stats/v1";
 }
 
 /// Errors from keys, key files and signatures.

@@ -590,6 +590,49 @@ impl WeightsDoc {
             .coordinator
             .verify(identity::domain::WEIGHTS, &canonical(&self.body), &self.signature)
     }
+
+    /// Checks that the document is signed by `coordinator` (the key a peer
+    /// learnt in the handshake's [`Challenge`] or its configuration), not
+    /// merely by whichever key it names.
+    pub fn verify_by(&self, coordinator: &PublicKey) -> Result<(), WeightsDocError> {
+        if self.body.coordinator != *coordinator {
+            return Err(WeightsDocError::WrongCoordinator);
+        }
+        self.verify().map_err(|_| WeightsDocError::BadSignature)
+    }
+
+    /// The document's bytes as published (`postcard(WeightsDoc)`, the body of
+    /// a [`Frame::Weights`]); what `GET /api/weights` gives in hex.
+    pub fn encode(&self) -> Vec<u8> {
+        canonical(self)
+    }
+
+    /// Decodes published document bytes (with the [`Tag::Weights`] size
+    /// limit, consumed exactly) and checks they are signed by `coordinator`.
+    pub fn decode_verified(bytes: &[u8], coordinator: &PublicKey) -> Result<Self, WeightsDocError> {
+        let doc = match Frame::decode_body(Tag::Weights, bytes)? {
+            Frame::Weights(doc) => doc,
+            // decode_body answers with the frame of the tag it was given.
+            other => return Err(WeightsDocError::Wire(WireError::UnknownTag(other.tag() as u16))),
+        };
+        doc.verify_by(coordinator)?;
+        Ok(doc)
+    }
+}
+
+/// Why a weights document is not accepted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WeightsDocError {
+    /// The bytes do not decode.
+    #[error("weights document: {0}")]
+    Wire(#[from] WireError),
+    /// The document names another coordinator.
+    #[error("weights document names another coordinator")]
+    WrongCoordinator,
+    /// The signature does not verify.
+    #[error("weights document signature does not verify")]
+    BadSignature,
 }
 
 /// Whether a checkpoint is stored whole or as a sparse delta.
@@ -722,6 +765,145 @@ pub struct GetDelta {
 pub struct CheckpointStored {
     /// The checkpoint's content id.
     pub id: ContentId,
+}
+
+/// The trainer's report of one training step (signed part of [`TrainerStats`]):
+/// what it trained on, the GRPO figures and the checkpoint it published.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerStatsBody {
+    /// The window the step's checkpoint was published for ([`CheckpointBody::window`]).
+    pub window: WindowId,
+    /// The checkpoint published.
+    pub checkpoint: ContentId,
+    /// First window whose rollouts the step trained on.
+    pub first_trained: WindowId,
+    /// Last window whose rollouts the step trained on.
+    pub last_trained: WindowId,
+    /// Optimiser step number (1-based).
+    pub step: u64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Total loss.
+    pub loss: f64,
+    /// Policy-gradient part of the loss.
+    pub pg_loss: f64,
+    /// KL part of the loss.
+    pub kl: f64,
+    /// Mean per-sequence token entropy.
+    pub entropy: f64,
+    /// Fraction of sequences clipped at `1 − ε_lo`.
+    pub clip_low_frac: f64,
+    /// Fraction of sequences clipped at `1 + ε_hi`.
+    pub clip_high_frac: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Mean reward of the sequences trained on.
+    pub reward_mean: f64,
+    /// Their reward standard deviation.
+    pub reward_std: f64,
+    /// Sequences trained on.
+    pub seqs: u64,
+    /// Completion tokens trained on.
+    pub tokens: u64,
+    /// Groups kept by selection.
+    pub groups_kept: u64,
+    /// Groups dropped by selection (every reason).
+    pub groups_dropped: u64,
+    /// Groups held for verdicts.
+    pub groups_held: u64,
+    /// Payload bytes of the publication (a delta or a full checkpoint).
+    pub payload_bytes: u64,
+    /// Full checkpoint bytes.
+    pub checkpoint_bytes: u64,
+    /// Whether the payload is a delta.
+    pub delta: bool,
+    /// Changed / total elements against the delta's base (deltas only).
+    pub change_fraction: Option<f64>,
+    /// The trainer.
+    pub trainer: PublicKey,
+}
+
+/// Why a [`TrainerStatsBody`] is not well formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainerStatsError {
+    /// A figure is NaN or infinite.
+    #[error("{0} is not finite")]
+    NotFinite(&'static str),
+    /// A fraction lies outside [0, 1].
+    #[error("{0} is not a fraction")]
+    NotAFraction(&'static str),
+    /// The trained windows are not `first ≤ last ≤ window`.
+    #[error("trained windows out of order")]
+    Windows,
+}
+
+impl TrainerStatsBody {
+    /// Checks the figures: finite, fractions in [0, 1], trained windows in order.
+    pub fn check(&self) -> Result<(), TrainerStatsError> {
+        for (name, v) in [
+            ("lr", self.lr),
+            ("loss", self.loss),
+            ("pg_loss", self.pg_loss),
+            ("kl", self.kl),
+            ("entropy", self.entropy),
+            ("grad_norm", self.grad_norm),
+            ("reward_mean", self.reward_mean),
+            ("reward_std", self.reward_std),
+        ] {
+            if !v.is_finite() {
+                return Err(TrainerStatsError::NotFinite(name));
+            }
+        }
+        let fractions = [
+            ("clip_low_frac", Some(self.clip_low_frac)),
+            ("clip_high_frac", Some(self.clip_high_frac)),
+            ("change_fraction", self.change_fraction),
+        ];
+        for (name, v) in fractions {
+            if let Some(v) = v
+                && !(0.0..=1.0).contains(&v)
+            {
+                return Err(TrainerStatsError::NotAFraction(name));
+            }
+        }
+        if self.first_trained > self.last_trained || self.last_trained > self.window {
+            return Err(TrainerStatsError::Windows);
+        }
+        Ok(())
+    }
+}
+
+/// A signed training-step report: trainer → coordinator after the step's
+/// checkpoint is stored; answered with [`TrainerStatsAck`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerStats {
+    /// What is reported.
+    pub body: TrainerStatsBody,
+    /// The trainer's signature over `postcard(body)` under [`identity::domain::TRAINER_STATS`].
+    pub signature: Signature,
+}
+
+impl TrainerStats {
+    /// Signs a report.
+    pub fn sign(body: TrainerStatsBody, key: &identity::Keypair) -> Self {
+        let signature = key.sign(identity::domain::TRAINER_STATS, &canonical(&body));
+        Self { body, signature }
+    }
+
+    /// Checks the signature against `body.trainer`.
+    pub fn verify(&self) -> Result<(), identity::IdentityError> {
+        self.body
+            .trainer
+            .verify(identity::domain::TRAINER_STATS, &canonical(&self.body), &self.signature)
+    }
+}
+
+/// Coordinator → trainer: the report for this window is stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainerStatsAck {
+    /// The report's window.
+    pub window: WindowId,
 }
 
 /// The postcard encoding used as the canonical bytes of signed bodies.
@@ -866,6 +1048,10 @@ frames! {
     GetStanding = 36, max SMALL, GetStanding;
     /// A window's verdict standing.
     Standing = 37, max 4 << 20, Standing;
+    /// Trainer → coordinator: a signed training-step report.
+    PostTrainerStats = 60, max SMALL, TrainerStats;
+    /// The training-step report is stored.
+    TrainerStatsAck = 61, max SMALL, TrainerStatsAck;
 }
 
 impl Frame {
@@ -956,6 +1142,77 @@ mod tests {
         verdict.verify().unwrap();
         verdict.body.valid = 10;
         assert!(verdict.verify().is_err());
+    }
+
+    #[test]
+    fn weights_document_verifies_by_coordinator_and_detects_tampering() {
+        let c = identity::Keypair::from_seed([4; 32]);
+        let other = identity::Keypair::from_seed([5; 32]);
+        let m = identity::Keypair::from_seed([6; 32]).public();
+        let doc = WeightsDoc::sign(WeightsBody { window: 7, weights: vec![(m, 1.0)], coordinator: c.public() }, &c);
+        let bytes = doc.encode();
+        assert_eq!(WeightsDoc::decode_verified(&bytes, &c.public()), Ok(doc.clone()));
+        // Another expected key, a re-signed copy naming another coordinator, a flipped byte, junk.
+        assert_eq!(WeightsDoc::decode_verified(&bytes, &other.public()), Err(WeightsDocError::WrongCoordinator));
+        let mut tampered = doc.clone();
+        tampered.body.weights[0].1 = 0.5;
+        assert_eq!(WeightsDoc::decode_verified(&tampered.encode(), &c.public()), Err(WeightsDocError::BadSignature));
+        let mut flipped = bytes.clone();
+        flipped[1] ^= 1;
+        assert!(WeightsDoc::decode_verified(&flipped, &c.public()).is_err());
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(matches!(WeightsDoc::decode_verified(&trailing, &c.public()), Err(WeightsDocError::Wire(_))));
+    }
+
+    #[test]
+    fn trainer_stats_sign_check_and_round_trip() {
+        let t = identity::Keypair::from_seed([7; 32]);
+        let body = TrainerStatsBody {
+            window: 9,
+            checkpoint: ContentId([1; 32]),
+            first_trained: 7,
+            last_trained: 8,
+            step: 3,
+            lr: 1e-3,
+            loss: -0.25,
+            pg_loss: -0.3,
+            kl: 0.05,
+            entropy: 2.5,
+            clip_low_frac: 0.0,
+            clip_high_frac: 0.1,
+            grad_norm: 1.5,
+            reward_mean: 0.4,
+            reward_std: 0.2,
+            seqs: 8,
+            tokens: 128,
+            groups_kept: 2,
+            groups_dropped: 1,
+            groups_held: 0,
+            payload_bytes: 1000,
+            checkpoint_bytes: 10_000,
+            delta: true,
+            change_fraction: Some(0.3),
+            trainer: t.public(),
+        };
+        assert_eq!(body.check(), Ok(()));
+        let s = TrainerStats::sign(body.clone(), &t);
+        s.verify().unwrap();
+        let f = Frame::PostTrainerStats(s.clone());
+        let bytes = f.encode();
+        assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+        let mut tampered = s.clone();
+        tampered.body.loss = 0.0;
+        assert!(tampered.verify().is_err());
+        let mut b = body.clone();
+        b.loss = f64::NAN;
+        assert_eq!(b.check(), Err(TrainerStatsError::NotFinite("loss")));
+        let mut b = body.clone();
+        b.clip_high_frac = 1.5;
+        assert_eq!(b.check(), Err(TrainerStatsError::NotAFraction("clip_high_frac")));
+        let mut b = body;
+        b.last_trained = 10;
+        assert_eq!(b.check(), Err(TrainerStatsError::Windows));
     }
 
     proptest::proptest! {

@@ -18,6 +18,11 @@
 //! Door failures that only the authenticated miner itself can cause (a bad
 //! signature over its own key, a stale checkpoint) fail the miner's window
 //! like a validator's hard verdict ([`Core::door_penalty`]).
+//!
+//! Weights are published per interval: the document of window `W` (weights
+//! over the windows ending at `W`) is due once `W + 1` has ended, since
+//! validators check `W` during `W + 1` ([`Core::weights_interval`]). Only the
+//! configured trainer key's step reports are taken ([`Core::check_trainer_stats`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -28,7 +33,8 @@ use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::wire::{
-    CheckpointBody, MinerStanding, RejectReason, Role, VerdictBody, WeightsBody, WindowInfo,
+    CheckpointBody, MinerStanding, RejectReason, Role, TrainerStatsBody, TrainerStatsError, VerdictBody, WeightsBody,
+    WindowInfo,
 };
 use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
 
@@ -152,6 +158,20 @@ pub enum VerdictError {
     /// Inconsistent counts.
     #[error("valid exceeds checked")]
     Inconsistent,
+}
+
+/// Why a trainer's step report was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StatsError {
+    /// The signer is not the configured trainer.
+    #[error("not the configured trainer")]
+    Unauthorized,
+    /// The signature does not verify.
+    #[error("bad signature")]
+    BadSignature,
+    /// The figures are not well formed.
+    #[error("malformed report: {0}")]
+    Malformed(#[from] TrainerStatsError),
 }
 
 /// The sans-IO coordinator.
@@ -517,6 +537,26 @@ impl Core {
         WeightsBody { window: upto, weights, coordinator }
     }
 
+    /// The latest interval whose signed weights document is due at `now_ms`:
+    /// window `W`'s once `W + 1` has ended (its verdicts are posted during
+    /// `W + 1`). `None` before window 2.
+    pub fn weights_interval(&self, now_ms: u64) -> Option<WindowId> {
+        self.current_window(now_ms)?.checked_sub(2)
+    }
+
+    /// Checks a trainer's step report: signed by the configured trainer key,
+    /// figures well formed.
+    pub fn check_trainer_stats(&self, body: &TrainerStatsBody, signature_ok: bool) -> Result<(), StatsError> {
+        if !self.cfg.access.permits(Role::Trainer, &body.trainer) {
+            return Err(StatsError::Unauthorized);
+        }
+        if !signature_ok {
+            return Err(StatsError::BadSignature);
+        }
+        body.check()?;
+        Ok(())
+    }
+
     /// Forgets bookkeeping of windows that can no longer take submissions.
     pub fn prune(&mut self, now_ms: u64) {
         let s = self.cfg.schedule;
@@ -776,6 +816,66 @@ mod tests {
         assert_eq!(core.standing(2), vec![(a, MinerStanding::Suspect)]);
         let w = core.weights(1, coord);
         assert_eq!(w.weights.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![b]);
+    }
+
+    #[test]
+    fn trainer_stats_only_from_the_trainer_key() {
+        let trainer = Keypair::from_seed([77; 32]);
+        let mut c = cfg();
+        c.access.trainer = Some(trainer.public());
+        let core = Core::new(c);
+        let mut body = TrainerStatsBody {
+            window: 3,
+            checkpoint: ContentId([2; 32]),
+            first_trained: 1,
+            last_trained: 2,
+            step: 1,
+            lr: 1e-3,
+            loss: 0.1,
+            pg_loss: 0.1,
+            kl: 0.0,
+            entropy: 1.0,
+            clip_low_frac: 0.0,
+            clip_high_frac: 0.0,
+            grad_norm: 1.0,
+            reward_mean: 0.5,
+            reward_std: 0.1,
+            seqs: 4,
+            tokens: 64,
+            groups_kept: 1,
+            groups_dropped: 0,
+            groups_held: 0,
+            payload_bytes: 10,
+            checkpoint_bytes: 100,
+            delta: false,
+            change_fraction: None,
+            trainer: trainer.public(),
+        };
+        assert_eq!(core.check_trainer_stats(&body, true), Ok(()));
+        assert_eq!(core.check_trainer_stats(&body, false), Err(StatsError::BadSignature));
+        // A validator's or a miner's key is not the trainer's, even with a good signature.
+        for k in [Keypair::from_seed([100; 32]).public(), miner(1)] {
+            let mut other = body.clone();
+            other.trainer = k;
+            assert_eq!(core.check_trainer_stats(&other, true), Err(StatsError::Unauthorized));
+        }
+        // No trainer configured: nobody.
+        assert_eq!(Core::new(cfg()).check_trainer_stats(&body, true), Err(StatsError::Unauthorized));
+        body.loss = f64::INFINITY;
+        assert_eq!(
+            core.check_trainer_stats(&body, true),
+            Err(StatsError::Malformed(TrainerStatsError::NotFinite("loss")))
+        );
+    }
+
+    #[test]
+    fn weights_interval_waits_for_the_next_window_to_end() {
+        let core = Core::new(cfg());
+        assert_eq!(core.weights_interval(9_999), None);
+        assert_eq!(core.weights_interval(at(0)), None);
+        assert_eq!(core.weights_interval(at(1)), None);
+        assert_eq!(core.weights_interval(at(2)), Some(0));
+        assert_eq!(core.weights_interval(at(7)), Some(5));
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! Everything shown is what the coordinator itself holds: the window clock,
 //! per-miner counts of door decisions and verdicts, weights, each window's
 //! stored rollouts (count per miner, mean reward, mean completion length, read
-//! back from the database), validators' verdicts per window, and the relay's
-//! checkpoint and delta history. The trainer's loss is not reported to the
-//! coordinator, so the page shows none (the trainer exports it on its own
-//! `/metrics`).
+//! back from the database), validators' verdicts per window, the relay's
+//! checkpoint and delta history, and the trainer's signed step reports (loss,
+//! entropy, clip fractions, kept/dropped groups, delta size), which the
+//! trainer sends after each publication ([`receive_trainer_stats`], stored per
+//! publication window, also served at `GET /api/training`).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -16,7 +17,10 @@ use std::sync::Mutex;
 use serde::Serialize;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
+use tributary_protocol::wire::{ErrorCode, ErrorFrame, Frame, TrainerStats, TrainerStatsAck};
 use tributary_protocol::window::WindowId;
+
+use crate::core::StatsError;
 
 use crate::relay::CheckpointJson;
 use crate::server::Shared;
@@ -62,6 +66,134 @@ pub struct Status {
     pub windows: Vec<WindowRow>,
     /// Every checkpoint the relay holds, oldest first.
     pub checkpoints: Vec<CheckpointJson>,
+    /// The interval of the latest signed weights document (the miners'
+    /// `weight` is from it), if one is signed yet.
+    pub weights_interval: Option<WindowId>,
+    /// The trainer's step reports of the recent publication windows, oldest first.
+    pub training: Vec<TrainingJson>,
+}
+
+/// One training step as the trainer reported it (`GET /api/training`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingJson {
+    /// The window the step's checkpoint was published for.
+    pub window: WindowId,
+    /// The checkpoint published (hex).
+    pub checkpoint: String,
+    /// First window trained on.
+    pub first_trained: WindowId,
+    /// Last window trained on.
+    pub last_trained: WindowId,
+    /// Optimiser step.
+    pub step: u64,
+    /// Learning rate.
+    pub lr: f64,
+    /// Total loss.
+    pub loss: f64,
+    /// Policy-gradient part.
+    pub pg_loss: f64,
+    /// KL part.
+    pub kl: f64,
+    /// Mean token entropy.
+    pub entropy: f64,
+    /// Fraction of sequences clipped low.
+    pub clip_low_frac: f64,
+    /// Fraction of sequences clipped high.
+    pub clip_high_frac: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Mean reward of the sequences trained on.
+    pub reward_mean: f64,
+    /// Their reward standard deviation.
+    pub reward_std: f64,
+    /// Sequences trained on.
+    pub seqs: u64,
+    /// Completion tokens trained on.
+    pub tokens: u64,
+    /// Groups kept.
+    pub groups_kept: u64,
+    /// Groups dropped.
+    pub groups_dropped: u64,
+    /// Groups held for verdicts.
+    pub groups_held: u64,
+    /// Payload bytes published (delta or full).
+    pub payload_bytes: u64,
+    /// Full checkpoint bytes.
+    pub checkpoint_bytes: u64,
+    /// Whether the payload is a delta.
+    pub delta: bool,
+    /// Changed / total elements of the delta.
+    pub change_fraction: Option<f64>,
+    /// The trainer's key (hex).
+    pub trainer: String,
+    /// The trainer's signature (hex) over `postcard(body)` under `tributary/trainer-stats/v1`.
+    pub signature: String,
+}
+
+impl From<&TrainerStats> for TrainingJson {
+    fn from(s: &TrainerStats) -> Self {
+        let b = &s.body;
+        Self {
+            window: b.window,
+            checkpoint: b.checkpoint.to_string(),
+            first_trained: b.first_trained,
+            last_trained: b.last_trained,
+            step: b.step,
+            lr: b.lr,
+            loss: b.loss,
+            pg_loss: b.pg_loss,
+            kl: b.kl,
+            entropy: b.entropy,
+            clip_low_frac: b.clip_low_frac,
+            clip_high_frac: b.clip_high_frac,
+            grad_norm: b.grad_norm,
+            reward_mean: b.reward_mean,
+            reward_std: b.reward_std,
+            seqs: b.seqs,
+            tokens: b.tokens,
+            groups_kept: b.groups_kept,
+            groups_dropped: b.groups_dropped,
+            groups_held: b.groups_held,
+            payload_bytes: b.payload_bytes,
+            checkpoint_bytes: b.checkpoint_bytes,
+            delta: b.delta,
+            change_fraction: b.change_fraction,
+            trainer: b.trainer.to_string(),
+            signature: s.signature.to_string(),
+        }
+    }
+}
+
+/// Takes a trainer's step report (the QUIC `PostTrainerStats` frame, on a
+/// connection authenticated as the trainer): checked against the configured
+/// trainer key and its signature, stored, acknowledged. A refused report
+/// stores nothing.
+pub fn receive_trainer_stats(shared: &Shared, stats: TrainerStats) -> Frame {
+    let ok = stats.verify().is_ok();
+    let refuse = |code: ErrorCode, e: &dyn std::fmt::Display| {
+        metrics::counter!("tributary_trainer_stats_refused_total").increment(1);
+        tracing::warn!(error = %e, "trainer stats refused");
+        Frame::Error(ErrorFrame { code, detail: e.to_string() })
+    };
+    match shared.core().check_trainer_stats(&stats.body, ok) {
+        Ok(()) => {}
+        Err(e @ (StatsError::Unauthorized | StatsError::BadSignature)) => return refuse(ErrorCode::BadSignature, &e),
+        Err(e @ StatsError::Malformed(_)) => return refuse(ErrorCode::Malformed, &e),
+    }
+    if let Err(e) = shared.store.put_trainer_stats(&stats) {
+        return refuse(ErrorCode::Internal, &e);
+    }
+    let b = &stats.body;
+    metrics::gauge!("tributary_trainer_loss").set(b.loss);
+    metrics::gauge!("tributary_trainer_entropy").set(b.entropy);
+    metrics::gauge!("tributary_trainer_step").set(b.step as f64);
+    tracing::info!(window = b.window, step = b.step, loss = b.loss, "trainer stats stored");
+    Frame::TrainerStatsAck(TrainerStatsAck { window: b.window })
+}
+
+/// The trainer's reports of publication windows `from..=to` as JSON.
+pub fn training(shared: &Shared, from: WindowId, to: WindowId) -> Result<Vec<TrainingJson>, StoreError> {
+    Ok(shared.store.trainer_stats(from, to)?.iter().map(Into::into).collect())
 }
 
 /// One miner.
@@ -224,11 +356,17 @@ pub fn status(shared: &Shared, history: &History, now_ms: u64) -> Result<Status,
             e.1 += u64::from(b.checked);
         }
     }
+    let signed = crate::weights::latest(shared)?;
+    let training = training(shared, first, w.saturating_add(1))?;
     let core = shared.core();
     for row in &mut windows {
         row.checkpoint = core.checkpoint_for(row.window).to_string();
     }
-    let weights: BTreeMap<PublicKey, f64> = core.weights(weights_upto, shared.key.public()).weights.into_iter().collect();
+    let weights_interval = signed.as_ref().map(|d| d.body.window);
+    let weights: BTreeMap<PublicKey, f64> = match signed {
+        Some(d) => d.body.weights.into_iter().collect(),
+        None => core.weights(weights_upto, shared.key.public()).weights.into_iter().collect(),
+    };
     let peers = shared.relay.peers();
     let closed_rows: Vec<&WindowRow> = windows.iter().filter(|r| r.closed && r.rollouts > 0).collect();
     let last_closed = windows.iter().rev().find(|r| r.closed);
@@ -287,6 +425,8 @@ pub fn status(shared: &Shared, history: &History, now_ms: u64) -> Result<Status,
             c.sort_by_key(|e| (e.from_window, e.window));
             c
         },
+        weights_interval,
+        training,
     })
 }
 
@@ -318,16 +458,19 @@ svg text{font-size:11px;fill:#55607a}
 <span>time left <b id="left">-</b> <span class="bar"><div id="leftbar" style="width:0"></div></span></span>
 <span>env <b id="env">-</b></span>
 <span>checkpoint <code id="checkpoint">-</code></span>
+<span>weights signed for window <b id="weightswin">-</b></span>
 <span class="muted" id="updated">connecting…</span></header>
 <main>
 <section class="wide"><h2>Miners</h2><table id="miners"><thead><tr><th>miner</th><th>accepted</th><th>refused</th><th>acceptance</th><th>last window</th><th>rollouts/min</th><th>valid / checked</th><th>weight</th><th>status</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Mean reward per window</h2><div id="reward"></div></section>
 <section><h2>Rollouts per window</h2><div id="volume"></div></section>
+<section><h2>Training loss per publication window</h2><div id="loss"></div></section>
+<section><h2>Entropy and clipping per publication window</h2><div id="entropy"></div></section>
 <section><h2>Verification outcomes</h2><table id="verdicts"><tbody></tbody></table>
 <h2 style="margin-top:10px">Refused at the door, by check</h2><table id="door"><tbody></tbody></table></section>
 <section><h2>Windows</h2><table id="windows"><thead><tr><th>window</th><th>rollouts</th><th>mean reward</th><th>solved</th><th>tokens</th><th>verdicts valid/checked</th><th>checkpoint</th></tr></thead><tbody></tbody></table></section>
-<section class="wide"><h2>Checkpoints and deltas</h2><table id="checkpoints"><thead><tr><th>checkpoint</th><th>published for</th><th>in force from</th><th>full</th><th>delta</th><th>delta / full</th></tr></thead><tbody></tbody></table>
-<p class="muted">Training loss is reported by the trainer on its own <code>/metrics</code>, not to the coordinator.</p></section>
+<section class="wide"><h2>Training steps (signed by the trainer)</h2><table id="training"><thead><tr><th>published for</th><th>step</th><th>trained on</th><th>loss</th><th>pg loss</th><th>kl</th><th>entropy</th><th>clipped</th><th>reward mean ± std</th><th>groups kept / dropped</th><th>payload</th><th>changed</th></tr></thead><tbody></tbody></table></section>
+<section class="wide"><h2>Checkpoints and deltas</h2><table id="checkpoints"><thead><tr><th>checkpoint</th><th>published for</th><th>in force from</th><th>full</th><th>delta</th><th>delta / full</th></tr></thead><tbody></tbody></table></section>
 </main>
 <script>
 "use strict";
@@ -353,6 +496,27 @@ function chart(el, points, label, max) {
     '<text x="' + L + '" y="' + (H - 6) + '">window ' + lo + '</text><text x="' + (W - 70) + '" y="' + (H - 6) + '">window ' + hi + '</text>' +
     '<path d="' + path + '" fill="none" stroke="#3b82f6" stroke-width="2"/>' + dots + '</svg>';
 }
+function lines(el, series, label) {
+  const W = 520, H = 170, L = 48, B = 22, T = 8, pts = series.flatMap(s => s.points);
+  if (!pts.length) { el.innerHTML = '<p class="muted">no training steps reported yet</p>'; return; }
+  const xs = pts.map(p => p[0]), lo = Math.min(...xs), hi = Math.max(lo + 1, Math.max(...xs));
+  const ys = pts.map(p => p[1]);
+  let bot = Math.min(0, ...ys), top = Math.max(0, ...ys);
+  if (top - bot < 1e-9) top = bot + 1;
+  const X = x => L + (W - L - 8) * (x - lo) / (hi - lo), Y = y => T + (H - T - B) * (top - y) / (top - bot);
+  const body = series.map(s => {
+    const path = s.points.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + " " + Y(p[1]).toFixed(1)).join(" ");
+    const dots = s.points.map(p => '<circle class="pt" cx="' + X(p[0]).toFixed(1) + '" cy="' + Y(p[1]).toFixed(1) + '" r="2.5" fill="' + s.color + '"/>').join("");
+    return '<path d="' + path + '" fill="none" stroke="' + s.color + '" stroke-width="2"/>' + dots;
+  }).join("");
+  const legend = series.map((s, i) => '<text x="' + (L + 8 + 130 * i) + '" y="' + (T + 10) + '" style="fill:' + s.color + '">' + esc(s.name) + '</text>').join("");
+  el.innerHTML = '<svg width="' + W + '" height="' + H + '" role="img" aria-label="' + esc(label) + '" data-points="' + pts.length + '">' +
+    '<line x1="' + L + '" y1="' + Y(0) + '" x2="' + (W - 8) + '" y2="' + Y(0) + '" stroke="#ccd"/>' +
+    '<line x1="' + L + '" y1="' + T + '" x2="' + L + '" y2="' + (H - B) + '" stroke="#ccd"/>' +
+    '<text x="2" y="' + (T + 8) + '">' + num(top, 3) + '</text><text x="2" y="' + (H - B) + '">' + num(bot, 3) + '</text>' +
+    '<text x="' + L + '" y="' + (H - 6) + '">window ' + lo + '</text><text x="' + (W - 70) + '" y="' + (H - 6) + '">window ' + hi + '</text>' +
+    body + legend + '</svg>';
+}
 function draw(s) {
   $("window").textContent = s.window == null ? "not started" : s.window;
   $("left").textContent = (s.time_left_ms / 1000).toFixed(1) + " s";
@@ -367,6 +531,17 @@ function draw(s) {
   const closed = s.windows.filter(w => w.closed && w.rollouts > 0);
   chart($("reward"), closed.map(w => [w.window, w.mean_reward]), "mean reward per window", 1);
   chart($("volume"), s.windows.map(w => [w.window, w.rollouts]), "rollouts per window", null);
+  const t = s.training;
+  $("weightswin").textContent = s.weights_interval == null ? "none yet" : s.weights_interval;
+  lines($("loss"), [{name: "loss", color: "#dc2626", points: t.map(x => [x.window, x.loss])}], "training loss per window");
+  lines($("entropy"), [{name: "entropy", color: "#7c3aed", points: t.map(x => [x.window, x.entropy])},
+    {name: "clipped fraction", color: "#f59e0b", points: t.map(x => [x.window, x.clip_low_frac + x.clip_high_frac])}],
+    "entropy and clipping per window");
+  rows($("training").tBodies[0], t.slice().reverse().slice(0, 12).map(x => [
+    x.window, x.step, x.first_trained == x.last_trained ? x.first_trained : x.first_trained + "–" + x.last_trained,
+    num(x.loss, 4), num(x.pg_loss, 4), num(x.kl, 4), num(x.entropy, 3), pct(x.clip_low_frac + x.clip_high_frac),
+    num(x.reward_mean, 3) + " ± " + num(x.reward_std, 3), x.groups_kept + " / " + x.groups_dropped,
+    bytes(x.payload_bytes) + (x.delta ? " delta" : " full"), pct(x.change_fraction)]));
   const v = s.verdicts;
   rows($("verdicts").tBodies[0], [["verdicts", v.verdicts], ["rollouts checked", v.checked], ["passed every check", v.valid],
     ["hard failures (ban)", v.hard_failures], ["soft check failures", v.soft_failures]]);

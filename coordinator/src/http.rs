@@ -1,15 +1,20 @@
 //! The operators' HTTP listener: Prometheus `/metrics`, `/api/miners`
-//! (counts, bans and each miner's checkpoint), `/api/weights`,
-//! `/api/checkpoints` (every relayed checkpoint with its full and delta sizes),
-//! `/api/status` (everything the live status page shows, see
-//! [`crate::dashboard`]) and the status page itself at `/`.
+//! (counts, bans and each miner's checkpoint), `/api/weights` (the latest
+//! signed weights document, or `?window=W`'s; see [`crate::weights`]),
+//! `/api/weights/history` (the recent documents, newest first; `?limit=N`),
+//! `/api/training` (the trainer's signed step reports: loss, entropy, clip
+//! fractions, groups, delta size; `?from=W`), `/api/checkpoints` (every
+//! relayed checkpoint with its full and delta sizes), `/api/status`
+//! (everything the live status page shows, see [`crate::dashboard`]) and the
+//! status page itself at `/`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::Html;
 use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -39,6 +44,8 @@ pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<S
         .route("/metrics", get(metrics_page))
         .route("/api/miners", get(miners))
         .route("/api/weights", get(weights))
+        .route("/api/weights/history", get(weights_history))
+        .route("/api/training", get(training))
         .route("/api/checkpoints", get(checkpoints))
         .route("/api/status", get(api_status))
         .with_state(state);
@@ -117,16 +124,63 @@ async fn checkpoints(State(s): State<AppState>) -> Json<Vec<crate::relay::Checkp
     Json(s.shared.relay.entries().iter().map(Into::into).collect())
 }
 
-async fn weights(State(s): State<AppState>) -> Json<BTreeMap<String, f64>> {
-    let core = s.shared.core();
-    let upto = core.current_window(now_ms()).unwrap_or(0).saturating_sub(2);
-    Json(
-        core.weights(upto, s.shared.key.public())
-            .weights
-            .into_iter()
-            .map(|(k, w)| (k.to_string(), w))
-            .collect(),
-    )
+type HttpError = (StatusCode, String);
+
+/// Runs a database read off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+) -> Result<T, HttpError> {
+    let internal = |e: String| (StatusCode::INTERNAL_SERVER_ERROR, e);
+    tokio::task::spawn_blocking(f).await.map_err(|e| internal(e.to_string()))?.map_err(|e| internal(e.to_string()))
+}
+
+#[derive(serde::Deserialize)]
+struct WeightsQuery {
+    window: Option<u64>,
+}
+
+async fn weights(State(s): State<AppState>, Query(q): Query<WeightsQuery>) -> Result<Json<crate::weights::WeightsJson>, HttpError> {
+    let sh = s.shared.clone();
+    let doc = blocking(move || match q.window {
+        Some(w) => sh.store.weights_doc(w),
+        None => crate::weights::latest(&sh),
+    })
+    .await?;
+    match doc {
+        Some(d) => Ok(Json((&d).into())),
+        None => Err((
+            StatusCode::NOT_FOUND,
+            "no signed weights document for that interval (window W's is signed when W + 1 ends)".into(),
+        )),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct HistoryQuery {
+    limit: Option<usize>,
+}
+
+async fn weights_history(
+    State(s): State<AppState>,
+    Query(q): Query<HistoryQuery>,
+) -> Result<Json<Vec<crate::weights::WeightsJson>>, HttpError> {
+    let limit = q.limit.unwrap_or(crate::dashboard::HISTORY_WINDOWS as usize).clamp(1, 1000);
+    let sh = s.shared.clone();
+    let docs = blocking(move || sh.store.weights_docs(u64::MAX, limit)).await?;
+    Ok(Json(docs.iter().map(Into::into).collect()))
+}
+
+#[derive(serde::Deserialize)]
+struct TrainingQuery {
+    from: Option<u64>,
+}
+
+async fn training(
+    State(s): State<AppState>,
+    Query(q): Query<TrainingQuery>,
+) -> Result<Json<Vec<crate::dashboard::TrainingJson>>, HttpError> {
+    let sh = s.shared.clone();
+    blocking(move || crate::dashboard::training(&sh, q.from.unwrap_or(0), u64::MAX)).await.map(Json)
 }
 
 async fn status() -> Html<&'static str> {

@@ -13,3 +13,4 @@ pub mod dashboard;
 pub mod node;
 pub mod relay;
 pub mod admin;
+pub mod weights;

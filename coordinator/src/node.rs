@@ -278,5 +278,6 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     let fingerprint = crate::net::fingerprint(&cert);
     let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;
     let http = crate::http::start(cfg.http, shared.clone()).await?;
+    crate::weights::spawn_signer(&shared);
     Ok(Node { quic: server.addr, http, fingerprint, server, shared })
 }

@@ -338,11 +338,11 @@ async fn serve_requests(
                 Some(secret) => Frame::Reveal(Reveal { window: g.window, secret: secret.0 }),
                 None => err(ErrorCode::NotYet, "submissions still open"),
             },
-            (_, Frame::GetWeights(_)) => {
-                let core = sh.core();
-                let upto = core.current_window(now).unwrap_or(0).saturating_sub(2);
-                Frame::Weights(wire::WeightsDoc::sign(core.weights(upto, sh.key.public()), &sh.key))
-            }
+            (_, Frame::GetWeights(_)) => match crate::weights::latest(sh) {
+                Ok(Some(doc)) => Frame::Weights(doc),
+                Ok(None) => err(ErrorCode::NotYet, "no weights document signed yet"),
+                Err(e) => err(ErrorCode::Internal, &e.to_string()),
+            },
             (Role::Miner, Frame::GetProgress(g)) => {
                 Frame::Progress(Progress { window: g.window, slots: sh.core().progress(g.window, &peer) })
             }
@@ -368,6 +368,7 @@ async fn serve_requests(
                     Err(e) => err(ErrorCode::BadSignature, &e.to_string()),
                 }
             }
+            (Role::Trainer, Frame::PostTrainerStats(s)) => crate::dashboard::receive_trainer_stats(sh, s),
             (Role::Trainer, Frame::PublishCheckpoint(p)) => {
                 match receive_checkpoint(sh, recv, p, now).await {
                     Ok(f) => f,

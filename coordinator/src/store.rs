@@ -1,5 +1,6 @@
 //! Durable state in one redb file: meta (master secret, genesis), rollouts,
-//! verdicts and checkpoints. A write returns only after its transaction is
+//! verdicts, checkpoints, the signed weights document of every interval and
+//! the trainer's signed step reports. A write returns only after its transaction is
 //! committed with `Durability::Immediate`, so whatever was acknowledged
 //! survives a `kill -9`.
 
@@ -9,7 +10,7 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::PublicKey;
-use tributary_protocol::wire::{PublishCheckpoint, Verdict};
+use tributary_protocol::wire::{PublishCheckpoint, TrainerStats, Verdict, WeightsDoc};
 use tributary_protocol::window::WindowId;
 
 use crate::core::Candidate;
@@ -26,6 +27,10 @@ const VERDICTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("verdic
 const CHECKPOINTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("checkpoints");
 /// content id → postcard(relay::Entry) (the payload files live in the relay folder).
 const RELAY: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("relay_entries");
+/// interval (the last window the weights account for) → postcard(WeightsDoc), written once.
+const WEIGHTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("weights_documents");
+/// publication window → postcard(TrainerStats).
+const TRAINER_STATS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("trainer_stats");
 
 /// Store failures.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +104,8 @@ impl Store {
             tx.open_table(VERDICTS)?;
             tx.open_table(CHECKPOINTS)?;
             tx.open_table(RELAY)?;
+            tx.open_table(WEIGHTS)?;
+            tx.open_table(TRAINER_STATS)?;
         }
         tx.commit()?;
         Ok(Self { db })
@@ -290,6 +297,70 @@ impl Store {
         for item in t.iter()? {
             let (k, v) = item?;
             out.push((k.value(), postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("checkpoint"))?));
+        }
+        Ok(out)
+    }
+    /// Stores the signed weights document of interval `doc.body.window`
+    /// unless one is already stored (a document, once published, never
+    /// changes). Returns whether it was stored.
+    pub fn put_weights_doc(&self, doc: &WeightsDoc) -> Result<bool, StoreError> {
+        let val = doc.encode();
+        let tx = self.db.begin_write()?;
+        let stored = {
+            let mut t = tx.open_table(WEIGHTS)?;
+            if t.get(doc.body.window)?.is_some() {
+                false
+            } else {
+                t.insert(doc.body.window, val.as_slice())?;
+                true
+            }
+        };
+        tx.commit()?;
+        Ok(stored)
+    }
+
+    /// The weights document of interval `window`.
+    pub fn weights_doc(&self, window: WindowId) -> Result<Option<WeightsDoc>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(WEIGHTS)?;
+        t.get(window)?
+            .map(|v| postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("weights document")))
+            .transpose()
+    }
+
+    /// Up to `limit` weights documents of intervals ≤ `upto`, newest first.
+    pub fn weights_docs(&self, upto: WindowId, limit: usize) -> Result<Vec<WeightsDoc>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(WEIGHTS)?;
+        let mut out = Vec::new();
+        for item in t.range(..=upto)?.rev().take(limit) {
+            let (_, v) = item?;
+            out.push(postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("weights document"))?);
+        }
+        Ok(out)
+    }
+
+    /// Stores the trainer's report for its publication window (a resent
+    /// report replaces the earlier one).
+    pub fn put_trainer_stats(&self, s: &TrainerStats) -> Result<(), StoreError> {
+        let val = postcard::to_stdvec(s).map_err(|_| StoreError::Corrupt("trainer stats"))?;
+        let tx = self.db.begin_write()?;
+        tx.open_table(TRAINER_STATS)?.insert(s.body.window, val.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The trainer's reports for publication windows `from..=to`, oldest first.
+    pub fn trainer_stats(&self, from: WindowId, to: WindowId) -> Result<Vec<TrainerStats>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(TRAINER_STATS)?;
+        let mut out = Vec::new();
+        if from > to {
+            return Ok(out);
+        }
+        for item in t.range(from..=to)? {
+            let (_, v) = item?;
+            out.push(postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("trainer stats"))?);
         }
         Ok(out)
     }

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Tributary edge miner installer: from nothing to a mining node in one command.
 #
-#   installers/install-miner.sh --coordinator HOST:PORT --fingerprint HEX [options]
+#   installers/install-miner.sh --coordinator HOST:PORT (--fingerprint HEX | --ca FILE) [options]
 #
 # It detects the OS and accelerator (NVIDIA with the CUDA toolkit, Apple
 # Metal, Vulkan, otherwise CPU), installs the Rust toolchain and the build
 # prerequisites if they are missing, builds and installs `edge-miner` with the
 # matching feature, creates the miner key (once: re-running keeps it), writes
-# the config, installs a service (systemd user unit on Linux, launchd agent on
-# macOS), and finishes with `edge-miner doctor`. Re-running upgrades in place.
+# the config (docs/config/miner.toml documents every key), installs a service
+# (systemd user unit on Linux, launchd agent on macOS) that runs
+# `edge-miner run --config FILE`, and finishes with `edge-miner doctor`.
+# Re-running upgrades in place.
 #
 # Options:
 #   --coordinator HOST:PORT  the coordinator's QUIC address (required)
-#   --fingerprint HEX        its certificate fingerprint, 64 hex digits (required)
+#   --fingerprint HEX        its certificate fingerprint, 64 hex digits, or
+#   --ca FILE                the CA certificate (PEM) that signed its certificate
+#                            (copied next to the config); one of the two is required
 #   --accel auto|cpu|cuda|metal|vulkan   default auto (detected)
 #   --prefix DIR             install everything under DIR (bin/, etc/, var/, service
 #                            files) and never touch systemctl/launchctl; default: the
@@ -30,12 +34,13 @@ set -euo pipefail
 die() { echo "install-miner: error: $*" >&2; exit 1; }
 say() { echo "install-miner: $*"; }
 
-coordinator="" fingerprint="" accel="auto" prefix="" data="" src="" from_build=""
+coordinator="" fingerprint="" ca="" accel="auto" prefix="" data="" src="" from_build=""
 threads="" gpu_layers="" service=1 doctor=1 dry=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --coordinator) coordinator="${2:?}"; shift 2 ;;
     --fingerprint) fingerprint="${2:?}"; shift 2 ;;
+    --ca) ca="${2:?}"; shift 2 ;;
     --accel) accel="${2:?}"; shift 2 ;;
     --prefix) prefix="${2:?}"; shift 2 ;;
     --data) data="${2:?}"; shift 2 ;;
@@ -52,9 +57,15 @@ while [ $# -gt 0 ]; do
 done
 
 [ -n "$coordinator" ] || die "--coordinator HOST:PORT is required"
-[ -n "$fingerprint" ] || die "--fingerprint HEX is required"
+[ -n "$fingerprint" ] || [ -n "$ca" ] || die "--fingerprint HEX or --ca FILE is required"
+[ -z "$fingerprint" ] || [ -z "$ca" ] || die "give --fingerprint or --ca, not both"
 case "$coordinator" in *:[0-9]*) ;; *) die "--coordinator must be HOST:PORT, got '$coordinator'" ;; esac
-[[ "$fingerprint" =~ ^[0-9a-fA-F]{64}$ ]] || die "--fingerprint must be 64 hex digits"
+[ -z "$fingerprint" ] || [[ "$fingerprint" =~ ^[0-9a-fA-F]{64}$ ]] || die "--fingerprint must be 64 hex digits"
+if [ -n "$ca" ]; then
+  [ -f "$ca" ] || die "--ca $ca: no such file"
+  grep -q -- '-----BEGIN CERTIFICATE-----' "$ca" || die "--ca $ca: not a PEM certificate"
+  ca="$(cd "$(dirname "$ca")" && pwd)/$(basename "$ca")"
+fi
 case "$accel" in auto|cpu|cuda|metal|vulkan) ;; *) die "--accel must be auto, cpu, cuda, metal or vulkan" ;; esac
 [[ -z "$threads" || "$threads" =~ ^[0-9]+$ ]] || die "--threads must be a number"
 [[ -z "$gpu_layers" || "$gpu_layers" =~ ^[0-9]+$ ]] || die "--gpu-layers must be a number"
@@ -212,18 +223,31 @@ fi
 # `init` creates the key only when it is missing and prints the public key.
 run "$bin" init --data "$data"
 
-threads_line="# threads = 0            # default: every core"
+threads_line="# threads = 4            # default: every core"
 [ -z "$threads" ] || threads_line="threads = $threads"
+if [ -n "$ca" ]; then
+  ca_path="$confdir/coordinator-ca.pem"
+  run mkdir -p "$confdir"
+  run install -m 644 "$ca" "$ca_path"
+  pin_lines="ca = \"$ca_path\""
+else
+  pin_lines="fingerprint = \"$fingerprint\"
+# ca = \"coordinator-ca.pem\"   # a CA certificate (PEM) instead of the fingerprint"
+fi
 write_file "$config" 644 <<EOF
 # Tributary edge miner configuration, written by installers/install-miner.sh.
-# Re-running the installer rewrites this file (the key in \`data\` is kept).
-# Check it with: edge-miner doctor --config $config
+# Every key: docs/config/miner.toml. Re-running the installer rewrites this
+# file (the key in \`data\` is kept). The service runs
+# \`edge-miner run --config $config\`; check it with
+# \`edge-miner doctor --config $config\`.
 
-# The coordinator's QUIC address (HOST:PORT) and its certificate fingerprint.
+# The coordinator's QUIC address (HOST:PORT) and how its certificate is pinned.
 coordinator = "$coordinator"
-fingerprint = "$fingerprint"
+$pin_lines
 # Key (miner.key) and models (models/): keep this folder, it is the miner's identity.
 data = "$data"
+# Inference engine: llama (llama.cpp) or wgpu.
+backend = "llama"
 # Layers offloaded to the GPU (0: CPU only; 99: the whole model). Accelerator: $accel.
 gpu_layers = $gpu_layers
 $threads_line
@@ -231,8 +255,7 @@ $threads_line
 # gsm8k = "/path/to/gsm8k/train.jsonl"
 EOF
 
-run_args=(run --coordinator "$coordinator" --fingerprint "$fingerprint" --data "$data" --gpu-layers "$gpu_layers")
-[ -z "$threads" ] || run_args+=(--threads "$threads")
+run_args=(run --config "$config")
 exec_line="$bin"
 for a in "${run_args[@]}"; do exec_line+=" $(printf '%q' "$a")"; done
 

@@ -1,25 +1,34 @@
-//! Operator commands on a **stopped** coordinator's data folder: ban and
-//! unban a miner, change the window length, inspect the database; and two
-//! helpers that need no database: `keygen` and `pubkey` (role keys) and
-//! `fingerprint`.
+//! Operator commands on a coordinator's data folder: ban and unban a miner,
+//! change the window length, inspect the database; and helpers that need no
+//! database: `keygen` and `pubkey` (role keys), `fingerprint`,
+//! `install-cert` (an operator's certificate, e.g. signed by the network's
+//! CA) and `check-config`.
 //!
 //! Overrides live in their own redb file, `admin.redb`, next to
-//! `coordinator.redb`. Every command first opens `coordinator.redb`, which a
-//! running coordinator holds locked, so a command refuses to run against a
-//! live coordinator instead of being silently ignored. At start the
+//! `coordinator.redb`. A command that edits the data folder first opens
+//! `coordinator.redb`, which a running coordinator holds locked, so it
+//! notices a live coordinator instead of being silently ignored. At start the
 //! coordinator reads the overrides back ([`schedule`], [`apply_overrides`]).
 //!
 //! - **Bans.** `ban` bans a miner from the current window for N windows;
 //!   `unban` lifts every ban in force: manual ones, and those from failures in
-//!   windows that already have a verdict (a failure in a later window bans again).
+//!   windows that already have a verdict (a failure in a later window bans
+//!   again). Both work on a running coordinator too: it listens on a Unix
+//!   socket in its data folder ([`ADMIN_SOCKET`], mode 0600: only the
+//!   coordinator's user, and root, may connect), applies the change to its
+//!   live state at once and stores it in `admin.redb` ([`serve_live`]). The
+//!   command picks the path itself: offline if the database opens, else the
+//!   socket.
 //! - **Window length.** The window clock is `genesis + W·length`, so editing
 //!   `window_ms` alone would renumber windows (possibly reopening windows
 //!   whose challenges were revealed). `window-length` re-anchors the clock so
 //!   that window `W+1` (W the current window) starts at once with the new
 //!   length and every earlier window stays closed. The coordinator records the
-//!   length it runs with and refuses to start with another one.
+//!   length it runs with and refuses to start with another one. It needs the
+//!   coordinator stopped.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -27,7 +36,11 @@ use tributary_protocol::identity::PublicKey;
 use tributary_protocol::window::{Schedule, ScheduleError, WindowId};
 
 use crate::core::Core;
+use crate::server::Shared;
 use crate::store::{Store, StoreError};
+
+/// File name of the live admin socket (Unix domain) in the data folder.
+pub const ADMIN_SOCKET: &str = "admin.sock";
 
 /// File name of the overrides database in the data folder.
 pub const ADMIN_DB: &str = "admin.redb";
@@ -75,6 +88,14 @@ pub enum AdminError {
     /// A bad argument.
     #[error("{0}")]
     Invalid(String),
+    /// The running coordinator could not be reached, or refused, on its admin socket.
+    #[error("live coordinator on {dir}: {detail}")]
+    Live {
+        /// The data folder.
+        dir: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
     /// Reading the configuration failed.
     #[error("config {path}: {detail}")]
     Config {
@@ -213,16 +234,209 @@ pub fn schedule(data_dir: &Path, genesis_ms: u64, window_ms: u64, grace_ms: u64)
 pub fn apply_overrides(data_dir: &Path, core: &mut Core) -> Result<(), AdminError> {
     let admin = Admin::open(data_dir)?;
     for (miner, o) in admin.overrides()? {
-        let ban_windows = core.config().ban_windows;
-        let derived = core
-            .miners()
-            .get(&miner)
-            .and_then(|m| m.failures.iter().filter(|w| **w >= o.forgive_before).max().copied())
-            .map(|w| w.saturating_add(ban_windows));
-        let through = derived.max(o.manual_through);
-        core.set_banned_through(miner, through);
+        apply_override(core, miner, o);
     }
     Ok(())
+}
+
+/// One miner's override on a core: banned through the later of its manual
+/// ban and the bans of its failures not forgiven.
+fn apply_override(core: &mut Core, miner: PublicKey, o: BanOverride) {
+    let ban_windows = core.config().ban_windows;
+    let derived = core
+        .miners()
+        .get(&miner)
+        .and_then(|m| m.failures.iter().filter(|w| **w >= o.forgive_before).max().copied())
+        .map(|w| w.saturating_add(ban_windows));
+    core.set_banned_through(miner, derived.max(o.manual_through));
+}
+
+/// Records a manual ban of `miner` for `windows` windows from window `now`.
+fn record_ban(admin: &Admin, miner: &PublicKey, now: WindowId, windows: u64) -> Result<BanOverride, AdminError> {
+    if windows == 0 {
+        return Err(AdminError::Invalid("--windows must be at least 1".into()));
+    }
+    let through = now.saturating_add(windows - 1);
+    let mut o = admin.override_of(miner)?;
+    o.manual_through = Some(o.manual_through.map_or(through, |t| t.max(through)));
+    admin.set_override(miner, o)?;
+    Ok(o)
+}
+
+/// Records an unban of `miner`: no manual ban, and every window that already
+/// has a verdict on it forgiven.
+fn record_unban(store: &Store, admin: &Admin, miner: &PublicKey) -> Result<BanOverride, AdminError> {
+    let judged = store
+        .verdicts()?
+        .iter()
+        .filter(|v| v.body.miner == *miner)
+        .map(|v| v.body.window.saturating_add(1))
+        .max()
+        .unwrap_or(0);
+    let o = BanOverride { manual_through: None, forgive_before: judged };
+    admin.set_override(miner, o)?;
+    Ok(o)
+}
+
+/// A request on the live admin socket: one JSON line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+enum LiveRequest {
+    /// `coordinator ban`.
+    Ban {
+        /// The miner's key (hex).
+        miner: String,
+        /// Windows from the current one.
+        windows: u64,
+    },
+    /// `coordinator unban`.
+    Unban {
+        /// The miner's key (hex).
+        miner: String,
+    },
+}
+
+/// Most bytes of a live request.
+const LIVE_REQUEST_LIMIT: u64 = 4096;
+
+/// Carries out a live request on the running coordinator: the override is
+/// stored in `admin.redb` (so a restart keeps it) and applied to the live
+/// core at once. Returns the `key=value` lines the command prints.
+fn live_apply(data_dir: &Path, shared: &Shared, req: &LiveRequest) -> Result<Vec<String>, AdminError> {
+    let admin = Admin::open(data_dir)?;
+    match req {
+        LiveRequest::Ban { miner, windows } => {
+            let miner = parse_key(miner)?;
+            let now = shared.core().schedule().window_at(now_ms()).unwrap_or(0);
+            let o = record_ban(&admin, &miner, now, *windows)?;
+            apply_override(&mut shared.core(), miner, o);
+            tracing::info!(%miner, window = now, through = ?o.manual_through, "operator ban (live)");
+            Ok(vec![format!("banned={miner}"), format!("window={now}"), format!("through={}", o.manual_through.unwrap_or(now))])
+        }
+        LiveRequest::Unban { miner } => {
+            let miner = parse_key(miner)?;
+            let now = shared.core().schedule().window_at(now_ms()).unwrap_or(0);
+            let o = record_unban(&shared.store, &admin, &miner)?;
+            apply_override(&mut shared.core(), miner, o);
+            tracing::info!(%miner, window = now, forgiven_before = o.forgive_before, "operator unban (live)");
+            Ok(vec![format!("unbanned={miner}"), format!("window={now}"), format!("forgiven_before={}", o.forgive_before)])
+        }
+    }
+}
+
+/// The live admin listener of a running coordinator; the socket file is
+/// removed when it is dropped.
+#[derive(Debug)]
+pub struct LiveAdmin {
+    path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LiveAdmin {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for LiveAdmin {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serves `ban`/`unban` for a running coordinator on `data_dir/admin.sock`
+/// (a Unix socket, mode 0600). Requests are handled one at a time. Call it
+/// after [`crate::node::start`]: the coordinator then holds the database
+/// lock, so a socket file left by a crashed predecessor can be replaced.
+#[cfg(unix)]
+pub fn serve_live(data_dir: &Path, shared: Arc<Shared>) -> std::io::Result<LiveAdmin> {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let path = data_dir.join(ADMIN_SOCKET);
+    match std::fs::remove_file(&path) {
+        Ok(()) => tracing::info!(path = %path.display(), "replaced a stale admin socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let dir = data_dir.to_path_buf();
+    let task = tokio::spawn(async move {
+        loop {
+            let mut stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("admin socket: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (read, mut write) = stream.split();
+            let mut line = String::new();
+            let mut limited = tokio::io::BufReader::new(read.take(LIVE_REQUEST_LIMIT));
+            let got = tokio::time::timeout(std::time::Duration::from_secs(5), limited.read_line(&mut line)).await;
+            let reply = match got {
+                Ok(Ok(_)) => match serde_json::from_str::<LiveRequest>(line.trim()) {
+                    Ok(req) => {
+                        let (dir, shared) = (dir.clone(), shared.clone());
+                        match tokio::task::spawn_blocking(move || live_apply(&dir, &shared, &req)).await {
+                            Ok(Ok(lines)) => lines,
+                            Ok(Err(e)) => vec![format!("error={e}")],
+                            Err(e) => vec![format!("error=admin task failed: {e}")],
+                        }
+                    }
+                    Err(e) => vec![format!("error=bad request: {e}")],
+                },
+                Ok(Err(e)) => vec![format!("error=reading the request: {e}")],
+                Err(_) => vec!["error=no request within 5 s".to_string()],
+            };
+            let mut text = reply.join("\n");
+            text.push('\n');
+            let _ = write.write_all(text.as_bytes()).await;
+            let _ = write.shutdown().await;
+        }
+    });
+    Ok(LiveAdmin { path, task })
+}
+
+/// Sends `req` to the running coordinator of `data_dir` and writes its
+/// answer's lines to `out`, then `applied=live`.
+#[cfg(unix)]
+fn live_request(data_dir: &Path, req: &LiveRequest, out: &mut dyn std::io::Write) -> Result<(), AdminError> {
+    use std::io::{Read, Write};
+    let live = |detail: String| AdminError::Live { dir: data_dir.into(), detail };
+    let path = data_dir.join(ADMIN_SOCKET);
+    let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+        live(format!(
+            "its database is in use but its admin socket {} does not answer ({e}); run this command as the \
+             coordinator's user (or root), or stop the coordinator and retry",
+            path.display()
+        ))
+    })?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).map_err(|e| live(e.to_string()))?;
+    let mut body = serde_json::to_string(req).map_err(|e| live(e.to_string()))?;
+    body.push('\n');
+    s.write_all(body.as_bytes()).map_err(|e| live(format!("sending: {e}")))?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).map_err(|e| live(format!("reading the answer: {e}")))?;
+    if let Some(err) = answer.lines().find_map(|l| l.strip_prefix("error=")) {
+        return Err(live(err.to_string()));
+    }
+    if answer.trim().is_empty() {
+        return Err(live("empty answer".into()));
+    }
+    for l in answer.lines() {
+        writeln!(out, "{l}").map_err(|e| AdminError::Invalid(format!("stdout: {e}")))?;
+    }
+    writeln!(out, "applied=live").map_err(|e| AdminError::Invalid(format!("stdout: {e}")))?;
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn live_request(data_dir: &Path, _req: &LiveRequest, _out: &mut dyn std::io::Write) -> Result<(), AdminError> {
+    Err(AdminError::Running(data_dir.into()))
 }
 
 /// Opens the coordinator's store, refusing if the coordinator runs.
@@ -277,7 +491,7 @@ pub fn reanchor(current: WindowId, now_ms: u64, new_ms: u64) -> Result<Anchor, A
 /// The operator subcommands of the `coordinator` binary.
 #[derive(clap::Subcommand, Debug)]
 pub enum AdminCmd {
-    /// Ban a miner for N windows from the current one (coordinator stopped).
+    /// Ban a miner for N windows from the current one (live on a running coordinator, else at its next start).
     Ban {
         /// Data folder.
         #[arg(long)]
@@ -291,7 +505,7 @@ pub enum AdminCmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Lift a miner's bans (coordinator stopped).
+    /// Lift a miner's bans (live on a running coordinator, else at its next start).
     Unban {
         /// Data folder.
         #[arg(long)]
@@ -332,6 +546,25 @@ pub enum AdminCmd {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Install an operator's TLS certificate and key (PEM; e.g. signed by the
+    /// network's CA, which clients then pin with `ca`) as the coordinator's; used from its next start.
+    InstallCert {
+        /// Data folder.
+        #[arg(long)]
+        data: PathBuf,
+        /// The certificate (PEM).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Its private key (PEM, PKCS#8).
+        #[arg(long)]
+        key: PathBuf,
+    },
+    /// Check a configuration file as `coordinator run --config` reads it and print its main settings.
+    CheckConfig {
+        /// The configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Print what the data folder holds: clock, counts, bans (coordinator stopped).
     Inspect {
         /// Data folder.
@@ -351,6 +584,16 @@ fn config_window_ms(config: Option<&Path>) -> Result<Option<u64>, AdminError> {
     Ok(Some(cfg.window_ms))
 }
 
+/// Writes a secret file readable by its owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    opts.open(path)?.write_all(bytes)
+}
+
 fn parse_key(s: &str) -> Result<PublicKey, AdminError> {
     s.parse().map_err(|e| AdminError::Invalid(format!("miner key {s:?}: {e}")))
 }
@@ -366,35 +609,35 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
             if *windows == 0 {
                 return Err(AdminError::Invalid("--windows must be at least 1".into()));
             }
-            let store = open_stopped(data)?;
+            let store = match open_stopped(data) {
+                Err(AdminError::Running(_)) => {
+                    return live_request(data, &LiveRequest::Ban { miner: miner.to_string(), windows: *windows }, out);
+                }
+                other => other?,
+            };
             let admin = Admin::open(data)?;
             let now = window_now(&current_anchor(&store, &admin, config_window_ms(config.as_deref())?)?);
-            let through = now.saturating_add(windows - 1);
-            let mut o = admin.override_of(&miner)?;
-            o.manual_through = Some(o.manual_through.map_or(through, |t| t.max(through)));
-            admin.set_override(&miner, o)?;
+            let o = record_ban(&admin, &miner, now, *windows)?;
             w(out, format!("banned={miner}"))?;
             w(out, format!("window={now}"))?;
-            w(out, format!("through={}", o.manual_through.unwrap_or(through)))?;
+            w(out, format!("through={}", o.manual_through.unwrap_or(now)))?;
+            w(out, "applied=at-start".into())?;
         }
         AdminCmd::Unban { data, key, config } => {
             let miner = parse_key(key)?;
-            let store = open_stopped(data)?;
+            let store = match open_stopped(data) {
+                Err(AdminError::Running(_)) => {
+                    return live_request(data, &LiveRequest::Unban { miner: miner.to_string() }, out);
+                }
+                other => other?,
+            };
             let admin = Admin::open(data)?;
             let now = window_now(&current_anchor(&store, &admin, config_window_ms(config.as_deref())?)?);
-            // Forgive every window that already has a verdict on this miner.
-            let judged = store
-                .verdicts()?
-                .iter()
-                .filter(|v| v.body.miner == miner)
-                .map(|v| v.body.window.saturating_add(1))
-                .max()
-                .unwrap_or(0);
-            let o = BanOverride { manual_through: None, forgive_before: judged };
-            admin.set_override(&miner, o)?;
+            let o = record_unban(&store, &admin, &miner)?;
             w(out, format!("unbanned={miner}"))?;
             w(out, format!("window={now}"))?;
-            w(out, format!("forgiven_before={judged}"))?;
+            w(out, format!("forgiven_before={}", o.forgive_before))?;
+            w(out, "applied=at-start".into())?;
         }
         AdminCmd::WindowLength { data, window_ms, config } => {
             let store = open_stopped(data)?;
@@ -424,6 +667,34 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
             let path = data.join("cert.der");
             let cert = std::fs::read(&path).map_err(|e| AdminError::Invalid(format!("{}: {e}", path.display())))?;
             w(out, format!("fingerprint={}", crate::net::fingerprint(&cert)))?;
+        }
+        AdminCmd::InstallCert { data, cert, key } => {
+            let (cert_der, key_der) =
+                crate::net::read_cert_and_key(cert, key).map_err(|e| AdminError::Invalid(e.to_string()))?;
+            let io = |e: std::io::Error| AdminError::Invalid(format!("{}: {e}", data.display()));
+            std::fs::create_dir_all(data).map_err(io)?;
+            write_private(&data.join("cert.key.der"), &key_der).map_err(io)?;
+            std::fs::write(data.join("cert.der"), &cert_der).map_err(io)?;
+            w(out, format!("fingerprint={}", crate::net::fingerprint(&cert_der)))?;
+            w(out, "installed: the coordinator uses this certificate from its next start".into())?;
+        }
+        AdminCmd::CheckConfig { config } => {
+            let err = |detail: String| AdminError::Config { path: config.clone(), detail };
+            let text = std::fs::read_to_string(config).map_err(|e| err(e.to_string()))?;
+            let cfg: crate::node::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+            for k in cfg.validators.iter().chain(&cfg.miner_deny).chain(cfg.miner_allow.iter().flatten()).chain(&cfg.trainer) {
+                k.parse::<PublicKey>().map_err(|e| err(format!("key {k:?}: {e}")))?;
+            }
+            Schedule::new(0, cfg.window_ms, cfg.grace_ms).map_err(|e| err(e.to_string()))?;
+            w(out, "config=ok".into())?;
+            w(out, format!("listen={}", cfg.listen))?;
+            w(out, format!("http={}", cfg.http))?;
+            w(out, format!("data_dir={}", cfg.data_dir.display()))?;
+            w(out, format!("model={}", cfg.model.as_ref().map_or("-".into(), |m| m.display().to_string())))?;
+            w(out, format!("window_ms={}", cfg.window_ms))?;
+            w(out, format!("env={}", cfg.env.as_str()))?;
+            w(out, format!("validators={}", cfg.validators.len()))?;
+            w(out, format!("trainer={}", cfg.trainer.as_deref().unwrap_or("-")))?;
         }
         AdminCmd::Inspect { data, config } => {
             let store = open_stopped(data)?;

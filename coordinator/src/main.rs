@@ -1,6 +1,8 @@
 //! `coordinator run --dev` or `coordinator run --config FILE`; operator
-//! commands on a stopped coordinator: `ban`, `unban`, `window-length`,
-//! `inspect`; `keygen`, `pubkey` and `fingerprint`.
+//! commands: `ban` and `unban` (live on a running coordinator, through its
+//! admin socket, or on a stopped one), `window-length` and `inspect` (on a
+//! stopped coordinator); `keygen`, `pubkey`, `fingerprint`, `install-cert`
+//! and `check-config`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -94,6 +96,18 @@ async fn main() -> anyhow::Result<()> {
     }
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
+    // Live `coordinator ban`/`unban` (docs/runbook.md); without it they need the coordinator stopped.
+    #[cfg(unix)]
+    let _admin = match coordinator::admin::serve_live(&cfg.data_dir, n.shared.clone()) {
+        Ok(a) => {
+            tracing::info!(socket = %a.path().display(), "admin socket");
+            Some(a)
+        }
+        Err(e) => {
+            tracing::warn!("no admin socket in {} ({e}): ban/unban need the coordinator stopped", cfg.data_dir.display());
+            None
+        }
+    };
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "quic={}", n.quic)?;

@@ -26,7 +26,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tributary_net::{NetError, Session};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
@@ -34,14 +34,20 @@ use tributary_protocol::identity::Keypair;
 use tributary_protocol::wire::{ErrorCode, Frame, GetCheckpointPath, GetWindow, Role, WindowInfo};
 
 /// The miner's configuration file (TOML), as `installers/install-miner.sh`
-/// writes it. Unknown keys are refused so a typo is caught.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// writes it and `edge-miner run --config` and `edge-miner doctor --config`
+/// read it (documented in `docs/config/miner.toml`). Unknown keys are
+/// refused so a typo is caught.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MinerConfig {
     /// The coordinator's QUIC address, `HOST:PORT`.
     pub coordinator: String,
-    /// The coordinator's certificate fingerprint (64 hex digits).
-    pub fingerprint: String,
+    /// The coordinator's certificate fingerprint (64 hex digits); this or `ca`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    /// A CA certificate file (PEM) that signed the coordinator's certificate; this or `fingerprint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<PathBuf>,
     /// Data folder (key, models). Default `miner-data`.
     #[serde(default = "default_data")]
     pub data: PathBuf,
@@ -49,11 +55,32 @@ pub struct MinerConfig {
     #[serde(default)]
     pub gpu_layers: u32,
     /// CPU threads (default: available cores).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
     /// GSM8K JSONL file, needed when the network's environment is `gsm8k`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gsm8k: Option<PathBuf>,
+    /// A model file to start from (default: the slots in the data folder,
+    /// else a download from the coordinator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<PathBuf>,
+    /// Inference engine. Default `llama`.
+    #[serde(default)]
+    pub backend: MinerBackend,
+    /// wgpu adapter whose name contains this (default: the most capable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
+}
+
+/// The generation engines a miner can run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MinerBackend {
+    /// llama.cpp (CPU, or CUDA/Metal/Vulkan builds).
+    #[default]
+    Llama,
+    /// WGSL compute shaders on any wgpu adapter (builds with `--features wgpu`; BF16 checkpoints).
+    Wgpu,
 }
 
 fn default_data() -> PathBuf {
@@ -79,17 +106,39 @@ pub enum DoctorError {
         /// The cause.
         source: Box<toml::de::Error>,
     },
-    /// Neither a config file nor `--coordinator` and `--fingerprint` were given.
-    #[error("give --config FILE, or --coordinator HOST:PORT --fingerprint HEX")]
+    /// Neither a config file nor `--coordinator` and `--fingerprint` (or `--ca`) were given.
+    #[error("give --config FILE, or --coordinator HOST:PORT with --fingerprint HEX or --ca FILE")]
     NoCoordinator,
+    /// Both a fingerprint and a CA file are configured.
+    #[error("give the coordinator's `fingerprint` or a `ca` file, not both")]
+    TwoPins,
+    /// The CA file is unusable.
+    #[error("{0}")]
+    Ca(NetError),
     /// The async runtime could not start.
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }
 
 impl MinerConfig {
-    /// Reads a config file. Relative `data` and `gsm8k` paths are taken
-    /// relative to the file's folder.
+    /// A configuration with every default, for `coordinator` pinned by `fingerprint`.
+    pub fn new(coordinator: impl Into<String>, fingerprint: impl Into<String>) -> Self {
+        Self {
+            coordinator: coordinator.into(),
+            fingerprint: Some(fingerprint.into()),
+            ca: None,
+            data: default_data(),
+            gpu_layers: 0,
+            threads: None,
+            gsm8k: None,
+            model: None,
+            backend: MinerBackend::default(),
+            adapter: None,
+        }
+    }
+
+    /// Reads a config file. Relative `data`, `gsm8k`, `model` and `ca` paths
+    /// are taken relative to the file's folder.
     pub fn load(path: &Path) -> Result<Self, DoctorError> {
         let text = std::fs::read_to_string(path).map_err(|source| DoctorError::Read { path: path.into(), source })?;
         let mut cfg: Self =
@@ -98,10 +147,23 @@ impl MinerConfig {
         if cfg.data.is_relative() {
             cfg.data = base.join(&cfg.data);
         }
-        if let Some(g) = cfg.gsm8k.as_mut().filter(|g| g.is_relative()) {
-            *g = base.join(&*g);
+        for p in [&mut cfg.gsm8k, &mut cfg.model, &mut cfg.ca] {
+            if let Some(g) = p.as_mut().filter(|g| g.is_relative()) {
+                *g = base.join(&*g);
+            }
         }
         Ok(cfg)
+    }
+
+    /// The pin spec clients connect with ([`tributary_net::Pin::parse`]):
+    /// the fingerprint, or the CA file's PEM text.
+    pub fn pin(&self) -> Result<String, DoctorError> {
+        match (&self.fingerprint, &self.ca) {
+            (Some(_), Some(_)) => Err(DoctorError::TwoPins),
+            (Some(f), None) => Ok(f.trim().to_string()),
+            (None, Some(ca)) => tributary_net::read_ca(ca).map_err(DoctorError::Ca),
+            (None, None) => Err(DoctorError::NoCoordinator),
+        }
     }
 }
 
@@ -114,9 +176,12 @@ pub struct DoctorArgs {
     /// The coordinator's QUIC address (overrides the config).
     #[arg(long)]
     pub coordinator: Option<String>,
-    /// The coordinator's certificate fingerprint, hex (overrides the config).
-    #[arg(long)]
+    /// The coordinator's certificate fingerprint, hex (overrides the config's pin).
+    #[arg(long, conflicts_with = "ca")]
     pub fingerprint: Option<String>,
+    /// CA certificate (PEM) that signed the coordinator's certificate (overrides the config's pin).
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
     /// Data folder (overrides the config; default `miner-data`).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -132,30 +197,29 @@ impl DoctorArgs {
     /// The configuration these arguments describe: the config file, if any,
     /// with the command-line values on top.
     pub fn resolve(&self) -> Result<MinerConfig, DoctorError> {
-        let mut cfg = match &self.config {
+        let cfg = match &self.config {
             Some(p) => Some(MinerConfig::load(p)?),
             None => None,
         };
         let coordinator = self.coordinator.clone().or_else(|| cfg.as_ref().map(|c| c.coordinator.clone()));
-        let fingerprint = self.fingerprint.clone().or_else(|| cfg.as_ref().map(|c| c.fingerprint.clone()));
-        let (Some(coordinator), Some(fingerprint)) = (coordinator, fingerprint) else {
+        let Some(coordinator) = coordinator else { return Err(DoctorError::NoCoordinator) };
+        let mut base = cfg.unwrap_or_else(|| MinerConfig { fingerprint: None, ..MinerConfig::new("", "") });
+        base.coordinator = coordinator;
+        // A pin on the command line replaces the config's.
+        if self.fingerprint.is_some() || self.ca.is_some() {
+            base.fingerprint = self.fingerprint.clone();
+            base.ca = self.ca.clone();
+        }
+        if base.fingerprint.is_none() && base.ca.is_none() {
             return Err(DoctorError::NoCoordinator);
-        };
-        let base = cfg.take().unwrap_or(MinerConfig {
-            coordinator: String::new(),
-            fingerprint: String::new(),
-            data: default_data(),
-            gpu_layers: 0,
-            threads: None,
-            gsm8k: None,
-        });
-        Ok(MinerConfig {
-            coordinator,
-            fingerprint,
-            data: self.data.clone().unwrap_or(base.data),
-            gpu_layers: self.gpu_layers.unwrap_or(base.gpu_layers),
-            ..base
-        })
+        }
+        if let Some(d) = &self.data {
+            base.data = d.clone();
+        }
+        if let Some(g) = self.gpu_layers {
+            base.gpu_layers = g;
+        }
+        Ok(base)
     }
 }
 
@@ -383,11 +447,17 @@ async fn coordinator_checks(
     checks: &mut Vec<Check>,
 ) -> Option<Remote> {
     const NAME: &str = "coordinator";
-    let fp = cfg.fingerprint.trim();
-    if fp.len() != 64 || !fp.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let pin = match cfg.pin() {
+        Ok(p) => p,
+        Err(e) => {
+            checks.push(Check::fail(NAME, e.to_string(), "give the coordinator's `fingerprint` or its CA file (`ca`) as its operator sends them"));
+            return None;
+        }
+    };
+    if cfg.ca.is_none() && (pin.len() != 64 || !pin.bytes().all(|b| b.is_ascii_hexdigit())) {
         checks.push(Check::fail(
             NAME,
-            format!("fingerprint {fp:?} is not 64 hex digits"),
+            format!("fingerprint {pin:?} is not 64 hex digits"),
             "copy the `fingerprint=` line the coordinator prints at start",
         ));
         return None;
@@ -409,7 +479,7 @@ async fn coordinator_checks(
         }
     };
     let started = std::time::Instant::now();
-    let connected = tokio::time::timeout(timeout, Session::connect(addr, fp, key, Role::Miner)).await;
+    let connected = tokio::time::timeout(timeout, Session::connect(addr, &pin, key, Role::Miner)).await;
     let mut session = match connected {
         Err(_) => {
             checks.push(Check::fail(
@@ -420,7 +490,7 @@ async fn coordinator_checks(
             return None;
         }
         Ok(Err(e)) => {
-            checks.push(connect_failure(addr, &e));
+            checks.push(connect_failure(addr, &e, cfg.ca.is_some()));
             return None;
         }
         Ok(Ok(s)) => s,
@@ -466,7 +536,7 @@ async fn coordinator_checks(
     Some(Remote { model_len })
 }
 
-fn connect_failure(addr: SocketAddr, e: &NetError) -> Check {
+fn connect_failure(addr: SocketAddr, e: &NetError, ca: bool) -> Check {
     const NAME: &str = "coordinator";
     let text = e.to_string();
     match e {
@@ -478,6 +548,11 @@ fn connect_failure(addr: SocketAddr, e: &NetError) -> Check {
         NetError::Refused(ErrorCode::Version, _) => {
             Check::fail(NAME, format!("{addr}: {text}"), "upgrade edge-miner (re-run installers/install-miner.sh)")
         }
+        _ if ca && (text.contains("certificate") || text.contains("tls") || text.contains("crypto")) => Check::fail(
+            NAME,
+            format!("{addr}: the certificate is not signed by the pinned CA ({text})"),
+            "re-check the CA file with the coordinator's operator; never mine against an unpinned certificate",
+        ),
         _ if text.contains("certificate") || text.contains("fingerprint") || text.contains("tls") || text.contains("crypto") => {
             Check::fail(
                 NAME,
@@ -661,6 +736,19 @@ mod tests {
         assert!(matches!(DoctorArgs::default().resolve(), Err(DoctorError::NoCoordinator)));
         let args = DoctorArgs { coordinator: Some("h:1".into()), fingerprint: Some("f".into()), ..DoctorArgs::default() };
         assert_eq!(args.resolve().unwrap().data, PathBuf::from("miner-data"));
+        assert!(matches!(DoctorArgs { coordinator: Some("h:1".into()), ..DoctorArgs::default() }.resolve(), Err(DoctorError::NoCoordinator)));
+        // A CA pin: relative to the file; both pins at once are refused.
+        std::fs::write(&p, "coordinator = \"x:1\"\nca = \"ca.pem\"\nbackend = \"wgpu\"\n").unwrap();
+        let c = MinerConfig::load(&p).unwrap();
+        assert_eq!(c.ca, Some(dir.path().join("ca.pem")));
+        assert_eq!(c.backend, MinerBackend::Wgpu);
+        assert!(matches!(c.pin(), Err(DoctorError::Ca(_))), "a missing CA file is an error");
+        let both = MinerConfig { ca: Some("ca.pem".into()), ..MinerConfig::new("x:1", "ab") };
+        assert!(matches!(both.pin(), Err(DoctorError::TwoPins)));
+        // The command line's pin replaces the config's.
+        let args = DoctorArgs { config: Some(p.clone()), fingerprint: Some("cd".into()), ..DoctorArgs::default() };
+        let r = args.resolve().unwrap();
+        assert_eq!((r.fingerprint.as_deref(), r.ca.as_ref()), (Some("cd"), None));
     }
 
     #[test]

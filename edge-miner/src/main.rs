@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use edge_miner::backend::Backend;
+use edge_miner::doctor::{MinerBackend, MinerConfig};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend, default_threads};
 use edge_miner::offline::{self, GenerateOptions, OfflineWindow};
 use edge_miner::quantize::{FileType, quantize};
@@ -145,26 +146,38 @@ fn no_wgpu() -> anyhow::Error {
     anyhow::anyhow!("--backend wgpu: this edge-miner was built without the `wgpu` feature")
 }
 
+/// `edge-miner run`: a config file (`--config`, as the installer writes it;
+/// documented in `docs/config/miner.toml`) and flags, which override it.
 #[derive(clap::Args, Debug)]
 struct RunArgs {
     /// Join a `coordinator run --dev` network: the tiny dev model, a key created if missing.
     #[arg(long)]
     dev: bool,
-    /// The coordinator's QUIC address.
+    /// Configuration file (TOML; every key in docs/config/miner.toml); flags override it.
     #[arg(long)]
-    coordinator: std::net::SocketAddr,
-    /// The coordinator's certificate fingerprint (hex).
+    config: Option<PathBuf>,
+    /// Print the resolved configuration (TOML) and exit without mining.
     #[arg(long)]
-    fingerprint: String,
-    /// Data folder (key, models).
-    #[arg(long, default_value = "miner-data")]
-    data: PathBuf,
-    /// A model file to start from (default: the slots in the data folder, else
-    /// the dev tiny model with --dev, else a download from the coordinator).
+    check_config: bool,
+    /// The coordinator's QUIC address, HOST:PORT (config `coordinator`).
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// The coordinator's certificate fingerprint, hex (config `fingerprint`).
+    #[arg(long, conflicts_with = "ca")]
+    fingerprint: Option<String>,
+    /// CA certificate (PEM) that signed the coordinator's certificate (config `ca`).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// Data folder: key, models (config `data`; default miner-data).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// A model file to start from (config `model`; default: the slots in the
+    /// data folder, else the dev tiny model with --dev, else a download from
+    /// the coordinator).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// GSM8K JSONL file (when the coordinator's environment is gsm8k; the
-    /// temperature, length limit and difficulty come from the coordinator).
+    /// GSM8K JSONL file (config `gsm8k`; when the coordinator's environment is
+    /// gsm8k; the temperature, length limit and difficulty come from the coordinator).
     #[arg(long)]
     gsm8k: Option<PathBuf>,
     /// Switch on one attack (adversarial test builds only): forged-sketch,
@@ -181,18 +194,60 @@ struct RunArgs {
     #[cfg(feature = "adversary")]
     #[arg(long)]
     copy_from: Option<PathBuf>,
-    /// CPU threads (default: available cores).
+    /// CPU threads (config `threads`; default: available cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Layers to offload to a GPU.
-    #[arg(long, default_value_t = 0)]
-    gpu_layers: u32,
-    /// Inference engine.
-    #[arg(long, value_enum, default_value_t = BackendKind::Llama)]
-    backend: BackendKind,
-    /// wgpu adapter whose name contains this (default: the most capable).
+    /// Layers to offload to a GPU (config `gpu_layers`; default 0).
+    #[arg(long)]
+    gpu_layers: Option<u32>,
+    /// Inference engine (config `backend`; default llama).
+    #[arg(long, value_enum)]
+    backend: Option<MinerBackend>,
+    /// wgpu adapter whose name contains this (config `adapter`; default: the most capable).
     #[arg(long)]
     adapter: Option<String>,
+}
+
+impl RunArgs {
+    /// The configuration file, if any, with the flags on top.
+    fn resolve(&self) -> Result<MinerConfig> {
+        let mut cfg = match &self.config {
+            Some(p) => MinerConfig::load(p)?,
+            None => {
+                let Some(c) = &self.coordinator else { bail!("give --config FILE, or --coordinator HOST:PORT with --fingerprint HEX or --ca FILE") };
+                MinerConfig { fingerprint: None, ..MinerConfig::new(c.clone(), "") }
+            }
+        };
+        if let Some(c) = &self.coordinator {
+            cfg.coordinator = c.clone();
+        }
+        if self.fingerprint.is_some() || self.ca.is_some() {
+            cfg.fingerprint = self.fingerprint.clone();
+            cfg.ca = self.ca.clone();
+        }
+        if let Some(d) = &self.data {
+            cfg.data = d.clone();
+        }
+        if self.model.is_some() {
+            cfg.model = self.model.clone();
+        }
+        if self.gsm8k.is_some() {
+            cfg.gsm8k = self.gsm8k.clone();
+        }
+        if self.threads.is_some() {
+            cfg.threads = self.threads;
+        }
+        if let Some(g) = self.gpu_layers {
+            cfg.gpu_layers = g;
+        }
+        if let Some(b) = self.backend {
+            cfg.backend = b;
+        }
+        if self.adapter.is_some() {
+            cfg.adapter = self.adapter.clone();
+        }
+        Ok(cfg)
+    }
 }
 
 fn key_path(data: &std::path::Path) -> PathBuf {
@@ -213,31 +268,45 @@ fn init(data: &std::path::Path) -> Result<Keypair> {
 fn run(args: RunArgs) -> Result<()> {
     use edge_miner::run::{self as mine, RunConfig};
     use edge_miner::uplink::UplinkConfig;
-    let path = key_path(&args.data);
-    let key = if args.dev { init(&args.data)? } else { Keypair::load(&path).with_context(|| format!("{} (run `edge-miner init`)", path.display()))? };
+    use std::net::ToSocketAddrs;
+    let conf = args.resolve()?;
+    let pin = conf.pin()?;
+    if args.check_config {
+        print!("{}", toml::to_string(&conf)?);
+        return Ok(());
+    }
+    let addr = conf
+        .coordinator
+        .to_socket_addrs()
+        .with_context(|| format!("coordinator {:?}", conf.coordinator))?
+        .next()
+        .with_context(|| format!("coordinator {:?} has no address", conf.coordinator))?;
+    let data = conf.data.clone();
+    let path = key_path(&data);
+    let key = if args.dev { init(&data)? } else { Keypair::load(&path).with_context(|| format!("{} (run `edge-miner init`)", path.display()))? };
     println!("miner={}", key.public());
-    let threads = args.threads.unwrap_or_else(default_threads);
-    let mut cfg = RunConfig::new(UplinkConfig::new(args.coordinator, args.fingerprint), key, args.data.join("models"), threads);
-    cfg.loader = match args.backend {
-        BackendKind::Llama => mine::llama_loader(threads, args.gpu_layers),
+    let threads = conf.threads.unwrap_or_else(default_threads);
+    let mut cfg = RunConfig::new(UplinkConfig::new(addr, pin), key, data.join("models"), threads);
+    cfg.loader = match conf.backend {
+        MinerBackend::Llama => mine::llama_loader(threads, conf.gpu_layers),
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => {
-            let adapter = args.adapter.clone();
+        MinerBackend::Wgpu => {
+            let adapter = conf.adapter.clone();
             std::sync::Arc::new(move |path: &std::path::Path| {
                 let b = edge_miner::wgpu::WgpuBackend::load(&wgpu_config(path, adapter.as_ref()))?;
                 Ok(Box::new(b) as edge_miner::sync::LoadedBackend)
             })
         }
         #[cfg(not(feature = "wgpu"))]
-        BackendKind::Wgpu => return Err(no_wgpu()),
+        MinerBackend::Wgpu => return Err(no_wgpu()),
     };
-    cfg.gsm8k = args.gsm8k;
+    cfg.gsm8k = conf.gsm8k.clone();
     #[cfg(feature = "adversary")]
     if let Some(name) = &args.attack {
         use edge_miner::adversary::{self, Attack, AttackOptions};
         let attack: Attack = name.parse()?;
         let pool = args.copy_from.as_deref().map(adversary::read_pool).transpose()?;
-        let opts = AttackOptions { model: args.attack_model.clone(), work_dir: Some(args.data.join("attack")), threads, pool };
+        let opts = AttackOptions { model: args.attack_model.clone(), work_dir: Some(data.join("attack")), threads, pool };
         let setup = adversary::setup(attack, &opts)?;
         cfg.tamper = Some(setup.tamper);
         if let Some(l) = setup.loader {
@@ -246,10 +315,10 @@ fn run(args: RunArgs) -> Result<()> {
         eprintln!("attack {attack} switched on");
     }
     cfg.progress = true;
-    cfg.model = match args.model {
+    cfg.model = match conf.model {
         Some(m) => Some(m),
         None if args.dev => {
-            let p = args.data.join(format!("dev-tiny-{}.gguf", mine::DEV_TINY_SEED));
+            let p = data.join(format!("dev-tiny-{}.gguf", mine::DEV_TINY_SEED));
             if !p.exists() {
                 let src = Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1())?;
                 tributary_protocol::tiny::write_tiny(mine::DEV_TINY_SEED, &src, &p)?;

@@ -1,13 +1,21 @@
 //! QUIC plumbing shared by the coordinator and its clients: TLS with a pinned
-//! self-signed certificate, frame I/O with size limits, and the client
-//! handshake.
+//! certificate, frame I/O with size limits, and the client handshake.
+//!
+//! A client pins the coordinator's certificate in one of two ways ([`Pin`]):
+//! its fingerprint (blake3 of the DER, hex; the coordinator's self-signed
+//! certificate by default), or a CA certificate (PEM) the operator signs the
+//! coordinator's certificate with. Every client entry point takes the pin as
+//! one string, the *pin spec*: 64 hex digits, or the PEM text of the CA
+//! ([`read_ca`] reads a CA file into it).
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tributary_protocol::identity::{self, Keypair, PublicKey};
@@ -137,17 +145,161 @@ impl ServerCertVerifier for Pinned {
     }
 }
 
-/// A QUIC client config that pins the coordinator's certificate fingerprint.
-pub fn client_config(fingerprint: &str) -> Result<quinn::ClientConfig, NetError> {
+/// How a client recognises the coordinator's certificate.
+#[derive(Debug, Clone)]
+pub enum Pin {
+    /// Exactly the certificate with this fingerprint (hex, [`fingerprint`]).
+    Fingerprint(String),
+    /// Any certificate signed directly by one of these CA certificates. The
+    /// name in the certificate is not checked (clients connect by address):
+    /// the CA is the network's own, and whatever it signs is the coordinator.
+    Ca(Vec<CertificateDer<'static>>),
+}
+
+/// The marker that makes a pin spec a CA (PEM) rather than a fingerprint.
+const PEM_MARKER: &str = "-----BEGIN";
+
+impl Pin {
+    /// Parses a pin spec: the PEM text of one or more CA certificates, or
+    /// else a certificate fingerprint (hex).
+    pub fn parse(spec: &str) -> Result<Self, NetError> {
+        let spec = spec.trim();
+        if !spec.contains(PEM_MARKER) {
+            return Ok(Pin::Fingerprint(spec.to_string()));
+        }
+        let certs = CertificateDer::pem_slice_iter(spec.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| NetError::Tls(format!("CA certificate (PEM): {e}")))?;
+        if certs.is_empty() {
+            return Err(NetError::Tls("CA file holds no certificate (PEM `BEGIN CERTIFICATE`)".into()));
+        }
+        ca_roots(&certs).map_err(|e| NetError::Tls(format!("CA certificate: {e}")))?;
+        Ok(Pin::Ca(certs))
+    }
+}
+
+/// Reads a CA certificate file (PEM) and returns it as a pin spec (its PEM
+/// text), after checking that it holds at least one usable certificate.
+pub fn read_ca(path: &Path) -> Result<String, NetError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| NetError::Tls(format!("CA file {}: {e}", path.display())))?;
+    if !text.contains(PEM_MARKER) {
+        return Err(NetError::Tls(format!("CA file {}: not PEM (no `-----BEGIN CERTIFICATE-----`)", path.display())));
+    }
+    Pin::parse(&text).map_err(|e| NetError::Tls(format!("CA file {}: {e}", path.display())))?;
+    Ok(text)
+}
+
+/// Reads a certificate and its private key (PEM, the key PKCS#8) and returns
+/// them as DER, as [`server_config`] takes them, after checking that they
+/// belong together. For a coordinator run with an operator's certificate.
+pub fn read_cert_and_key(cert_pem: &Path, key_pem: &Path) -> Result<(Vec<u8>, Vec<u8>), NetError> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| NetError::Tls(format!("{}: {e}", p.display())));
+    let cert_text = read(cert_pem)?;
+    let cert = CertificateDer::pem_slice_iter(&cert_text)
+        .next()
+        .ok_or_else(|| NetError::Tls(format!("{}: no PEM certificate", cert_pem.display())))?
+        .map_err(|e| NetError::Tls(format!("{}: {e}", cert_pem.display())))?;
+    let key = PrivateKeyDer::from_pem_slice(&read(key_pem)?)
+        .map_err(|e| NetError::Tls(format!("{}: {e}", key_pem.display())))?;
+    let PrivateKeyDer::Pkcs8(key) = key else {
+        return Err(NetError::Tls(format!(
+            "{}: the key must be PKCS#8 (`-----BEGIN PRIVATE KEY-----`); convert it with \
+             `openssl pkcs8 -topk8 -nocrypt -in KEY -out KEY.pk8`",
+            key_pem.display()
+        )));
+    };
+    let (cert, key) = (cert.to_vec(), key.secret_pkcs8_der().to_vec());
+    // A key that does not match the certificate is refused here, not at the first handshake.
+    let signing = provider()
+        .key_provider
+        .load_private_key(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.clone())))
+        .map_err(|e| NetError::Tls(format!("{}: {e}", key_pem.display())))?;
+    rustls::sign::CertifiedKey::new(vec![CertificateDer::from(cert.clone())], signing)
+        .keys_match()
+        .map_err(|e| NetError::Tls(format!("{} and {} do not match: {e}", cert_pem.display(), key_pem.display())))?;
+    Ok((cert, key))
+}
+
+/// The trust anchors of CA certificates.
+fn ca_roots(certs: &[CertificateDer<'static>]) -> Result<rustls::RootCertStore, rustls::Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs {
+        roots.add(c.clone())?;
+    }
+    Ok(roots)
+}
+
+/// Accepts a server certificate signed directly by one of the pinned CAs.
+#[derive(Debug)]
+struct CaPinned {
+    roots: Vec<CertificateDer<'static>>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for CaPinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let roots = ca_roots(&self.roots)?;
+        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )
+        .map_err(|e| match e {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer | rustls::CertificateError::BadSignature) => {
+                rustls::Error::General("certificate is not signed by the pinned CA".into())
+            }
+            other => other,
+        })?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not used".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A QUIC client config that pins the coordinator's certificate: `pin` is a
+/// pin spec ([`Pin::parse`]): a fingerprint (hex) or a CA's PEM text.
+pub fn client_config(pin: &str) -> Result<quinn::ClientConfig, NetError> {
     let provider = provider();
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+    let verifier: Arc<dyn ServerCertVerifier> = match Pin::parse(pin)? {
+        Pin::Fingerprint(fingerprint) => Arc::new(Pinned { fingerprint, provider: provider.clone() }),
+        Pin::Ca(roots) => Arc::new(CaPinned { roots, provider: provider.clone() }),
+    };
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| NetError::Tls(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(Pinned {
-            fingerprint: fingerprint.trim().to_string(),
-            provider,
-        }))
+        .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
     tls.alpn_protocols = vec![wire::ALPN.to_vec()];
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| NetError::Tls(e.to_string()))?;
@@ -268,13 +420,14 @@ pub struct Session {
 }
 
 impl Session {
-    /// Connects, pins the certificate, and proves possession of `key` for `role`.
-    pub async fn connect(addr: SocketAddr, fingerprint: &str, key: &Keypair, role: Role) -> Result<Self, NetError> {
+    /// Connects, pins the certificate (`pin`: a pin spec, [`Pin::parse`]), and
+    /// proves possession of `key` for `role`.
+    pub async fn connect(addr: SocketAddr, pin: &str, key: &Keypair, role: Role) -> Result<Self, NetError> {
         let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
             .parse()
             .map_err(|_| NetError::Closed)?;
         let mut endpoint = quinn::Endpoint::client(bind)?;
-        endpoint.set_default_client_config(client_config(fingerprint)?);
+        endpoint.set_default_client_config(client_config(pin)?);
         let conn = endpoint.connect(addr, "localhost")?.await?;
         let (mut send, mut recv) = conn.open_bi().await?;
         let hello = Hello { version: PROTOCOL_VERSION, role, key: key.public() };

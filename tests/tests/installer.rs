@@ -143,11 +143,26 @@ fn cpu_install_into_prefix_ends_with_doctor_passing() {
     assert!(t.contains("systemctl --user link"), "{t}");
     let unit = std::fs::read_to_string(prefix.join("lib/systemd/user/tributary-miner.service")).unwrap();
     let bin = prefix.join("bin/edge-miner");
-    assert!(unit.contains(&format!("ExecStart={} run --coordinator {}", bin.display(), coord.quic)), "{unit}");
-    let cfg = MinerConfig::load(&prefix.join("etc/tributary/miner.toml")).unwrap();
+    let config = prefix.join("etc/tributary/miner.toml");
+    assert!(unit.contains(&format!("ExecStart={} run --config {}", bin.display(), config.display())), "{unit}");
+    let cfg = MinerConfig::load(&config).unwrap();
     assert_eq!(cfg.coordinator, coord.quic);
-    assert_eq!(cfg.fingerprint, coord.fingerprint);
+    assert_eq!(cfg.fingerprint.as_deref(), Some(coord.fingerprint.as_str()));
     assert_eq!(cfg.gpu_layers, 0);
+    // The unit's command mines with that config: it loads the key the installer made.
+    let mut miner = Command::new(&bin)
+        .args(["run", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(miner.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let _ = miner.kill();
+    let _ = miner.wait();
+    let installed_key = tributary_protocol::identity::Keypair::load(&cfg.data.join("miner.key")).unwrap();
+    assert_eq!(first.trim(), format!("miner={}", installed_key.public()));
     let key_path = cfg.data.join("miner.key");
     let key = std::fs::read(&key_path).unwrap();
 
@@ -169,7 +184,6 @@ fn cpu_install_into_prefix_ends_with_doctor_passing() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("FAIL key"), "{}", text(&out));
     assert!(text(&out).contains("edge-miner init"), "{}", text(&out));
-    let config = prefix.join("etc/tributary/miner.toml");
     drop(coord);
     let out = doctor(&["--config", config.to_str().unwrap(), "--timeout", "2"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

@@ -4,8 +4,11 @@
 //! `systemctl` on `PATH` starts and stops that coordinator (other units are
 //! only reported). After each section the test checks the effect over QUIC
 //! and HTTP: the new validator key is admitted and the old one refused, the
-//! window length changed without renumbering, the ban is in force and then
-//! lifted, and a restore keeps the certificate.
+//! window length changed without renumbering, the ban is in force at once on
+//! the running coordinator (the live path, through its admin socket), kept
+//! across a restart, and then lifted live, a restore keeps the certificate,
+//! and after the CA section a client pinning the CA connects while the old
+//! fingerprint is refused.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -157,7 +160,7 @@ async fn runbook_commands_work_as_written() {
     tributary_protocol::tiny::write_tiny(3, &src, &genesis).unwrap();
     let miner = Keypair::generate();
     let (quic_port, http_port) = (free_port(true), free_port(false));
-    for d in ["etc", "var/validator", "backups"] {
+    for d in ["etc", "var/validator", "backups", "ca"] {
         std::fs::create_dir_all(t.join(d)).unwrap();
     }
     let vars: BTreeMap<&'static str, String> = [
@@ -167,6 +170,7 @@ async fn runbook_commands_work_as_written() {
         ("VALIDATOR_DATA", t.join("var/validator")),
         ("GENESIS", genesis.clone()),
         ("BACKUP_DIR", t.join("backups")),
+        ("CA_DIR", t.join("ca")),
     ]
     .into_iter()
     .map(|(k, v)| (k, v.display().to_string()))
@@ -188,6 +192,7 @@ async fn runbook_commands_work_as_written() {
     let mut fingerprint = String::new();
     let mut old_validator = None;
     let mut ran = 0;
+    let mut ca_checked = false;
     for (section, run, code) in &blocks {
         if code.starts_with("# Paths and names used below") {
             // Every variable the runbook uses is one the test sets.
@@ -231,18 +236,41 @@ async fn runbook_commands_work_as_written() {
                 assert!(w >= 1, "windows renumbered: {w}");
             }
             "Ban or unban a miner" => {
-                let v: serde_json::Value = serde_json::from_str(&http_get(http_port, "/api/miners")).unwrap();
+                // The coordinator was not stopped: the command went through its admin socket.
+                assert!(!code.contains("systemctl"), "the ban section should not need a restart:\n{code}");
+                assert!(out.contains("applied=live"), "{out}");
+                let banned_now = || {
+                    let v: serde_json::Value = serde_json::from_str(&http_get(http_port, "/api/miners")).unwrap();
+                    v[miner.public().to_string()]["banned"].clone()
+                };
                 let banned = code.contains("coordinator ban ");
-                assert_eq!(v[miner.public().to_string()]["banned"], serde_json::Value::Bool(banned), "{v}");
+                assert_eq!(banned_now(), serde_json::Value::Bool(banned));
+                if banned {
+                    // A live ban is stored too: a restart keeps it.
+                    let (ok, text) = env.bash("systemctl restart tributary-coordinator");
+                    assert!(ok, "{text}");
+                    assert_eq!(banned_now(), serde_json::Value::Bool(true), "the ban did not survive a restart");
+                }
             }
             "Back up and restore the coordinator" if code.contains("LATEST") => {
                 assert_eq!(field(&out, "fingerprint"), fingerprint, "a restore must keep the certificate");
                 assert!(out.contains("window_ms=120000"), "{out}");
                 connect(addr, &fingerprint, &validator_key(), Role::Validator).await.unwrap();
             }
+            "Use your own certificate authority" => {
+                let new_fp = field(&out, "fingerprint");
+                assert_ne!(new_fp, fingerprint, "install-cert did not change the certificate");
+                let pin = tributary_net::read_ca(&t.join("ca/ca.pem")).unwrap();
+                connect(addr, &pin, &validator_key(), Role::Validator).await.unwrap();
+                connect(addr, &new_fp, &validator_key(), Role::Validator).await.unwrap();
+                let err = connect(addr, &fingerprint, &validator_key(), Role::Validator).await.unwrap_err();
+                assert!(err.to_string().contains("fingerprint"), "{err}");
+                ca_checked = true;
+            }
             _ => {}
         }
     }
     assert!(ran >= 8, "only {ran} blocks ran");
+    assert!(ca_checked, "the CA section did not run");
     assert!(!fingerprint.is_empty(), "the start section did not run");
 }

@@ -44,36 +44,7 @@ enum Cmd {
         path: PathBuf,
     },
     /// Train on the network's verified rollouts and publish a checkpoint each window.
-    Run {
-        /// Join a `coordinator run --dev` network: dev trainer key, dev tiny model,
-        /// rollouts of not-yet-judged miners trusted.
-        #[arg(long)]
-        dev: bool,
-        /// The coordinator's QUIC address.
-        #[arg(long)]
-        coordinator: std::net::SocketAddr,
-        /// The coordinator's certificate fingerprint (hex).
-        #[arg(long)]
-        fingerprint: String,
-        /// State folder.
-        #[arg(long, default_value = "trainer-data")]
-        data: PathBuf,
-        /// Genesis checkpoint (default with --dev: the dev tiny model).
-        #[arg(long)]
-        model: Option<PathBuf>,
-        /// Trainer key file (default with --dev: the dev trainer key).
-        #[arg(long)]
-        key: Option<PathBuf>,
-        /// Peak learning rate.
-        #[arg(long, default_value_t = 1e-4)]
-        lr: f64,
-        /// A full payload every this many publications.
-        #[arg(long, default_value_t = 8)]
-        full_every: u64,
-        /// Serve Prometheus metrics on this address.
-        #[arg(long)]
-        metrics: Option<std::net::SocketAddr>,
-    },
+    Run(RunArgs),
     /// Export a checkpoint for Hugging Face transformers (safetensors, config, tokenizer).
     Export {
         /// The checkpoint (GGUF).
@@ -82,6 +53,199 @@ enum Cmd {
         #[arg(long)]
         hf: PathBuf,
     },
+}
+
+/// `trainer run`'s flags: each overrides the config file's key of the same
+/// name (`docs/config/trainer.toml` documents every key).
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Join a `coordinator run --dev` network: dev trainer key, dev tiny model,
+    /// rollouts of not-yet-judged miners trusted.
+    #[arg(long)]
+    dev: bool,
+    /// Configuration file (TOML; every key in docs/config/trainer.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print the resolved configuration (TOML) and exit without connecting.
+    #[arg(long)]
+    check_config: bool,
+    /// The coordinator's QUIC address, HOST:PORT.
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// The coordinator's certificate fingerprint (hex).
+    #[arg(long, conflicts_with = "ca")]
+    fingerprint: Option<String>,
+    /// CA certificate (PEM) that signed the coordinator's certificate.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// State folder (default trainer-data).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Genesis checkpoint (default with --dev: the dev tiny model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Trainer key file (default with --dev: the dev trainer key).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Peak learning rate (default 1e-4).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// A full payload every this many publications (default 8).
+    #[arg(long)]
+    full_every: Option<u64>,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
+}
+
+/// `trainer run`'s configuration file (TOML). Every key has a default except
+/// the coordinator's address and pin, the key and the genesis model (which
+/// `--dev` supplies); relative paths are relative to the file's folder;
+/// unknown keys are refused.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+struct RunConfig {
+    /// The coordinator's QUIC address, HOST:PORT. Required.
+    coordinator: Option<String>,
+    /// The coordinator's certificate fingerprint (hex); this or `ca`.
+    fingerprint: Option<String>,
+    /// CA certificate file (PEM); this or `fingerprint`.
+    ca: Option<PathBuf>,
+    /// State folder (weights, optimiser moments, publications). Default `trainer-data`.
+    data: PathBuf,
+    /// The genesis checkpoint (the coordinator's `model`). Required without `--dev`.
+    model: Option<PathBuf>,
+    /// The trainer key file. Required without `--dev`.
+    key: Option<PathBuf>,
+    /// Peak learning rate. Default 1e-4.
+    lr: f64,
+    /// A full payload (instead of a sparse delta) every this many publications. Default 8.
+    full_every: u64,
+    /// Prometheus metrics listener. Default: none.
+    metrics: Option<std::net::SocketAddr>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            coordinator: None,
+            fingerprint: None,
+            ca: None,
+            data: "trainer-data".into(),
+            model: None,
+            key: None,
+            lr: 1e-4,
+            full_every: 8,
+            metrics: None,
+        }
+    }
+}
+
+impl RunArgs {
+    /// The configuration file (if any) with the flags on top.
+    fn resolve(&self) -> Result<RunConfig> {
+        use anyhow::Context as _;
+        let mut c = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                let mut c: RunConfig = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+                let base = path.parent().unwrap_or(std::path::Path::new("."));
+                if c.data.is_relative() {
+                    c.data = base.join(&c.data);
+                }
+                for p in [&mut c.ca, &mut c.model, &mut c.key] {
+                    if let Some(p) = p.as_mut().filter(|p| p.is_relative()) {
+                        *p = base.join(&*p);
+                    }
+                }
+                c
+            }
+            None => RunConfig::default(),
+        };
+        macro_rules! over {
+            ($($f:ident),*) => {$( if self.$f.is_some() { c.$f = self.$f.clone(); } )*};
+        }
+        over!(coordinator, model, key, metrics);
+        if self.fingerprint.is_some() || self.ca.is_some() {
+            c.fingerprint = self.fingerprint.clone();
+            c.ca = self.ca.clone();
+        }
+        if let Some(d) = &self.data {
+            c.data = d.clone();
+        }
+        c.lr = self.lr.unwrap_or(c.lr);
+        c.full_every = self.full_every.unwrap_or(c.full_every);
+        Ok(c)
+    }
+}
+
+impl RunConfig {
+    /// The coordinator's address and pin spec.
+    fn coordinator(&self) -> Result<(std::net::SocketAddr, String)> {
+        use anyhow::Context as _;
+        use std::net::ToSocketAddrs;
+        let Some(c) = &self.coordinator else { anyhow::bail!("give the coordinator's address (`coordinator` or --coordinator)") };
+        let addr = c.to_socket_addrs().with_context(|| format!("coordinator {c:?}"))?.next().with_context(|| format!("coordinator {c:?} has no address"))?;
+        let pin = match (&self.fingerprint, &self.ca) {
+            (Some(f), None) => f.trim().to_string(),
+            (None, Some(ca)) => tributary_net::read_ca(ca)?,
+            (Some(_), Some(_)) => anyhow::bail!("give the coordinator's `fingerprint` or a `ca` file, not both"),
+            (None, None) => anyhow::bail!("give the coordinator's `fingerprint` or a `ca` file (--fingerprint HEX / --ca FILE)"),
+        };
+        Ok((addr, pin))
+    }
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    use trainer::service::{Service, ServiceConfig, dev_genesis, serve_metrics};
+    let dev = args.dev;
+    let conf = args.resolve()?;
+    let (coordinator, fingerprint) = conf.coordinator()?;
+    if args.check_config {
+        print!("{}", toml::to_string(&conf)?);
+        return Ok(());
+    }
+    let key = match (&conf.key, dev) {
+        (Some(p), _) => tributary_protocol::identity::Keypair::load(p)?,
+        (None, true) => coordinator::node::dev_key(tributary_protocol::wire::Role::Trainer),
+        (None, false) => anyhow::bail!("give the trainer key (`key` or --key FILE), or --dev"),
+    };
+    let genesis = match (&conf.model, dev) {
+        (Some(p), _) => p.clone(),
+        (None, true) => dev_genesis(&conf.data)?,
+        (None, false) => anyhow::bail!("give the genesis checkpoint (`model` or --model GENESIS.gguf), or --dev"),
+    };
+    let vocab = tributary_protocol::checkpoint::Checkpoint::open(&genesis)?.config().vocab_size;
+    let metrics = conf.metrics;
+    let cfg = ServiceConfig {
+        coordinator,
+        fingerprint,
+        key,
+        dir: conf.data,
+        genesis,
+        train: trainer::train::TrainConfig { lr: conf.lr, warmup_steps: 1, ..Default::default() },
+        select: trainer::select::SelectConfig::new(vocab),
+        full_every: conf.full_every,
+        trust_unjudged: dev,
+        poll: std::time::Duration::from_millis(500),
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        if let Some(addr) = metrics {
+            let bound = serve_metrics(addr).await?;
+            println!("metrics=http://{bound}/metrics");
+        }
+        println!("trainer={}", cfg.key.public());
+        let mut s = Service::open(cfg).await?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let st = stop.clone();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            st.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        s.run(stop).await?;
+        anyhow::Ok(())
+    })
 }
 
 fn main() -> Result<()> {
@@ -97,49 +261,7 @@ fn main() -> Result<()> {
             init::init_tiny(seed, &src, &out)?;
         }
         Cmd::Info { path } => init::info(&path)?,
-        Cmd::Run { dev, coordinator, fingerprint, data, model, key, lr, full_every, metrics } => {
-            use trainer::service::{Service, ServiceConfig, dev_genesis, serve_metrics};
-            let key = match (key, dev) {
-                (Some(p), _) => tributary_protocol::identity::Keypair::load(&p)?,
-                (None, true) => coordinator::node::dev_key(tributary_protocol::wire::Role::Trainer),
-                (None, false) => anyhow::bail!("give --key FILE (or --dev)"),
-            };
-            let genesis = match (model, dev) {
-                (Some(p), _) => p,
-                (None, true) => dev_genesis(&data)?,
-                (None, false) => anyhow::bail!("give --model GENESIS.gguf (or --dev)"),
-            };
-            let vocab = tributary_protocol::checkpoint::Checkpoint::open(&genesis)?.config().vocab_size;
-            let cfg = ServiceConfig {
-                coordinator,
-                fingerprint,
-                key,
-                dir: data,
-                genesis,
-                train: trainer::train::TrainConfig { lr, warmup_steps: 1, ..Default::default() },
-                select: trainer::select::SelectConfig::new(vocab),
-                full_every,
-                trust_unjudged: dev,
-                poll: std::time::Duration::from_millis(500),
-            };
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(async move {
-                if let Some(addr) = metrics {
-                    let bound = serve_metrics(addr).await?;
-                    println!("metrics=http://{bound}/metrics");
-                }
-                println!("trainer={}", cfg.key.public());
-                let mut s = Service::open(cfg).await?;
-                let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let st = stop.clone();
-                tokio::spawn(async move {
-                    let _ = tokio::signal::ctrl_c().await;
-                    st.store(true, std::sync::atomic::Ordering::Relaxed);
-                });
-                s.run(stop).await?;
-                anyhow::Ok(())
-            })?;
-        }
+        Cmd::Run(args) => run(args)?,
         Cmd::Export { path, hf } => {
             let ckpt = tributary_protocol::checkpoint::Checkpoint::open(&path)?;
             trainer::hf::export(&ckpt, &hf)?;

@@ -22,20 +22,31 @@ enum Command {
     Run(RunArgs),
 }
 
+/// `validator run`'s flags: each overrides the config file's key of the same
+/// name (`docs/config/validator.toml` documents every key).
 #[derive(clap::Args, Debug)]
 struct RunArgs {
     /// Join a `coordinator run --dev` network with the well-known dev validator key.
     #[arg(long)]
     dev: bool,
-    /// The coordinator's QUIC address.
+    /// Configuration file (TOML; every key in docs/config/validator.toml); flags override it.
     #[arg(long)]
-    coordinator: std::net::SocketAddr,
+    config: Option<PathBuf>,
+    /// Print the resolved configuration (TOML) and exit without connecting.
+    #[arg(long)]
+    check_config: bool,
+    /// The coordinator's QUIC address, HOST:PORT.
+    #[arg(long)]
+    coordinator: Option<String>,
     /// The coordinator's certificate fingerprint (hex).
+    #[arg(long, conflicts_with = "ca")]
+    fingerprint: Option<String>,
+    /// CA certificate (PEM) that signed the coordinator's certificate.
     #[arg(long)]
-    fingerprint: String,
-    /// Data folder (key, downloaded checkpoints).
-    #[arg(long, default_value = "validator-data")]
-    data: PathBuf,
+    ca: Option<PathBuf>,
+    /// Data folder (key, downloaded checkpoints; default validator-data).
+    #[arg(long)]
+    data: Option<PathBuf>,
     /// Check every rollout of every miner (default: grail's sample).
     #[arg(long)]
     all: bool,
@@ -51,12 +62,12 @@ struct RunArgs {
     /// Rollouts checked per miner (whole groups); 0: all.
     #[arg(long)]
     rollouts_per_miner: Option<usize>,
-    /// Most rollouts per reference forward pass.
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Most padded tokens per reference forward pass.
-    #[arg(long, default_value_t = 8192)]
-    batch_tokens: usize,
+    /// Most rollouts per reference forward pass (default 8).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Most padded tokens per reference forward pass (default 8192).
+    #[arg(long)]
+    batch_tokens: Option<usize>,
     /// GSM8K JSONL file (when the network's environment is gsm8k).
     #[arg(long)]
     gsm8k: Option<PathBuf>,
@@ -68,16 +79,133 @@ struct RunArgs {
     metrics: Option<std::net::SocketAddr>,
 }
 
+/// `validator run`'s configuration file (TOML). Every key has a default
+/// except the coordinator's address and pin; relative paths are relative to
+/// the file's folder; unknown keys are refused.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+struct RunConfig {
+    /// The coordinator's QUIC address, HOST:PORT. Required.
+    coordinator: Option<String>,
+    /// The coordinator's certificate fingerprint (hex); this or `ca`.
+    fingerprint: Option<String>,
+    /// CA certificate file (PEM); this or `fingerprint`.
+    ca: Option<PathBuf>,
+    /// Data folder (`validator.key`, checkpoints, progress). Default `validator-data`.
+    data: PathBuf,
+    /// Check every rollout of every miner. Default false (grail's sample).
+    all: bool,
+    /// Fraction of the window's miners checked. Default 0.25 (1.0 with `all`).
+    miner_fraction: Option<f64>,
+    /// At least this many miners. Default 2 (every miner with `all`).
+    min_miners: Option<usize>,
+    /// At most this many miners. Default 35 (every miner with `all`).
+    max_miners: Option<usize>,
+    /// Rollouts checked per miner (whole groups); 0: all. Default 64 (0 with `all`).
+    rollouts_per_miner: Option<usize>,
+    /// Most rollouts per reference forward pass. Default 8.
+    batch: usize,
+    /// Most padded tokens per reference forward pass. Default 8192.
+    batch_tokens: usize,
+    /// GSM8K JSONL file (when the network's environment is gsm8k).
+    gsm8k: Option<PathBuf>,
+    /// libtorch threads. Default: available cores.
+    threads: Option<usize>,
+    /// Prometheus metrics listener. Default: none.
+    metrics: Option<std::net::SocketAddr>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            coordinator: None,
+            fingerprint: None,
+            ca: None,
+            data: "validator-data".into(),
+            all: false,
+            miner_fraction: None,
+            min_miners: None,
+            max_miners: None,
+            rollouts_per_miner: None,
+            batch: 8,
+            batch_tokens: 8192,
+            gsm8k: None,
+            threads: None,
+            metrics: None,
+        }
+    }
+}
+
+impl RunArgs {
+    /// The configuration file (if any) with the flags on top.
+    fn resolve(&self) -> Result<RunConfig> {
+        let mut c = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                let mut c: RunConfig = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+                let base = path.parent().unwrap_or(std::path::Path::new("."));
+                if c.data.is_relative() {
+                    c.data = base.join(&c.data);
+                }
+                for p in [&mut c.ca, &mut c.gsm8k] {
+                    if let Some(p) = p.as_mut().filter(|p| p.is_relative()) {
+                        *p = base.join(&*p);
+                    }
+                }
+                c
+            }
+            None => RunConfig::default(),
+        };
+        macro_rules! over {
+            ($($f:ident),*) => {$( if self.$f.is_some() { c.$f = self.$f.clone(); } )*};
+        }
+        over!(coordinator, miner_fraction, min_miners, max_miners, rollouts_per_miner, gsm8k, threads, metrics);
+        if self.fingerprint.is_some() || self.ca.is_some() {
+            c.fingerprint = self.fingerprint.clone();
+            c.ca = self.ca.clone();
+        }
+        if let Some(d) = &self.data {
+            c.data = d.clone();
+        }
+        c.all |= self.all;
+        c.batch = self.batch.unwrap_or(c.batch);
+        c.batch_tokens = self.batch_tokens.unwrap_or(c.batch_tokens);
+        Ok(c)
+    }
+}
+
+impl RunConfig {
+    /// The coordinator's address and pin spec.
+    fn coordinator(&self) -> Result<(std::net::SocketAddr, String)> {
+        use std::net::ToSocketAddrs;
+        let Some(c) = &self.coordinator else { anyhow::bail!("give the coordinator's address (`coordinator` or --coordinator)") };
+        let addr = c.to_socket_addrs().with_context(|| format!("coordinator {c:?}"))?.next().with_context(|| format!("coordinator {c:?} has no address"))?;
+        let pin = match (&self.fingerprint, &self.ca) {
+            (Some(f), None) => f.trim().to_string(),
+            (None, Some(ca)) => tributary_net::read_ca(ca)?,
+            (Some(_), Some(_)) => anyhow::bail!("give the coordinator's `fingerprint` or a `ca` file, not both"),
+            (None, None) => anyhow::bail!("give the coordinator's `fingerprint` or a `ca` file (--fingerprint HEX / --ca FILE)"),
+        };
+        Ok((addr, pin))
+    }
+}
+
 fn run(args: RunArgs) -> Result<()> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     use tributary_protocol::identity::Keypair;
     use validator::service::{SampleConfig, Service, ServiceConfig};
-    std::fs::create_dir_all(&args.data)?;
+    let conf = args.resolve()?;
+    let (coordinator, pin) = conf.coordinator()?;
+    if args.check_config {
+        print!("{}", toml::to_string(&conf)?);
+        return Ok(());
+    }
+    std::fs::create_dir_all(&conf.data)?;
     let key = if args.dev {
         coordinator_dev_key()
     } else {
-        let path = args.data.join("validator.key");
+        let path = conf.data.join("validator.key");
         if path.exists() {
             Keypair::load(&path)?
         } else {
@@ -87,28 +215,29 @@ fn run(args: RunArgs) -> Result<()> {
         }
     };
     println!("validator={}", key.public());
-    tributary_policy::init_threads(args.threads);
-    let mut cfg = ServiceConfig::new(args.coordinator, args.fingerprint, key, args.data.clone());
-    let mut sample = if args.all { SampleConfig::ALL } else { SampleConfig::GRAIL };
-    if let Some(f) = args.miner_fraction {
+    tributary_policy::init_threads(conf.threads);
+    let mut cfg = ServiceConfig::new(coordinator, pin, key, conf.data.clone());
+    let mut sample = if conf.all { SampleConfig::ALL } else { SampleConfig::GRAIL };
+    if let Some(f) = conf.miner_fraction {
         sample.miner_fraction = f;
     }
-    if let Some(n) = args.min_miners {
+    if let Some(n) = conf.min_miners {
         sample.min_miners = n;
     }
-    if let Some(n) = args.max_miners {
+    if let Some(n) = conf.max_miners {
         sample.max_miners = n;
     }
-    if let Some(n) = args.rollouts_per_miner {
+    if let Some(n) = conf.rollouts_per_miner {
         sample.rollouts_per_miner = n;
     }
     cfg.sample = sample;
-    cfg.batch = args.batch;
-    cfg.batch_tokens = args.batch_tokens;
-    cfg.gsm8k = args.gsm8k;
+    cfg.batch = conf.batch;
+    cfg.batch_tokens = conf.batch_tokens;
+    cfg.gsm8k = conf.gsm8k.clone();
+    let metrics = conf.metrics;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
-        if let Some(addr) = args.metrics {
+        if let Some(addr) = metrics {
             let bound = tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics=http://{bound}/metrics");
         }

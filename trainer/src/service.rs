@@ -9,10 +9,13 @@
 //! ([`crate::select`]), takes one GRPO step, exports the BF16 checkpoint and
 //! publishes it for the current window ([`crate::publish`]: a signed full
 //! or delta payload, never two different checkpoints for one window), then
-//! uploads it. Progress (`service.json`: the next window to train on, the
-//! last publication confirmed by the coordinator) and the trainer state are
-//! saved after each step, so a restarted service resumes where it stopped
-//! and re-uploads a publication the coordinator did not confirm.
+//! uploads it, then sends the step's signed report ([`TrainerStats`]: loss,
+//! entropy, clip fractions, reward, kept/dropped groups, delta size) that the
+//! coordinator's dashboard draws. Progress (`service.json`: the next window
+//! to train on, the last publication and report confirmed by the
+//! coordinator) and the trainer state are saved after each step, so a
+//! restarted service resumes where it stopped and re-uploads a publication
+//! (and re-sends a report, kept in `stats.bin`) the coordinator did not confirm.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,13 +28,16 @@ use tributary_net::{NetError, Session};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
-use tributary_protocol::wire::{Blob, CheckpointChunk, FetchRollouts, Frame, GetStanding, MAX_CHUNK_LEN, MinerStanding, Role};
+use tributary_protocol::wire::{
+    Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, MAX_CHUNK_LEN, MinerStanding, Role,
+    TrainerStats, TrainerStatsBody,
+};
 use tributary_protocol::window::{Schedule, WindowId};
 
 use crate::publish::{Publication, PublishError, Publisher};
-use crate::select::{SelectConfig, Standing, select};
+use crate::select::{SelectConfig, Selection, Standing, select};
 use crate::state::{self, StateError, write_atomic};
-use crate::train::{Sample, TrainConfig, TrainError, Trainer};
+use crate::train::{Sample, StepStats, TrainConfig, TrainError, Trainer};
 
 /// Service failures.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +63,9 @@ pub enum ServiceError {
     /// `service.json` is malformed.
     #[error("service.json: {0}")]
     Json(#[from] serde_json::Error),
+    /// `stats.bin` is malformed.
+    #[error("stats.bin: {0}")]
+    Stats(#[from] postcard::Error),
     /// Reading a payload failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -94,6 +103,9 @@ pub struct Progress {
     pub next_window: WindowId,
     /// The last publication (window) the coordinator confirmed.
     pub uploaded: Option<WindowId>,
+    /// The last step report (its publication window) the coordinator confirmed.
+    #[serde(default)]
+    pub stats_sent: Option<WindowId>,
 }
 
 /// What one round did.
@@ -146,7 +158,7 @@ impl Service {
         let progress = match std::fs::read(cfg.dir.join("service.json")) {
             Ok(b) => serde_json::from_slice(&b)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Progress { next_window: schedule.window_at(now_ms()).unwrap_or(0), uploaded: None }
+                Progress { next_window: schedule.window_at(now_ms()).unwrap_or(0), uploaded: None, stats_sent: None }
             }
             Err(e) => return Err(e.into()),
         };
@@ -165,17 +177,87 @@ impl Service {
         Ok(())
     }
 
-    /// Uploads the last publication if the coordinator has not confirmed it.
+    /// Uploads the last publication, and sends the last step report, if the
+    /// coordinator has not confirmed them.
     async fn reupload(&mut self) -> Result<(), ServiceError> {
         let Some(last) = self.publisher.last().cloned() else { return Ok(()) };
-        if self.progress.uploaded == Some(last.window) {
-            return Ok(());
+        if self.progress.uploaded != Some(last.window) {
+            let bytes = std::fs::read(self.publisher.checkpoint_path(&last.id))?;
+            let p = self.publisher.publish(last.window, bytes)?;
+            self.upload(&p).await?;
+            self.progress.uploaded = Some(last.window);
+            self.save_progress()?;
         }
-        let bytes = std::fs::read(self.publisher.checkpoint_path(&last.id))?;
-        let p = self.publisher.publish(last.window, bytes)?;
-        self.upload(&p).await?;
-        self.progress.uploaded = Some(last.window);
-        self.save_progress()
+        let pending = match std::fs::read(self.stats_path()) {
+            Ok(b) => Some(postcard::from_bytes::<TrainerStats>(&b)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(report) = pending
+            && self.progress.stats_sent.is_none_or(|w| w < report.body.window)
+        {
+            self.send_stats(&report).await?;
+        }
+        Ok(())
+    }
+
+    fn stats_path(&self) -> PathBuf {
+        self.cfg.dir.join("stats.bin")
+    }
+
+    /// The signed report of the step that produced publication `p`.
+    fn report(&self, p: &Publication, step: &StepStats, sel: &Selection) -> TrainerStats {
+        let b = &p.announcement.body;
+        let trained = sel.kept.iter().flat_map(|g| g.rollouts.iter().map(|r| r.window));
+        let first = trained.clone().min().unwrap_or(b.window).min(b.window);
+        let last = trained.max().unwrap_or(b.window).min(b.window);
+        let body = TrainerStatsBody {
+            window: b.window,
+            checkpoint: b.id,
+            first_trained: first,
+            last_trained: last,
+            step: step.step,
+            lr: step.lr,
+            loss: step.loss,
+            pg_loss: step.pg_loss,
+            kl: step.kl,
+            entropy: step.entropy,
+            clip_low_frac: step.clip_low_frac,
+            clip_high_frac: step.clip_high_frac,
+            grad_norm: step.grad_norm,
+            reward_mean: step.reward_mean,
+            reward_std: step.reward_std,
+            seqs: step.seqs as u64,
+            tokens: step.tokens as u64,
+            groups_kept: sel.kept.len() as u64,
+            groups_dropped: sel.dropped.values().sum(),
+            groups_held: sel.held_groups,
+            payload_bytes: p.payload_len,
+            checkpoint_bytes: p.checkpoint_len,
+            delta: matches!(b.kind, CheckpointKind::Delta { .. }),
+            change_fraction: p.changed.map(|(c, t)| c as f64 / t.max(1) as f64),
+            trainer: self.cfg.key.public(),
+        };
+        TrainerStats::sign(body, &self.cfg.key)
+    }
+
+    /// Sends a step report and records the coordinator's acknowledgement.
+    /// A report whose figures are not well formed (a non-finite loss) is
+    /// logged and not sent: the coordinator would refuse it.
+    async fn send_stats(&mut self, report: &TrainerStats) -> Result<(), ServiceError> {
+        let window = report.body.window;
+        if let Err(e) = report.body.check() {
+            tracing::warn!(window, error = %e, "step report not sent");
+            self.progress.stats_sent = Some(window);
+            return self.save_progress();
+        }
+        match self.session.request(&Frame::PostTrainerStats(report.clone())).await? {
+            Frame::TrainerStatsAck(a) if a.window == window => {
+                self.progress.stats_sent = Some(window);
+                self.save_progress()
+            }
+            f => Err(ServiceError::Unexpected(f.tag())),
+        }
     }
 
     async fn upload(&mut self, p: &Publication) -> Result<(), ServiceError> {
@@ -263,9 +345,9 @@ impl Service {
             None if trust => Standing::Passed,
             None => Standing::Pending { good_standing: true },
         };
-        let sel = select(rollouts, &published, standing, &self.cfg.select);
+        let mut sel = select(rollouts, &published, standing, &self.cfg.select);
         sel.record_metrics();
-        self.held = sel.held;
+        self.held = std::mem::take(&mut sel.held);
         round.groups = sel.kept.len();
         self.progress.next_window = w;
         if !sel.kept.is_empty() {
@@ -275,10 +357,14 @@ impl Service {
             tracing::info!(step = stats.step, loss = stats.loss, groups = round.groups, "trained");
             let bytes = tokio::task::block_in_place(|| self.trainer.export_checkpoint(&self.template))?;
             let p = self.publisher.publish(current, bytes)?;
+            let report = self.report(&p, &stats, &sel);
             state::save(&self.cfg.dir.join("state"), &self.trainer)?;
+            write_atomic(&self.stats_path(), &postcard::to_stdvec(&report)?)?;
             self.save_progress()?;
             self.upload(&p).await?;
             self.progress.uploaded = Some(current);
+            self.save_progress()?;
+            self.send_stats(&report).await?;
             round.published = Some((current, p.announcement.body.id));
         }
         self.save_progress()?;

@@ -190,6 +190,81 @@ fn cpu_install_into_prefix_ends_with_doctor_passing() {
     assert!(text(&out).contains("FAIL coordinator"), "{}", text(&out));
 }
 
+/// A CA (`NAME/ca.pem`) made with openssl, as docs/runbook.md does, and, if
+/// `coordinator_data` is given, a coordinator certificate signed by it,
+/// installed there with `coordinator install-cert`.
+fn openssl_ca(dir: &Path, name: &str, coordinator_data: Option<&Path>) -> PathBuf {
+    let ca = dir.join(name);
+    std::fs::create_dir_all(&ca).unwrap();
+    let sh = |script: &str| {
+        let o = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", script])
+            .env("CA", &ca)
+            .env("COORDINATOR", bin_dir().join("coordinator"))
+            .env("DATA", coordinator_data.unwrap_or(Path::new("")))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    };
+    sh(r#"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj "/CN=test CA" -keyout "$CA/ca.key" -out "$CA/ca.pem" 2>&1"#);
+    if coordinator_data.is_some() {
+        sh(r#"openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=coordinator" -keyout "$CA/c.key" -out "$CA/c.csr" 2>&1
+printf 'basicConstraints=CA:FALSE\n' > "$CA/c.ext"
+openssl x509 -req -in "$CA/c.csr" -CA "$CA/ca.pem" -CAkey "$CA/ca.key" -CAcreateserial -days 30 -extfile "$CA/c.ext" -out "$CA/c.pem" 2>&1
+"$COORDINATOR" install-cert --data "$DATA" --cert "$CA/c.pem" --key "$CA/c.key""#);
+    }
+    ca.join("ca.pem")
+}
+
+#[test]
+fn cpu_install_pinning_a_ca_ends_with_doctor_passing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("coordinator");
+    let ca = openssl_ca(tmp.path(), "ca", Some(&data));
+    let coord = DevCoordinator::start(&data);
+    let prefix = tmp.path().join("prefix");
+    let install = |pin: &[&str]| {
+        installer()
+            .args(["--coordinator", &coord.quic, "--accel", "cpu", "--no-service"])
+            .args(pin)
+            .arg("--prefix")
+            .arg(&prefix)
+            .arg("--from-build")
+            .arg(bin_dir())
+            .output()
+            .unwrap()
+    };
+    // Both pins, or a file that is not a certificate, are refused.
+    let out = install(&["--ca", ca.to_str().unwrap(), "--fingerprint", &coord.fingerprint, "--dry-run"]);
+    assert!(!out.status.success() && text(&out).contains("not both"), "{}", text(&out));
+    let junk = tmp.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let out = install(&["--ca", junk.to_str().unwrap(), "--dry-run"]);
+    assert!(!out.status.success() && text(&out).contains("not a PEM certificate"), "{}", text(&out));
+
+    let out = install(&["--ca", ca.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("doctor: ready to mine"), "{t}");
+    let config = prefix.join("etc/tributary/miner.toml");
+    let cfg = MinerConfig::load(&config).unwrap();
+    let installed_ca = prefix.join("etc/tributary/coordinator-ca.pem");
+    assert_eq!((cfg.fingerprint.as_deref(), cfg.ca.as_deref()), (None, Some(installed_ca.as_path())));
+    assert_eq!(std::fs::read(&installed_ca).unwrap(), std::fs::read(&ca).unwrap());
+
+    // Another CA: the doctor fails and says so.
+    let other = openssl_ca(tmp.path(), "other", None);
+    let out = Command::new(prefix.join("bin/edge-miner"))
+        .args(["doctor", "--config"])
+        .arg(&config)
+        .arg("--ca")
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("not signed by the pinned CA"), "{}", text(&out));
+}
+
 #[test]
 fn release_script_packages_binaries_with_checksums() {
     let dir = bin_dir();

@@ -366,11 +366,28 @@ impl Drop for TempFile {
     }
 }
 
+/// Folders for the widened copy, in order of preference: a memory file
+/// system when there is one (the copy is read once, by the map, and never
+/// needs the disk), else the temporary folder.
+fn widen_dirs() -> Vec<PathBuf> {
+    let shm = Path::new("/dev/shm");
+    let mut dirs = Vec::new();
+    if shm.is_dir() {
+        dirs.push(shm.to_owned());
+    }
+    dirs.push(std::env::temp_dir());
+    dirs
+}
+
 /// If `src` has BF16 tensors, writes a copy with each widened exactly to F32
 /// (every other tensor and all metadata unchanged) to a temporary file.
+///
+/// The copy is streamed tensor by tensor (no second copy of the model in
+/// memory) and never synced to disk: it is removed as soon as llama.cpp has
+/// mapped it, so durability buys nothing and `fsync` of ~540 MB (SmolLM2)
+/// costs seconds.
 fn widen_bf16_to_f32(src: &Path) -> Result<Option<TempFile>, BackendError> {
-    use tributary_protocol::gguf::{self, GgmlType, GgufWriter};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    use tributary_protocol::gguf::{self, GgmlType};
     let err = |e: &dyn std::fmt::Display| BackendError::Load(format!("{}: widening to F32: {e}", src.display()));
     let file = std::fs::File::open(src).map_err(|e| err(&e))?;
     // SAFETY: read-only map of a checkpoint file nobody rewrites while the
@@ -380,26 +397,78 @@ fn widen_bf16_to_f32(src: &Path) -> Result<Option<TempFile>, BackendError> {
     if !header.tensors.iter().any(|t| t.ty == GgmlType::BF16) {
         return Ok(None);
     }
+    let mut last = None;
+    for dir in widen_dirs() {
+        match write_widened(&header, &bytes, &dir) {
+            Ok(tmp) => return Ok(Some(tmp)),
+            // A full memory file system (a container's small /dev/shm): next folder.
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(err(&last.map_or_else(|| "no temporary folder".to_owned(), |e| e.to_string())))
+}
+
+/// Writes the F32-widened copy of the parsed checkpoint `bytes` into `dir`.
+fn write_widened(header: &tributary_protocol::gguf::GgufHeader, bytes: &[u8], dir: &Path) -> Result<TempFile, String> {
+    use std::io::Write;
+    use tributary_protocol::gguf::{self, GgmlType, GgufWriter, align_up};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let wide_len = |t: &tributary_protocol::gguf::TensorInfo| {
+        if t.ty == GgmlType::BF16 { t.byte_len() * 2 } else { t.byte_len() }
+    };
+    // The header is built over borrowed zeros of each tensor's final size
+    // (never written: only its lengths and offsets are used), then the data
+    // is streamed behind it.
+    let max = header.tensors.iter().map(wide_len).max().unwrap_or(0);
+    let zeros = vec![0u8; usize::try_from(max).map_err(|e| e.to_string())?];
     let mut w = GgufWriter::new();
     for (k, v) in &header.metadata {
         w.set_meta(k, v.clone());
     }
+    let mut data = Vec::with_capacity(header.tensors.len());
     for t in &header.tensors {
-        let data = bytes.get(header.tensor_range(t)).ok_or_else(|| err(&format!("tensor {} out of bounds", t.name)))?;
-        if t.ty == GgmlType::BF16 {
-            let wide: Vec<u8> = data
-                .chunks_exact(2)
-                .flat_map(|b| (u32::from(u16::from_le_bytes([b[0], b[1]])) << 16).to_le_bytes())
-                .collect();
-            w.add_tensor(&t.name, GgmlType::F32, &t.dims, wide).map_err(|e| err(&e))?;
-        } else {
-            w.add_tensor(&t.name, t.ty, &t.dims, data).map_err(|e| err(&e))?;
-        }
+        let src = bytes.get(header.tensor_range(t)).ok_or_else(|| format!("tensor {} out of bounds", t.name))?;
+        let ty = if t.ty == GgmlType::BF16 { GgmlType::F32 } else { t.ty };
+        w.add_tensor(&t.name, ty, &t.dims, &zeros[..wide_len(t) as usize]).map_err(|e| e.to_string())?;
+        data.push((t.ty == GgmlType::BF16, src));
     }
+    let head = w.header_bytes().map_err(|e| e.to_string())?;
+    let align = header.get_u32("general.alignment").map_or(gguf::DEFAULT_ALIGNMENT, u64::from);
+    drop(w);
+    drop(zeros);
+
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = TempFile(std::env::temp_dir().join(format!("tributary-f32-{}-{n}.gguf", std::process::id())));
-    w.write_file(&tmp.0).map_err(|e| err(&e))?;
-    Ok(Some(tmp))
+    let tmp = TempFile(dir.join(format!("tributary-f32-{}-{n}.gguf", std::process::id())));
+    let f = std::fs::File::create(&tmp.0).map_err(|e| format!("{}: {e}", tmp.0.display()))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, f);
+    let io = |e: std::io::Error| format!("{}: {e}", tmp.0.display());
+    out.write_all(&head).map_err(io)?;
+    const CHUNK: usize = 1 << 18;
+    let mut buf = vec![0u8; 4 * CHUNK];
+    let pad = vec![0u8; align as usize];
+    for (bf16, src) in data {
+        let written = if bf16 {
+            // BF16 is the top half of an F32: little-endian bytes [0, 0, lo, hi].
+            for part in src.chunks(2 * CHUNK) {
+                let wide = &mut buf[..2 * part.len()];
+                for (o, i) in wide.chunks_exact_mut(4).zip(part.chunks_exact(2)) {
+                    o[0] = 0;
+                    o[1] = 0;
+                    o[2] = i[0];
+                    o[3] = i[1];
+                }
+                out.write_all(wide).map_err(io)?;
+            }
+            2 * src.len() as u64
+        } else {
+            out.write_all(src).map_err(io)?;
+            src.len() as u64
+        };
+        let padded = align_up(written, align).ok_or_else(|| format!("alignment {align}"))?;
+        out.write_all(&pad[..(padded - written) as usize]).map_err(io)?;
+    }
+    out.flush().map_err(io)?;
+    Ok(tmp)
 }
 
 impl Backend for LlamaCppBackend {
@@ -413,5 +482,64 @@ impl Backend for LlamaCppBackend {
 
     fn vocab_size(&self) -> usize {
         self.n_vocab
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_protocol::gguf::{self, GgmlType, GgufWriter, MetaValue};
+
+    /// The streamed copy is exactly the file the GGUF writer makes of the
+    /// same checkpoint with every BF16 tensor widened (tensors larger than a
+    /// conversion chunk, odd lengths that need padding, a non-default
+    /// alignment, other types left alone).
+    #[test]
+    fn widened_copy_is_the_f32_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        for align in [None, Some(64u32)] {
+            let mut w = GgufWriter::new();
+            w.set_meta("general.architecture", MetaValue::Str("llama".into()));
+            if let Some(a) = align {
+                w.set_meta("general.alignment", MetaValue::U32(a));
+            }
+            let bf16 = |n: usize, salt: u32| -> Vec<u8> {
+                (0..n as u32).flat_map(|i| ((i.wrapping_mul(2_654_435_761) ^ salt) as u16).to_le_bytes()).collect()
+            };
+            let big = bf16(600 * 500, 1);
+            let odd = bf16(7 * 3, 2);
+            let f32s: Vec<u8> = (0..5u32).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
+            w.add_tensor("big", GgmlType::BF16, &[600, 500], big.as_slice()).unwrap();
+            w.add_tensor("odd", GgmlType::BF16, &[7, 3], odd.as_slice()).unwrap();
+            w.add_tensor("plain", GgmlType::F32, &[5], f32s.as_slice()).unwrap();
+            let src = dir.path().join("bf16.gguf");
+            w.write_file(&src).unwrap();
+
+            let widen = |b: &[u8]| -> Vec<u8> {
+                b.chunks_exact(2).flat_map(|h| f32::from_bits(u32::from(u16::from_le_bytes([h[0], h[1]])) << 16).to_bits().to_le_bytes()).collect()
+            };
+            let mut e = GgufWriter::new();
+            for (k, v) in w.metadata() {
+                e.set_meta(k, v.clone());
+            }
+            e.add_tensor("big", GgmlType::F32, &[600, 500], widen(&big)).unwrap();
+            e.add_tensor("odd", GgmlType::F32, &[7, 3], widen(&odd)).unwrap();
+            e.add_tensor("plain", GgmlType::F32, &[5], f32s.as_slice()).unwrap();
+            let expected = e.to_bytes().unwrap();
+
+            let tmp = widen_bf16_to_f32(&src).unwrap().expect("a BF16 file is widened");
+            let got = std::fs::read(&tmp.0).unwrap();
+            assert!(got == expected, "widened copy differs (alignment {align:?})");
+            gguf::parse_header(&got).unwrap();
+            let path = tmp.0.clone();
+            drop(tmp);
+            assert!(!path.exists(), "the copy is removed on drop");
+        }
+        // A checkpoint without BF16 tensors is loaded as it is.
+        let mut w = GgufWriter::new();
+        w.add_tensor("plain", GgmlType::F32, &[2], [0u8; 8].as_slice()).unwrap();
+        let src = dir.path().join("f32.gguf");
+        w.write_file(&src).unwrap();
+        assert!(widen_bf16_to_f32(&src).unwrap().is_none());
     }
 }

@@ -34,7 +34,7 @@ use tributary_protocol::window::WindowId;
 
 use crate::backend::{BackendError, DrawKey, GeneratedSeq, GroupRequest};
 use crate::llama::{LlamaConfig, LlamaCppBackend};
-use crate::sync::{self, LoadedBackend, Loader, Models, SyncConfig, SyncError, SyncEvent};
+use crate::sync::{self, LoadedBackend, Loader, Models, Retired, SyncConfig, SyncError, SyncEvent};
 use crate::uplink::{Uplink, UplinkConfig, UplinkError};
 
 /// Seed of the `--dev` tiny model; equal to `coordinator::node::DEV_TINY_SEED`
@@ -151,14 +151,27 @@ pub enum RunEvent {
         /// Rollouts refused, with the reasons.
         refused: Vec<tributary_protocol::wire::RejectReason>,
     },
-    /// A staged model was swapped in at a batch boundary.
+    /// A staged model was swapped in at a batch boundary (sent once the
+    /// first group on it is generated).
     Swapped {
         /// Its content id.
         id: ContentId,
-        /// How long generation paused for the swap.
+        /// How long generation stopped: from the end of the last group on the
+        /// old model (its last token) to the first group on the new model
+        /// starting to decode. Includes handing the last group over, any wait
+        /// for the window that uses the new model or for the model itself
+        /// (when it was not staged in time), and the swap.
         pause: Duration,
-        /// When generation could continue.
+        /// The swap's own part of `pause`: from the batch boundary at which the
+        /// generator found the staged model to the first group on it starting.
+        swap: Duration,
+        /// When generation on the new model started.
         at: Instant,
+        /// How long the first group on the new model took to generate (a
+        /// cold model would show here, not in `pause`).
+        first_group: Duration,
+        /// How long the last group on the old model took, for comparison.
+        prev_group: Option<Duration>,
     },
     /// A window's groups are all stored.
     WindowDone {
@@ -204,6 +217,20 @@ struct Generator {
     gsm8k: Option<(PathBuf, Option<Gsm8kEnv>)>,
     tamper: Option<Box<dyn Tamper>>,
     events: Option<mpsc::UnboundedSender<RunEvent>>,
+    /// Duration of the last group generated.
+    last_group: Option<Duration>,
+    /// When the last group generated ended.
+    last_end: Option<Instant>,
+    /// A swap whose first group on the new model is not generated yet.
+    swap: Option<PendingSwap>,
+}
+
+/// A swap being timed until the new model's first group.
+struct PendingSwap {
+    id: ContentId,
+    began: Instant,
+    prev_end: Option<Instant>,
+    prev_group: Option<Duration>,
 }
 
 impl Generator {
@@ -212,20 +239,22 @@ impl Generator {
         if self.current.as_ref().is_some_and(|(c, _)| *c == id) {
             return Ok(true);
         }
+        let t0 = Instant::now();
         let mut st = self.models.state();
         if st.staged.as_ref().is_some_and(|s| s.id == id) {
-            let t0 = Instant::now();
             if let Some(staged) = st.staged.take() {
-                // The old model is dropped before its slot can be reused.
-                self.current = None;
+                // The old model goes back to the sync task, which drops it off
+                // this thread before its slot can be written again.
+                let old_slot = st.active;
                 st.active = Some(staged.slot);
                 st.need = None;
-                self.current = Some((staged.id, staged.backend));
+                if let Some((_, backend)) = self.current.replace((staged.id, staged.backend)) {
+                    st.retired.push(Retired { slot: old_slot, backend });
+                }
             }
             drop(st);
-            let pause = t0.elapsed();
-            tracing::info!(%id, ?pause, "swapped to the new checkpoint");
-            self.emit(RunEvent::Swapped { id, pause, at: Instant::now() });
+            self.models.wake.notify_one();
+            self.swap = Some(PendingSwap { id, began: t0, prev_end: self.last_end, prev_group: self.last_group });
             return Ok(true);
         }
         if self.current.is_none() && st.active_id() == Some(id) {
@@ -239,12 +268,6 @@ impl Generator {
         drop(st);
         self.models.wake.notify_one();
         Ok(false)
-    }
-
-    fn emit(&self, e: RunEvent) {
-        if let Some(tx) = &self.events {
-            let _ = tx.send(e);
-        }
     }
 
     fn environment(&mut self, info: &WindowInfo) -> Result<Environment, RunError> {
@@ -268,6 +291,8 @@ impl Generator {
     }
 
     fn run_job(&mut self, job: &Job) -> GenOut {
+        // A swap left untimed by a failed job is not reported with a stale start.
+        self.swap = None;
         let env = match self.environment(&job.info) {
             Ok(e) => e,
             Err(e) => return GenOut::Failed(e.to_string()),
@@ -318,7 +343,21 @@ impl Generator {
             sketch_params: SketchParams::DEFAULT,
             eog: &eog,
         };
+        let started = Instant::now();
         let seqs = backend.generate_group(&req).map_err(gen_err)?;
+        let ended = Instant::now();
+        let took = ended.duration_since(started);
+        self.last_group = Some(took);
+        self.last_end = Some(ended);
+        if let Some(s) = self.swap.take() {
+            let swap = started.duration_since(s.began);
+            let pause = started.duration_since(s.prev_end.unwrap_or(s.began));
+            tracing::info!(id = %s.id, ?pause, ?swap, first_group = ?took, "swapped to the new checkpoint");
+            if let Some(tx) = &self.events {
+                let first_group = took;
+                let _ = tx.send(RunEvent::Swapped { id: s.id, pause, swap, at: started, first_group, prev_group: s.prev_group });
+            }
+        }
         let mut out = Vec::with_capacity(seqs.len());
         for (i, GeneratedSeq { completion, logprobs, sketches }) in seqs.into_iter().enumerate() {
             let ended = completion.last().is_some_and(|&t| tok.is_eog(t));
@@ -407,6 +446,9 @@ pub async fn run(
         gsm8k: cfg.gsm8k.clone().map(|p| (p, None)),
         tamper: cfg.tamper,
         events: events.clone(),
+        last_group: None,
+        last_end: None,
+        swap: None,
     };
     let gen_thread = std::thread::Builder::new()
         .name("generator".into())

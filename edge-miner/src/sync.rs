@@ -17,6 +17,13 @@
 //!
 //! A payload that fails any check is refused: the sync retries, and falls
 //! back from deltas to a full download. Nothing unverified is ever loaded.
+//!
+//! Everything slow about a new model happens here, off the generation
+//! thread: the loader's work (for llama.cpp, widening BF16 to F32 and
+//! mapping the file) and a warm-up decode that faults in every weight page
+//! and runs the first graph allocation. The generator's swap is a pointer
+//! exchange; it hands the old model back ([`SlotState::retired`]) and this
+//! task drops it on a blocking thread before the old slot is written again.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,7 +35,10 @@ use tributary_protocol::gguf;
 use tributary_protocol::wire::{CheckpointPath, Frame, GetCheckpoint, GetCheckpointPath, GetDelta, PathStep};
 use tributary_protocol::window::WindowId;
 
-use crate::backend::{Backend, BackendError};
+use tributary_protocol::prf::Seed;
+use tributary_protocol::sketch::{SketchKey, SketchParams};
+
+use crate::backend::{Backend, BackendError, DrawKey, GroupRequest};
 use crate::uplink::{Uplink, UplinkError};
 
 /// Number of model files a miner keeps.
@@ -105,6 +115,21 @@ impl std::fmt::Debug for Staged {
     }
 }
 
+/// A model the generator swapped out, waiting to be dropped by the sync task
+/// (off the generation thread). Its slot is not written before it is dropped.
+pub struct Retired {
+    /// The slot whose file it ran (or was widened from), if known.
+    pub slot: Option<usize>,
+    /// The model.
+    pub backend: LoadedBackend,
+}
+
+impl std::fmt::Debug for Retired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retired").field("slot", &self.slot).finish_non_exhaustive()
+    }
+}
+
 /// What the slots hold, shared by the sync task and the generator.
 #[derive(Debug, Default)]
 pub struct SlotState {
@@ -118,6 +143,9 @@ pub struct SlotState {
     pub need: Option<ContentId>,
     /// Deltas (base, result, bytes) of the last preparation, to replay onto the other slot.
     pub last_chain: Vec<(ContentId, ContentId, Vec<u8>)>,
+    /// Models swapped out and not dropped yet; the sync drops them before it
+    /// frees a slot.
+    pub retired: Vec<Retired>,
 }
 
 impl SlotState {
@@ -243,6 +271,10 @@ pub enum SyncEvent {
         by_delta: bool,
         /// When it was ready.
         at: Instant,
+        /// Time spent bringing the free slot to it (download, deltas, checks).
+        prepare: Duration,
+        /// Time spent loading and warming it up.
+        load: Duration,
     },
     /// A payload was refused.
     Refused {
@@ -251,6 +283,59 @@ pub enum SyncEvent {
         /// Why.
         reason: String,
     },
+}
+
+/// Drops models on a blocking thread (unmapping and freeing a model's
+/// memory takes long enough to be felt on an async worker).
+async fn drop_off_thread(old: Vec<LoadedBackend>) {
+    if old.is_empty() {
+        return;
+    }
+    let t0 = Instant::now();
+    let n = old.len();
+    if let Err(e) = tokio::task::spawn_blocking(move || drop(old)).await {
+        tracing::warn!(error = %e, "dropping a swapped-out model");
+    }
+    tracing::debug!(models = n, secs = t0.elapsed().as_secs_f64(), "swapped-out models dropped");
+}
+
+/// Drops the models the generator swapped out.
+async fn drop_retired(models: &Models) {
+    let old: Vec<LoadedBackend> = models.state().retired.drain(..).map(|r| r.backend).collect();
+    drop_off_thread(old).await;
+}
+
+/// Runs one tiny group (a one-token prompt, one new token) on a freshly
+/// loaded model, so its weight pages are resident and its first decode's
+/// one-time work is done before the generator swaps it in.
+pub fn warm_up(backend: &mut (dyn Backend + Send)) -> Result<(), BackendError> {
+    let seed = Seed([0; 32]);
+    let key = SketchKey::derive(&seed, backend.hidden_size());
+    let req = GroupRequest {
+        prompt: &[0],
+        group_size: 1,
+        max_new_tokens: 1,
+        temperature: 0.0,
+        draw: DrawKey { sampling_seed: seed, miner: [0; 32], group: 0 },
+        sketch_key: &key,
+        sketch_params: SketchParams::DEFAULT,
+        eog: &[],
+    };
+    backend.generate_group(&req).map(drop)
+}
+
+/// Loads a verified model file and warms it up (on the calling thread).
+fn load_warm(loader: &Loader, file: &Path) -> Result<LoadedBackend, BackendError> {
+    let t0 = Instant::now();
+    let mut backend = loader(file)?;
+    let loaded = t0.elapsed();
+    // A model that loads but fails the warm-up is still staged: the warm-up
+    // only moves work off the generator.
+    if let Err(e) = warm_up(backend.as_mut()) {
+        tracing::warn!(error = %e, "warm-up of the staged model failed");
+    }
+    tracing::debug!(load_secs = loaded.as_secs_f64(), warm_secs = (t0.elapsed() - loaded).as_secs_f64(), "model loaded and warmed");
+    Ok(backend)
 }
 
 /// The sync task: polls for the latest (or needed) checkpoint and stages it.
@@ -296,6 +381,7 @@ pub async fn sync_once(
     cfg: &SyncConfig,
     emit: &impl Fn(SyncEvent),
 ) -> Result<(), SyncError> {
+    drop_retired(models).await;
     let (active, staged, need) = {
         let st = models.state();
         (st.active_id(), st.staged.as_ref().map(|s| s.id), st.need)
@@ -306,12 +392,17 @@ pub async fn sync_once(
     if Some(target) == active || Some(target) == staged {
         return Ok(());
     }
-    // Free a slot: a staged model that is no longer wanted is dropped.
-    let slot = {
+    // Free a slot: a staged model that is no longer wanted is dropped, and so
+    // is a model swapped out since the start of this round, before the slot
+    // it ran from can be written (no swap can follow: nothing is staged).
+    let old: Vec<LoadedBackend> = {
         let mut st = models.state();
-        if st.staged.is_some() {
-            st.staged = None;
-        }
+        let staged = st.staged.take().map(|s| s.backend);
+        st.retired.drain(..).map(|r| r.backend).chain(staged).collect()
+    };
+    drop_off_thread(old).await;
+    let slot = {
+        let st = models.state();
         let active_slot = st.active;
         (0..SLOTS).find(|s| Some(*s) != active_slot).ok_or(SyncError::NoFreeSlot)?
     };
@@ -336,9 +427,10 @@ pub async fn sync_once(
     let Some((bytes, by_delta)) = prepared else {
         return Err(last_err.unwrap_or(SyncError::NoFreeSlot));
     };
+    let prepare = started.elapsed();
     let file = models.slot_path(slot);
     let loader = cfg.loader.clone();
-    let backend = tokio::task::spawn_blocking(move || loader(&file))
+    let backend = tokio::task::spawn_blocking(move || load_warm(&loader, &file))
         .await
         .map_err(|e| SyncError::Load(BackendError::Load(e.to_string())))??;
     let at = Instant::now();
@@ -346,8 +438,9 @@ pub async fn sync_once(
         let mut st = models.state();
         st.staged = Some(Staged { slot, id: target, from_window: path.from_window, backend, ready_at: at });
     }
-    tracing::info!(%target, bytes, by_delta, secs = started.elapsed().as_secs_f64(), "checkpoint staged");
-    emit(SyncEvent::Staged { id: target, bytes, by_delta, at });
+    let load = at.duration_since(started) - prepare;
+    tracing::info!(%target, bytes, by_delta, ?prepare, ?load, "checkpoint staged");
+    emit(SyncEvent::Staged { id: target, bytes, by_delta, at, prepare, load });
     Ok(())
 }
 
@@ -380,7 +473,9 @@ async fn prepare(
             }
             Some(base) => {
                 if i == 0 {
+                    let t0 = Instant::now();
                     bring_to(models, slot, base, active)?;
+                    tracing::debug!(secs = t0.elapsed().as_secs_f64(), "free slot brought to the delta base");
                 }
                 if step.len > MAX_DELTA_LEN {
                     return Err(SyncError::BadPayload(format!("delta of {} bytes", step.len)));

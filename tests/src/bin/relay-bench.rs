@@ -6,7 +6,21 @@
 //! on it, the generation pause of each miner's swap, and the payload bytes
 //! each miner downloaded.
 //!
-//! `cargo run -p tributary-tests --bin relay-bench -- [MINERS] [UPDATES] [NEXT.gguf]`
+//! The pause is `RunEvent::Swapped::pause`: from the last token of the last
+//! group on the old model to the first group on the new one starting to
+//! decode (everything the generation loop waits, including a wait for a model
+//! not staged in time); `swap` is the part from the batch boundary at which
+//! the staged model was found. The first group's time on the new model is
+//! printed beside the last one's on the old, so a cold model cannot hide there.
+//!
+//! `cargo run -p tributary-tests --bin relay-bench -- [MINERS] [UPDATES] [NEXT.gguf] [WINDOW_MS]`
+//!
+//! `WINDOW_MS` defaults to 20 000 (the `--dev` window; production windows are
+//! 360 000 ms).
+//!
+//! `relay-bench load [ROUNDS]` times, on one thread, what the miner's sync
+//! does off the generation thread for each new SmolLM2 model: load (with the
+//! F32 widening), warm-up, and dropping a model.
 //!
 //! Update 1 is `NEXT.gguf` (default `.cache/bench/grpo-step1.gguf`, the
 //! checkpoint after one real GRPO step that `grpo-bench` writes) when it
@@ -61,6 +75,30 @@ fn nudge(base: &[u8], salt: u64, n: u64) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Loads, warms and drops the SmolLM2 BF16 base `rounds` times on one thread.
+fn load_rounds(rounds: u32) -> Result<()> {
+    let path = assets::smollm2_bf16();
+    let loader = edge_miner::run::llama_loader(1, 0);
+    for k in 1..=rounds {
+        let t0 = Instant::now();
+        let mut b = loader(&path)?;
+        let t1 = Instant::now();
+        edge_miner::sync::warm_up(b.as_mut())?;
+        let t2 = Instant::now();
+        drop(b);
+        let t3 = Instant::now();
+        println!(
+            "round {k}: load (widen + map) {:.0} ms, warm-up {:.0} ms, drop {:.0} ms",
+            (t1 - t0).as_secs_f64() * 1e3,
+            (t2 - t1).as_secs_f64() * 1e3,
+            (t3 - t2).as_secs_f64() * 1e3
+        );
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("loadavg={}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    Ok(())
+}
+
 fn changed_bf16(a: &[u8], b: &[u8]) -> Result<u64> {
     Ok(delta::change_stats(a, b)?.0)
 }
@@ -68,17 +106,35 @@ fn changed_bf16(a: &[u8], b: &[u8]) -> Result<u64> {
 struct Row {
     miner: usize,
     staged_ms: f64,
+    prepare_ms: f64,
+    load_ms: f64,
     swapped_ms: f64,
     pause_ms: f64,
+    swap_ms: f64,
+    first_group_ms: f64,
+    prev_group_ms: Option<f64>,
     bytes: u64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("load") {
+        return load_rounds(args.get(1).map(|a| a.parse()).transpose()?.unwrap_or(3));
+    }
     let miners: usize = args.first().map(|a| a.parse()).transpose()?.unwrap_or(3);
     let updates: u64 = args.get(1).map(|a| a.parse()).transpose()?.unwrap_or(3);
     let next_file = PathBuf::from(args.get(2).cloned().unwrap_or_else(|| ".cache/bench/grpo-step1.gguf".into()));
+    let window_ms: u64 = args.get(3).map(|a| a.parse()).transpose()?.unwrap_or(20_000);
     if !(1..=16).contains(&miners) {
         bail!("MINERS must be 1..=16");
     }
@@ -88,7 +144,7 @@ async fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut cfg = Config::dev(dir.path().join("coordinator"));
     cfg.model = Some(base_path.clone());
-    cfg.window_ms = 8_000;
+    cfg.window_ms = window_ms;
     cfg.grace_ms = 1_000;
     cfg.groups_per_miner = 1_000;
     cfg.group_size = 2;
@@ -149,17 +205,22 @@ async fn main() -> Result<()> {
         let mut rows = Vec::new();
         for (i, m) in ms.iter_mut().enumerate() {
             let e = m.wait_for(120, |e| matches!(e, RunEvent::Sync(SyncEvent::Staged { id: s, .. }) if *s == id)).await;
-            let RunEvent::Sync(SyncEvent::Staged { bytes, at, by_delta, .. }) = e else { unreachable!() };
+            let RunEvent::Sync(SyncEvent::Staged { bytes, at, by_delta, prepare, load, .. }) = e else { unreachable!() };
             if !by_delta {
                 bail!("miner {i} downloaded the full checkpoint instead of the delta");
             }
             let e = m.wait_for(120, |e| matches!(e, RunEvent::Swapped { id: s, .. } if *s == id)).await;
-            let RunEvent::Swapped { pause, at: swapped, .. } = e else { unreachable!() };
+            let RunEvent::Swapped { pause, swap, at: swapped, first_group, prev_group, .. } = e else { unreachable!() };
             rows.push(Row {
                 miner: i,
                 staged_ms: at.duration_since(t0).as_secs_f64() * 1e3,
+                prepare_ms: prepare.as_secs_f64() * 1e3,
+                load_ms: load.as_secs_f64() * 1e3,
                 swapped_ms: swapped.duration_since(t0).as_secs_f64() * 1e3,
                 pause_ms: pause.as_secs_f64() * 1e3,
+                swap_ms: swap.as_secs_f64() * 1e3,
+                first_group_ms: first_group.as_secs_f64() * 1e3,
+                prev_group_ms: prev_group.map(|d| d.as_secs_f64() * 1e3),
                 bytes,
             });
         }
@@ -176,8 +237,18 @@ async fn main() -> Result<()> {
         );
         for r in &rows {
             println!(
-                "  miner {}: staged {:.0} ms, generating {:.0} ms, pause {:.3} ms, {} bytes",
-                r.miner, r.staged_ms, r.swapped_ms, r.pause_ms, r.bytes
+                "  miner {}: staged {:.0} ms (slot prepared in {:.0} ms, loaded and warmed in {:.0} ms), generating {:.0} ms, pause {:.3} ms (swap {:.3} ms), first group on the new \
+                 model {:.0} ms (last on the old {}), {} bytes",
+                r.miner,
+                r.staged_ms,
+                r.prepare_ms,
+                r.load_ms,
+                r.swapped_ms,
+                r.pause_ms,
+                r.swap_ms,
+                r.first_group_ms,
+                r.prev_group_ms.map_or("-".into(), |p| format!("{p:.0} ms")),
+                r.bytes
             );
         }
         report.push((k, changed, d.len(), stored_ms, all_staged, next_open_ms, all_swapped, max_pause, rows));
@@ -187,7 +258,7 @@ async fn main() -> Result<()> {
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!();
-    println!("miners={miners} model=SmolLM2-135M BF16 ({} bytes) loadavg={}", genesis_bytes.len(), load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!("miners={miners} window_ms={window_ms} model=SmolLM2-135M BF16 ({} bytes) loadavg={}", genesis_bytes.len(), load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     println!("| update | changed elems | bytes per miner | upload+store ms | publish→all staged ms | window opens ms | publish→all generating ms | after window open ms | max pause ms |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (k, changed, dlen, stored, staged, open, swapped, pause, rows) in &report {
@@ -195,6 +266,29 @@ async fn main() -> Result<()> {
         debug_assert!(bytes as usize >= *dlen);
         println!("| {k} | {changed} | {bytes} | {stored:.0} | {staged:.0} | {open:.0} | {swapped:.0} | {:.0} | {pause:.3} |", swapped - open);
     }
+    let mut pauses: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.pause_ms)).collect();
+    let mut swaps: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.swap_ms)).collect();
+    let mut firsts: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.first_group_ms)).collect();
+    let mut prevs: Vec<f64> = report.iter().flat_map(|r| r.8.iter().filter_map(|r| r.prev_group_ms)).collect();
+    println!();
+    println!(
+        "pause per swap (ms, update-major, miner-minor): {}",
+        pauses.iter().map(|p| format!("{p:.1}")).collect::<Vec<_>>().join(", ")
+    );
+    println!("pause: max {:.1} ms, median {:.1} ms over {} swaps", pauses.iter().copied().fold(0.0, f64::max), median(&mut pauses), pauses.len());
+    println!(
+        "swap part of the pause (ms): {}; max {:.2} ms, median {:.2} ms",
+        swaps.iter().map(|p| format!("{p:.2}")).collect::<Vec<_>>().join(", "),
+        swaps.iter().copied().fold(0.0, f64::max),
+        median(&mut swaps)
+    );
+    println!(
+        "group time: first on the new model median {:.0} ms (max {:.0}), last on the old model median {:.0} ms (max {:.0})",
+        median(&mut firsts),
+        firsts.iter().copied().fold(0.0, f64::max),
+        median(&mut prevs),
+        prevs.iter().copied().fold(0.0, f64::max)
+    );
     for m in ms {
         m.stop().await;
     }

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tracing::Instrument;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{self, Keypair, PublicKey};
 use tributary_protocol::rollout::{self, Rollout, RolloutLimits};
 use tributary_protocol::wire::{
-    self, Ack, Challenge, ErrorCode, ErrorFrame, Frame, Progress, Refused, RejectReason, Reveal, Role, Rollouts,
-    VerdictAck, Welcome,
+    self, Ack, BatchAnswer, Challenge, ErrorCode, ErrorFrame, Frame, Outcome, Progress, Refused, RejectReason,
+    Reveal, Role, Rollouts, VerdictAck, Welcome,
 };
 
 use crate::core::{Candidate, Core};
@@ -112,15 +112,20 @@ pub fn shared(
     }))
 }
 
-/// Group commit: every job waiting is written in one durable transaction.
+/// The most rollouts the writer gathers into one transaction.
+const MAX_COMMIT_ROLLOUTS: usize = 4096;
+
+/// Group commit: every job waiting (up to [`MAX_COMMIT_ROLLOUTS`] rollouts,
+/// from any number of connections) is written in one durable transaction,
+/// and each job is answered only after that commit.
 fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>) {
     while let Some(first) = rx.blocking_recv() {
+        let mut count = first.rollouts.len();
         let mut jobs = vec![first];
-        while let Ok(j) = rx.try_recv() {
+        while count < MAX_COMMIT_ROLLOUTS {
+            let Ok(j) = rx.try_recv() else { break };
+            count += j.rollouts.len();
             jobs.push(j);
-            if jobs.len() >= 4096 {
-                break;
-            }
         }
         // Moved, not copied: each rollout's bytes go to the database once.
         let mut all: Vec<StoredRollout> = Vec::with_capacity(jobs.iter().map(|j| j.rollouts.len()).sum());
@@ -131,6 +136,9 @@ fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>) {
         }
         let started = Instant::now();
         let res = store.put_rollouts(&all).map_err(|e| e.to_string());
+        if let Err(e) = &res {
+            tracing::error!(error = %e, rollouts = all.len(), "storing rollouts failed; their submissions are refused");
+        }
         metrics::histogram!("tributary_redb_commit_seconds").record(started.elapsed().as_secs_f64());
         for d in done {
             let _ = d.send(res.clone());
@@ -138,21 +146,44 @@ fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>) {
     }
 }
 
+/// Why a rollout failed the stateless door checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DoorRefusal {
+    /// The reason sent back.
+    pub reason: RejectReason,
+    /// For a bad signature: the window and the miner the rollout names (only
+    /// that miner can have sent bytes signed over its own key that fail).
+    pub signer: Option<(u64, PublicKey)>,
+}
+
+impl From<RejectReason> for DoorRefusal {
+    fn from(reason: RejectReason) -> Self {
+        Self { reason, signer: None }
+    }
+}
+
 /// Door checks that need no state: size, decoding, schema, signature.
 pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
+    door(bytes).map_err(|r| r.reason)
+}
+
+/// [`door_check`], telling who signed a rollout whose signature fails.
+pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
     if bytes.len() > wire::MAX_ROLLOUT_LEN as usize {
-        return Err(RejectReason::Oversized);
+        return Err(RejectReason::Oversized.into());
     }
     let r = Rollout::decode(bytes, &RolloutLimits::DEFAULT).map_err(|_| RejectReason::Malformed)?;
     let n = r.tokens.len();
     let p = r.prompt_len as usize;
     if p == 0 || p >= n || r.logprobs.len() != n - p || r.sketches.len() != n || !r.reward.is_finite() {
-        return Err(RejectReason::Schema);
+        return Err(RejectReason::Schema.into());
     }
     // The digest names the rollout and is what the miner signed: one encode,
     // one hash (the same computation as `Rollout::digest` and `Rollout::verify_signature`).
     let digest = r.digest();
-    rollout::verify_digest(&r.miner, &digest, &r.signature).map_err(|_| RejectReason::BadSignature)?;
+    if rollout::verify_digest(&r.miner, &digest, &r.signature).is_err() {
+        return Err(DoorRefusal { reason: RejectReason::BadSignature, signer: Some((r.window, PublicKey(r.miner))) });
+    }
     let content = content_hash(&r);
     let c = Candidate {
         window: r.window,
@@ -168,14 +199,17 @@ pub fn door_check(bytes: &[u8]) -> Result<(Rollout, Candidate), RejectReason> {
     Ok((r, c))
 }
 
-/// blake3 over the prompt length and every token: what two miners' copies of one rollout share.
+/// blake3 over the prompt length and every token (little-endian u32s): what
+/// two miners' copies of one rollout share.
 pub fn content_hash(r: &Rollout) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(&r.prompt_len.to_le_bytes());
+    // One contiguous buffer, one hash call: the same bytes as feeding each
+    // token to the hasher, at a fraction of the per-call cost.
+    let mut buf = Vec::with_capacity(4 * (1 + r.tokens.len()));
+    buf.extend_from_slice(&r.prompt_len.to_le_bytes());
     for t in &r.tokens {
-        h.update(&t.to_le_bytes());
+        buf.extend_from_slice(&t.to_le_bytes());
     }
-    *h.finalize().as_bytes()
+    *blake3::hash(&buf).as_bytes()
 }
 
 /// Records the coordinator's own hard verdict on `miner`'s `window` when a
@@ -311,6 +345,7 @@ async fn serve_requests(
         let _ = tx.send(f);
         rx
     };
+    let mut ingest = Ingest::new();
     loop {
         let frame = match net::read_frame(recv).await {
             Ok(Some(f)) => f,
@@ -347,7 +382,15 @@ async fn serve_requests(
                 Frame::Progress(Progress { window: g.window, slots: sh.core().progress(g.window, &peer) })
             }
             (Role::Miner, Frame::Submit(s)) => {
-                let rx = submit(sh, &peer, s.seq, s.rollout.0, now).await;
+                let rx = ingest.submit(sh, &peer, s.seq, vec![s.rollout.0], false, now).await;
+                if answers.send(rx).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
+            }
+            (Role::Miner, Frame::SubmitBatch(b)) => {
+                let items = b.rollouts.into_iter().map(|r| r.0).collect();
+                let rx = ingest.submit(sh, &peer, b.seq, items, true, now).await;
                 if answers.send(rx).await.is_err() {
                     return Ok(false);
                 }
@@ -485,65 +528,187 @@ async fn handshake(
     Ok(Some((hello.role, hello.key)))
 }
 
-async fn submit(sh: &Arc<Shared>, peer: &PublicKey, seq: u64, bytes: Vec<u8>, now: u64) -> oneshot::Receiver<Frame> {
-    let (tx, rx) = oneshot::channel();
-    let started = Instant::now();
-    let refuse = |tx: oneshot::Sender<Frame>, reason: RejectReason| {
-        count_reject(reason);
-        let _ = tx.send(Frame::Refused(Refused { seq, reason }));
-    };
-    let kib = NonZeroU32::new((bytes.len() as u32).div_ceil(1024).max(1)).unwrap_or(NonZeroU32::MIN);
-    if !matches!(sh.byte_limit.check_key_n(peer, kib), Ok(Ok(()))) || sh.rollout_limit.check_key(peer).is_err() {
-        sh.core().count_rejection(Some(peer), RejectReason::RateLimited);
-        refuse(tx, RejectReason::RateLimited);
-        return rx;
+/// In-flight submission bytes per connection (KiB): past this, the
+/// connection's reader waits for answers, and QUIC flow control slows the sender.
+const INFLIGHT_KIB: usize = 64 << 10;
+
+/// Submissions of at least this many rollouts have their door checks on the
+/// blocking pool; smaller ones on their own task.
+const BLOCKING_CHECKS: usize = 4;
+
+/// One connection's ingestion pipeline. Door checks (decoding, signature) of
+/// successive submissions run in parallel on their own tasks; admission
+/// (window, assignment, dedupe) and the write queue follow the submission
+/// order; each answer goes out, in order, once its rollouts are durable.
+struct Ingest {
+    inflight: Arc<Semaphore>,
+    /// Fires once the previous submission has been admitted and queued.
+    admitted: Option<oneshot::Receiver<()>>,
+}
+
+impl Ingest {
+    fn new() -> Self {
+        Self { inflight: Arc::new(Semaphore::new(INFLIGHT_KIB)), admitted: None }
     }
-    metrics::counter!("tributary_rollout_bytes_total").increment(bytes.len() as u64);
-    let (_rollout, cand) = match door_check(&bytes) {
-        Ok(x) => x,
-        Err(reason) => {
-            sh.core().count_rejection(Some(peer), reason);
-            if reason == RejectReason::BadSignature {
-                // Signed over the peer's own key yet not verifying: only the peer can have sent that.
-                if let Ok(r) = Rollout::decode(&bytes, &RolloutLimits::DEFAULT) {
-                    if r.miner == peer.0 {
-                        penalise(sh, now, r.window, peer, reason);
-                    }
+
+    /// Takes a submission of one (`Submit`) or several (`SubmitBatch`)
+    /// encoded rollouts; the receiver yields its answer frame.
+    async fn submit(
+        &mut self,
+        sh: &Arc<Shared>,
+        peer: &PublicKey,
+        seq: u64,
+        items: Vec<Vec<u8>>,
+        batch: bool,
+        now: u64,
+    ) -> oneshot::Receiver<Frame> {
+        let (tx, rx) = oneshot::channel();
+        let started = Instant::now();
+        let kib: usize = items.iter().map(|b| b.len().div_ceil(1024).max(1)).sum();
+        let permits = u32::try_from(kib.min(INFLIGHT_KIB)).unwrap_or(u32::MAX);
+        // The semaphore is never closed; without a permit the submission simply goes unthrottled.
+        let permit = self.inflight.clone().acquire_many_owned(permits).await.ok();
+        // Rate limits, per rollout, in submission order.
+        let mut bytes_in = 0u64;
+        let items: Vec<Option<Vec<u8>>> = items
+            .into_iter()
+            .map(|bytes| {
+                let kib = NonZeroU32::new((bytes.len() as u32).div_ceil(1024).max(1)).unwrap_or(NonZeroU32::MIN);
+                let ok = matches!(sh.byte_limit.check_key_n(peer, kib), Ok(Ok(())))
+                    && sh.rollout_limit.check_key(peer).is_ok();
+                bytes_in += bytes.len() as u64 * u64::from(ok);
+                ok.then_some(bytes)
+            })
+            .collect();
+        metrics::counter!("tributary_rollout_bytes_total").increment(bytes_in);
+        let (admitted_tx, admitted_rx) = oneshot::channel();
+        let previous = self.admitted.replace(admitted_rx);
+        let (sh, peer) = (sh.clone(), *peer);
+        tokio::spawn(async move {
+            let outcomes = ingest(&sh, peer, items, previous, admitted_tx, now, started).await;
+            let answer = match (batch, outcomes.first()) {
+                (false, Some(Outcome::Stored(digest))) => Frame::Ack(Ack { seq, digest: *digest }),
+                (false, Some(Outcome::Refused(reason))) => Frame::Refused(Refused { seq, reason: *reason }),
+                _ => Frame::BatchAnswer(BatchAnswer { seq, outcomes }),
+            };
+            let _ = tx.send(answer);
+            drop(permit);
+        });
+        rx
+    }
+}
+
+type Checked = Option<Result<(Candidate, Vec<u8>), DoorRefusal>>;
+
+/// The stateless door checks of a submission's rollouts (`None`: rate limited).
+fn check_all(items: Vec<Option<Vec<u8>>>) -> Vec<Checked> {
+    items.into_iter().map(|item| item.map(|bytes| door(&bytes).map(|(_, c)| (c, bytes)))).collect()
+}
+
+/// Checks, admits, stores and counts one submission's rollouts; returns
+/// their outcomes in order. Nothing is `Stored` before its commit.
+async fn ingest(
+    sh: &Arc<Shared>,
+    peer: PublicKey,
+    items: Vec<Option<Vec<u8>>>,
+    previous: Option<oneshot::Receiver<()>>,
+    admitted: oneshot::Sender<()>,
+    now: u64,
+    started: Instant,
+) -> Vec<Outcome> {
+    let n = items.len();
+    let checked = if items.iter().flatten().count() >= BLOCKING_CHECKS {
+        tokio::task::spawn_blocking(move || check_all(items)).await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "door checks failed");
+            vec![Some(Err(RejectReason::Internal.into())); n]
+        })
+    } else {
+        check_all(items)
+    };
+    // Admission follows the submission order of the connection.
+    if let Some(p) = previous {
+        let _ = p.await;
+    }
+    let mut outcomes = vec![Outcome::Refused(RejectReason::Internal); n];
+    let mut to_store = Vec::with_capacity(n);
+    let mut slots = Vec::with_capacity(n);
+    {
+        let mut core = sh.core();
+        for (i, c) in checked.into_iter().enumerate() {
+            let mut penalty = None;
+            let reason = match c {
+                None => {
+                    core.count_rejection(Some(&peer), RejectReason::RateLimited);
+                    RejectReason::RateLimited
                 }
+                Some(Err(refusal)) => {
+                    core.count_rejection(Some(&peer), refusal.reason);
+                    // Signed over the peer's own key yet not verifying: only the peer can have sent that.
+                    if let Some((window, _)) = refusal.signer.filter(|(_, s)| *s == peer) {
+                        penalty = Some(window);
+                    }
+                    refusal.reason
+                }
+                Some(Ok((candidate, bytes))) => match core.admit(now, &peer, &candidate) {
+                    Ok(()) => {
+                        slots.push(i);
+                        to_store.push(StoredRollout { candidate, bytes });
+                        continue;
+                    }
+                    Err(reason) => {
+                        penalty = Some(candidate.window);
+                        reason
+                    }
+                },
+            };
+            count_reject(reason);
+            outcomes[i] = Outcome::Refused(reason);
+            if let Some(window) = penalty {
+                // In force before the next rollout is admitted, as for a stream of single submissions.
+                drop(core);
+                penalise(sh, now, window, &peer, reason);
+                core = sh.core();
             }
-            refuse(tx, reason);
-            return rx;
+        }
+    }
+    let candidates: Vec<Candidate> = to_store.iter().map(|r| r.candidate.clone()).collect();
+    let done = if to_store.is_empty() {
+        None
+    } else {
+        let (done_tx, done_rx) = oneshot::channel();
+        match sh.writer.send(WriteJob { rollouts: to_store, done: done_tx }).await {
+            Ok(()) => Some(done_rx),
+            Err(_) => None,
         }
     };
-    let admitted = sh.core().admit(now, peer, &cand);
-    if let Err(reason) = admitted {
-        penalise(sh, now, cand.window, peer, reason);
-        refuse(tx, reason);
-        return rx;
+    let _ = admitted.send(());
+    if candidates.is_empty() {
+        return outcomes;
     }
-    let (done_tx, done_rx) = oneshot::channel();
-    let job = WriteJob { rollouts: vec![StoredRollout { candidate: cand.clone(), bytes }], done: done_tx };
-    if sh.writer.send(job).await.is_err() {
-        sh.core().abort(&cand);
-        refuse(tx, RejectReason::Internal);
-        return rx;
-    }
-    let sh = sh.clone();
-    tokio::spawn(async move {
-        let ok = matches!(done_rx.await, Ok(Ok(())));
-        if ok {
-            sh.core().commit(&cand);
-            sh.relay.note_generating(cand.miner, cand.checkpoint);
-            metrics::counter!("tributary_rollouts_accepted_total").increment(1);
-            metrics::histogram!("tributary_ingest_latency_seconds").record(started.elapsed().as_secs_f64());
-            let _ = tx.send(Frame::Ack(Ack { seq, digest: cand.digest }));
-        } else {
-            sh.core().abort(&cand);
-            count_reject(RejectReason::Internal);
-            let _ = tx.send(Frame::Refused(Refused { seq, reason: RejectReason::Internal }));
+    let stored = match done {
+        Some(rx) => matches!(rx.await, Ok(Ok(()))),
+        None => false,
+    };
+    {
+        let mut core = sh.core();
+        for (c, &i) in candidates.iter().zip(&slots) {
+            if stored {
+                core.commit(c);
+                outcomes[i] = Outcome::Stored(c.digest);
+            } else {
+                core.abort(c);
+                count_reject(RejectReason::Internal);
+            }
         }
-    });
-    rx
+    }
+    if stored {
+        if let Some(last) = candidates.last() {
+            sh.relay.note_generating(last.miner, last.checkpoint);
+        }
+        metrics::counter!("tributary_rollouts_accepted_total").increment(candidates.len() as u64);
+        metrics::histogram!("tributary_ingest_latency_seconds").record(started.elapsed().as_secs_f64());
+    }
+    outcomes
 }
 
 fn fetch(sh: &Shared, role: Role, f: wire::FetchRollouts, now: u64) -> Frame {

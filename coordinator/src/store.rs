@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::PublicKey;
@@ -17,10 +17,25 @@ use crate::core::Candidate;
 use crate::relay;
 
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
-/// window BE ‖ digest → encoded rollout.
-const ROLLOUTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollouts");
-/// window BE ‖ digest → postcard(IndexEntry).
-const INDEX: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollout_index");
+// Rollouts are an append-only log: a commit appends to [`BODIES`] and
+// [`ENTRIES`] (keys grow within a window, so no page of older data is
+// rewritten); the digest-ordered index that validators page through is
+// derived from the log when a window is read ([`Store::rollouts`]), in
+// sorted runs, off the ingestion path.
+/// (window, arrival number) → the rollout's bytes as received.
+const BODIES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("rollout_bodies");
+/// (window, arrival number) → postcard(IndexEntry): what rebuilds the core.
+const ENTRIES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("rollout_entries");
+/// window BE ‖ digest → arrival number (u64 LE) ‖ miner: digest order, for paging.
+const DIGESTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollout_digests");
+/// window → the first arrival number of that window not yet in [`DIGESTS`].
+const INDEXED: TableDefinition<'_, u64, u64> = TableDefinition::new("rollout_digests_through");
+/// The next arrival number (u64 LE), in [`META`].
+const NEXT_SEQ: &str = "next_rollout_seq";
+/// Layout before arrival-ordered bodies: window BE ‖ digest → encoded
+/// rollout, and → postcard(LegacyIndexEntry). Migrated at open.
+const LEGACY_ROLLOUTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollouts");
+const LEGACY_INDEX: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollout_index");
 /// window BE ‖ miner ‖ validator → postcard(Verdict).
 const VERDICTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("verdicts");
 /// from-window BE → postcard(PublishCheckpoint).
@@ -68,6 +83,44 @@ struct IndexEntry {
     content: [u8; 32],
     checkpoint: ContentId,
     env: EnvId,
+    digest: [u8; 32],
+}
+
+/// The index entry of the layout before [`BODIES`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct LegacyIndexEntry {
+    miner: PublicKey,
+    group: u32,
+    index: u32,
+    task_id: u64,
+    content: [u8; 32],
+    checkpoint: ContentId,
+    env: EnvId,
+}
+
+fn decode_entry(v: &[u8]) -> Result<IndexEntry, StoreError> {
+    postcard::from_bytes(v).map_err(|_| StoreError::Corrupt("index"))
+}
+
+/// A [`DIGESTS`] value: arrival number ‖ miner.
+fn digest_value(seq: u64, miner: &PublicKey) -> [u8; 40] {
+    let mut v = [0u8; 40];
+    v[..8].copy_from_slice(&seq.to_le_bytes());
+    v[8..].copy_from_slice(miner.as_bytes());
+    v
+}
+
+fn split_digest_value(v: &[u8]) -> Result<(u64, PublicKey), StoreError> {
+    let (s, m) = v.split_at_checked(8).ok_or(StoreError::Corrupt("digest index"))?;
+    let seq = u64::from_le_bytes(s.try_into().map_err(|_| StoreError::Corrupt("digest index"))?);
+    Ok((seq, PublicKey(m.try_into().map_err(|_| StoreError::Corrupt("digest index"))?)))
+}
+
+fn split_key(key: &[u8]) -> Result<(WindowId, [u8; 32]), StoreError> {
+    let (w, d) = key.split_at_checked(8).ok_or(StoreError::Corrupt("index key"))?;
+    let window = u64::from_be_bytes(w.try_into().map_err(|_| StoreError::Corrupt("index key"))?);
+    let digest: [u8; 32] = d.try_into().map_err(|_| StoreError::Corrupt("index key"))?;
+    Ok((window, digest))
 }
 
 /// A rollout to store.
@@ -86,6 +139,54 @@ fn rollout_key(window: WindowId, digest: &[u8; 32]) -> [u8; 40] {
     k
 }
 
+/// The next arrival number recorded in `meta` (0 in a new database).
+fn next_seq(meta: &redb::Table<'_, &str, &[u8]>) -> Result<u64, StoreError> {
+    match meta.get(NEXT_SEQ)? {
+        Some(v) => Ok(u64::from_le_bytes(v.value().try_into().map_err(|_| StoreError::Corrupt("meta"))?)),
+        None => Ok(0),
+    }
+}
+
+/// Moves rollouts stored in the digest-keyed layout into [`BODIES`] and
+/// [`ENTRIES`], inside the opening transaction (all or nothing).
+fn migrate(tx: &redb::WriteTransaction) -> Result<(), StoreError> {
+    let mut meta = tx.open_table(META)?;
+    let mut seq = next_seq(&meta)?;
+    let first = seq;
+    {
+        let old_index = tx.open_table(LEGACY_INDEX)?;
+        let old_bodies = tx.open_table(LEGACY_ROLLOUTS)?;
+        let mut bodies = tx.open_table(BODIES)?;
+        let mut entries = tx.open_table(ENTRIES)?;
+        for item in old_index.iter()? {
+            let (k, v) = item?;
+            let (window, digest) = split_key(k.value())?;
+            let e: LegacyIndexEntry = postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("index"))?;
+            let bytes = old_bodies.get(k.value())?.ok_or(StoreError::Corrupt("rollouts"))?;
+            bodies.insert((window, seq), bytes.value())?;
+            let entry = IndexEntry {
+                miner: e.miner,
+                group: e.group,
+                index: e.index,
+                task_id: e.task_id,
+                content: e.content,
+                checkpoint: e.checkpoint,
+                env: e.env,
+                digest,
+            };
+            let v = postcard::to_stdvec(&entry).map_err(|_| StoreError::Corrupt("index"))?;
+            entries.insert((window, seq), v.as_slice())?;
+            seq += 1;
+        }
+    }
+    meta.insert(NEXT_SEQ, seq.to_le_bytes().as_slice())?;
+    drop(meta);
+    tx.delete_table(LEGACY_INDEX)?;
+    tx.delete_table(LEGACY_ROLLOUTS)?;
+    tracing::info!(rollouts = seq - first, "moved stored rollouts to the arrival-ordered layout");
+    Ok(())
+}
+
 /// The coordinator's database.
 #[derive(Debug)]
 pub struct Store {
@@ -99,13 +200,19 @@ impl Store {
         let tx = db.begin_write()?;
         {
             tx.open_table(META)?;
-            tx.open_table(ROLLOUTS)?;
-            tx.open_table(INDEX)?;
+            tx.open_table(BODIES)?;
+            tx.open_table(ENTRIES)?;
+            tx.open_table(DIGESTS)?;
+            tx.open_table(INDEXED)?;
             tx.open_table(VERDICTS)?;
             tx.open_table(CHECKPOINTS)?;
             tx.open_table(RELAY)?;
             tx.open_table(WEIGHTS)?;
             tx.open_table(TRAINER_STATS)?;
+        }
+        let legacy = tx.list_tables()?.any(|t| t.name() == LEGACY_INDEX.name());
+        if legacy {
+            migrate(&tx)?;
         }
         tx.commit()?;
         Ok(Self { db })
@@ -130,16 +237,20 @@ impl Store {
         Ok(v)
     }
 
-    /// Stores a batch of rollouts in one durable transaction.
+    /// Stores a batch of rollouts in one durable transaction: each one's
+    /// bytes as received and its index entry, appended under the next
+    /// arrival number.
     pub fn put_rollouts(&self, batch: &[StoredRollout]) -> Result<(), StoreError> {
         let tx = self.db.begin_write()?;
         {
-            let mut rollouts = tx.open_table(ROLLOUTS)?;
-            let mut index = tx.open_table(INDEX)?;
+            let mut meta = tx.open_table(META)?;
+            let mut seq = next_seq(&meta)?;
+            let mut bodies = tx.open_table(BODIES)?;
+            let mut entries = tx.open_table(ENTRIES)?;
+            let mut v = Vec::with_capacity(192);
             for r in batch {
                 let c = &r.candidate;
-                let key = rollout_key(c.window, &c.digest);
-                rollouts.insert(key.as_slice(), r.bytes.as_slice())?;
+                bodies.insert((c.window, seq), r.bytes.as_slice())?;
                 let entry = IndexEntry {
                     miner: c.miner,
                     group: c.group,
@@ -148,10 +259,14 @@ impl Store {
                     content: c.content,
                     checkpoint: c.checkpoint,
                     env: c.env,
+                    digest: c.digest,
                 };
-                let v = postcard::to_stdvec(&entry).map_err(|_| StoreError::Corrupt("index"))?;
-                index.insert(key.as_slice(), v.as_slice())?;
+                v.clear();
+                postcard::to_io(&entry, &mut v).map_err(|_| StoreError::Corrupt("index"))?;
+                entries.insert((c.window, seq), v.as_slice())?;
+                seq += 1;
             }
+            meta.insert(NEXT_SEQ, seq.to_le_bytes().as_slice())?;
         }
         tx.commit()?;
         Ok(())
@@ -160,15 +275,12 @@ impl Store {
     /// Every stored rollout's door facts, for rebuilding the core at startup.
     pub fn candidates(&self) -> Result<Vec<Candidate>, StoreError> {
         let tx = self.db.begin_read()?;
-        let t = tx.open_table(INDEX)?;
+        let t = tx.open_table(ENTRIES)?;
         let mut out = Vec::new();
         for item in t.iter()? {
             let (k, v) = item?;
-            let key = k.value();
-            let (w, d) = key.split_at_checked(8).ok_or(StoreError::Corrupt("index key"))?;
-            let window = u64::from_be_bytes(w.try_into().map_err(|_| StoreError::Corrupt("index key"))?);
-            let digest: [u8; 32] = d.try_into().map_err(|_| StoreError::Corrupt("index key"))?;
-            let e: IndexEntry = postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("index"))?;
+            let (window, _) = k.value();
+            let e = decode_entry(v.value())?;
             out.push(Candidate {
                 window,
                 checkpoint: e.checkpoint,
@@ -177,11 +289,47 @@ impl Store {
                 index: e.index,
                 task_id: e.task_id,
                 miner: e.miner,
-                digest,
+                digest: e.digest,
                 content: e.content,
             });
         }
         Ok(out)
+    }
+
+    /// Brings `window`'s digest index up to date with its log: the entries
+    /// appended since the last call go in, sorted, in one transaction.
+    fn index_window(&self, window: WindowId) -> Result<(), StoreError> {
+        {
+            let tx = self.db.begin_read()?;
+            let from = tx.open_table(INDEXED)?.get(window)?.map_or(0, |v| v.value());
+            if tx.open_table(ENTRIES)?.range((window, from)..=(window, u64::MAX))?.next().is_none() {
+                return Ok(());
+            }
+        }
+        let tx = self.db.begin_write()?;
+        {
+            let mut indexed = tx.open_table(INDEXED)?;
+            // Read again: another reader may have indexed the window meanwhile.
+            let from = indexed.get(window)?.map_or(0, |v| v.value());
+            let entries = tx.open_table(ENTRIES)?;
+            let mut new = Vec::new();
+            let mut next = from;
+            for item in entries.range((window, from)..=(window, u64::MAX))? {
+                let (k, v) = item?;
+                let seq = k.value().1;
+                let e = decode_entry(v.value())?;
+                new.push((e.digest, seq, e.miner));
+                next = seq + 1;
+            }
+            new.sort_unstable_by_key(|(d, _, _)| *d);
+            let mut digests = tx.open_table(DIGESTS)?;
+            for (digest, seq, miner) in &new {
+                digests.insert(rollout_key(window, digest).as_slice(), digest_value(*seq, miner).as_slice())?;
+            }
+            indexed.insert(window, next)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// A page of a window's rollouts (by digest order), optionally of one miner.
@@ -192,9 +340,10 @@ impl Store {
         after: Option<[u8; 32]>,
         limit: usize,
     ) -> Result<(Vec<Vec<u8>>, Option<[u8; 32]>), StoreError> {
+        self.index_window(window)?;
         let tx = self.db.begin_read()?;
-        let rollouts = tx.open_table(ROLLOUTS)?;
-        let index = tx.open_table(INDEX)?;
+        let bodies = tx.open_table(BODIES)?;
+        let digests = tx.open_table(DIGESTS)?;
         let start = match after {
             Some(d) => {
                 let mut k = rollout_key(window, &d).to_vec();
@@ -206,21 +355,18 @@ impl Store {
         let end = window.saturating_add(1).to_be_bytes();
         let mut items = Vec::new();
         let mut last = None;
-        for item in index.range(start.as_slice()..end.as_slice())? {
+        for item in digests.range(start.as_slice()..end.as_slice())? {
             let (k, v) = item?;
-            let key = k.value().to_vec();
-            if let Some(m) = miner {
-                let e: IndexEntry = postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("index"))?;
-                if e.miner != *m {
-                    continue;
-                }
+            let (seq, m) = split_digest_value(v.value())?;
+            if miner.is_some_and(|want| m != *want) {
+                continue;
             }
             if items.len() == limit {
                 return Ok((items, last));
             }
-            let bytes = rollouts.get(key.as_slice())?.ok_or(StoreError::Corrupt("rollouts"))?;
+            let bytes = bodies.get((window, seq))?.ok_or(StoreError::Corrupt("rollout bodies"))?;
             items.push(bytes.value().to_vec());
-            last = key.get(8..40).and_then(|d| d.try_into().ok());
+            last = Some(split_key(k.value())?.1);
         }
         Ok((items, None))
     }
@@ -228,7 +374,7 @@ impl Store {
     /// Number of stored rollouts.
     pub fn rollout_count(&self) -> Result<u64, StoreError> {
         let tx = self.db.begin_read()?;
-        Ok(tx.open_table(ROLLOUTS)?.len()?)
+        Ok(tx.open_table(ENTRIES)?.len()?)
     }
 
     /// Stores a verdict (replacing that validator's earlier verdict on the miner and window).
@@ -363,5 +509,123 @@ impl Store {
             out.push(postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("trainer stats"))?);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(window: WindowId, miner: u8, i: u8) -> Candidate {
+        Candidate {
+            window,
+            checkpoint: ContentId([1; 32]),
+            env: EnvId::Arith,
+            group: 0,
+            index: u32::from(i),
+            task_id: 3,
+            miner: PublicKey([miner; 32]),
+            digest: *blake3::hash(&[miner, i]).as_bytes(),
+            content: [i; 32],
+        }
+    }
+
+    fn stored(c: &Candidate) -> StoredRollout {
+        StoredRollout { candidate: c.clone(), bytes: vec![c.digest[0]; 10] }
+    }
+
+    fn all(store: &Store, window: WindowId, miner: Option<&PublicKey>, page: usize) -> Vec<Vec<u8>> {
+        let (mut out, mut after) = (Vec::new(), None);
+        loop {
+            let (items, next) = store.rollouts(window, miner, after, page).unwrap();
+            out.extend(items);
+            match next {
+                Some(n) => after = Some(n),
+                None => return out,
+            }
+        }
+    }
+
+    fn check_pages(store: &Store, cands: &[Candidate]) {
+        for window in [4, 5] {
+            for miner in [None, Some(PublicKey([2; 32]))] {
+                let mut want: Vec<&Candidate> =
+                    cands.iter().filter(|c| c.window == window && miner.is_none_or(|m| c.miner == m)).collect();
+                want.sort_by_key(|c| c.digest);
+                let want: Vec<Vec<u8>> = want.into_iter().map(|c| stored(c).bytes).collect();
+                for page in [1, 2, 100] {
+                    assert_eq!(all(store, window, miner.as_ref(), page), want, "window {window} page {page}");
+                }
+            }
+        }
+        let mut back = store.candidates().unwrap();
+        back.sort_by_key(|c| (c.window, c.digest));
+        let mut want = cands.to_vec();
+        want.sort_by_key(|c| (c.window, c.digest));
+        assert_eq!(back, want);
+        assert_eq!(store.rollout_count().unwrap(), cands.len() as u64);
+    }
+
+    #[test]
+    fn pages_in_digest_order_by_window_and_miner() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let store = Store::open(&path).unwrap();
+        let cands: Vec<Candidate> = (0..30).map(|i| cand(4 + u64::from(i % 2), 1 + i % 3, i)).collect();
+        // Read between writes: the digest index catches up with the log each time.
+        store.put_rollouts(&cands[..4].iter().map(stored).collect::<Vec<_>>()).unwrap();
+        check_pages(&store, &cands[..4]);
+        store.put_rollouts(&cands[4..9].iter().map(stored).collect::<Vec<_>>()).unwrap();
+        store.put_rollouts(&cands[9..20].iter().map(stored).collect::<Vec<_>>()).unwrap();
+        check_pages(&store, &cands[..20]);
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        store.put_rollouts(&cands[20..].iter().map(stored).collect::<Vec<_>>()).unwrap();
+        check_pages(&store, &cands);
+    }
+
+    #[test]
+    fn the_digest_keyed_layout_is_migrated_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let old: Vec<Candidate> = (0..3).map(|i| cand(7, 1, i)).collect();
+        {
+            let db = Database::create(&path).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut bodies = tx.open_table(LEGACY_ROLLOUTS).unwrap();
+                let mut index = tx.open_table(LEGACY_INDEX).unwrap();
+                for c in &old {
+                    let key = rollout_key(c.window, &c.digest);
+                    bodies.insert(key.as_slice(), stored(c).bytes.as_slice()).unwrap();
+                    let e = LegacyIndexEntry {
+                        miner: c.miner,
+                        group: c.group,
+                        index: c.index,
+                        task_id: c.task_id,
+                        content: c.content,
+                        checkpoint: c.checkpoint,
+                        env: c.env,
+                    };
+                    index.insert(key.as_slice(), postcard::to_stdvec(&e).unwrap().as_slice()).unwrap();
+                }
+            }
+            tx.commit().unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.rollout_count().unwrap(), 3);
+        let new = cand(7, 1, 9);
+        store.put_rollouts(&[stored(&new)]).unwrap();
+        drop(store);
+        // Reopened: the old tables are gone, nothing is moved twice, every rollout pages back.
+        let store = Store::open(&path).unwrap();
+        let tx = store.db.begin_read().unwrap();
+        assert!(!tx.list_tables().unwrap().any(|t| t.name() == LEGACY_INDEX.name() || t.name() == LEGACY_ROLLOUTS.name()));
+        let mut want: Vec<Candidate> = old.iter().chain([&new]).cloned().collect();
+        want.sort_by_key(|c| c.digest);
+        let mut back = store.candidates().unwrap();
+        back.sort_by_key(|c| c.digest);
+        assert_eq!(back, want);
+        assert_eq!(all(&store, 7, None, 2), want.iter().map(|c| stored(c).bytes).collect::<Vec<_>>());
     }
 }

@@ -12,7 +12,7 @@ use tributary_net::{NetError, Session};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::wire::{
-    Blob, ErrorCode, Frame, GetProgress, GetWindow, RejectReason, Role, Submit, WindowInfo,
+    self, Blob, ErrorCode, Frame, GetProgress, GetWindow, Outcome, RejectReason, Role, Submit, SubmitBatch, WindowInfo,
 };
 use tributary_protocol::window::WindowId;
 
@@ -64,6 +64,29 @@ impl UplinkConfig {
             max_attempts: 20,
         }
     }
+}
+
+/// The most rollouts the uplink puts in one `SubmitBatch` frame.
+pub const BATCH_ROLLOUTS: usize = 64;
+
+/// Splits `pending` (indices into `encoded`) into frames: runs of at most
+/// [`BATCH_ROLLOUTS`] rollouts and [`wire::MAX_BATCH_LEN`] bytes.
+fn frames_of(pending: &[usize], encoded: &[Vec<u8>]) -> Vec<std::ops::Range<usize>> {
+    let budget = wire::MAX_BATCH_LEN as usize - 1024;
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (k, &i) in pending.iter().enumerate() {
+        let len = encoded[i].len() + 8;
+        if k > start && (k - start == BATCH_ROLLOUTS || bytes + len > budget) {
+            out.push(start..k);
+            (start, bytes) = (k, 0);
+        }
+        bytes += len;
+    }
+    if start < pending.len() {
+        out.push(start..pending.len());
+    }
+    out
 }
 
 /// What became of a batch of rollouts.
@@ -189,34 +212,51 @@ impl Uplink {
             let base = self.seq;
             self.seq += pending.len() as u64;
             let s = self.session().await?;
+            // Several rollouts ready: one frame per run of them, answered together.
+            let mut encoded: Vec<Vec<u8>> =
+                (0..rollouts.len()).map(|i| if done[i] { Vec::new() } else { rollouts[i].encode() }).collect();
+            let runs = frames_of(&pending, &encoded);
             let mut failed = false;
-            for (k, &i) in pending.iter().enumerate() {
-                let f = Frame::Submit(Submit { seq: base + k as u64, rollout: Blob(rollouts[i].encode()) });
+            for run in &runs {
+                let seq = base + run.start as u64;
+                let f = if run.len() == 1 {
+                    Frame::Submit(Submit { seq, rollout: Blob(std::mem::take(&mut encoded[pending[run.start]])) })
+                } else {
+                    let batch = pending[run.clone()].iter().map(|&i| Blob(std::mem::take(&mut encoded[i]))).collect();
+                    Frame::SubmitBatch(SubmitBatch { seq, rollouts: batch })
+                };
                 if s.send(&f).await.is_err() {
                     failed = true;
                     break;
                 }
             }
+            let mut settle = |seq: u64, outcome: Outcome| {
+                let Some(&i) = seq.checked_sub(base).and_then(|k| pending.get(k as usize)) else { return };
+                match outcome {
+                    Outcome::Stored(digest) => {
+                        done[i] = true;
+                        report.stored.push(digest);
+                    }
+                    // Refusals other than a transient one are final.
+                    Outcome::Refused(RejectReason::Internal | RejectReason::RateLimited) => {}
+                    Outcome::Refused(RejectReason::Duplicate) => {
+                        done[i] = true;
+                        report.stored.push(rollouts[i].digest());
+                    }
+                    Outcome::Refused(reason) => {
+                        done[i] = true;
+                        report.refused.push((i, reason));
+                    }
+                }
+            };
             if !failed {
-                for _ in 0..pending.len() {
+                for _ in 0..runs.len() {
                     match s.recv().await {
-                        Ok(Frame::Ack(a)) => {
-                            if let Some(&i) = a.seq.checked_sub(base).and_then(|k| pending.get(k as usize)) {
-                                done[i] = true;
-                                report.stored.push(a.digest);
-                            }
-                        }
-                        Ok(Frame::Refused(r)) => {
-                            if let Some(&i) = r.seq.checked_sub(base).and_then(|k| pending.get(k as usize)) {
-                                // Refusals other than a transient one are final.
-                                if !matches!(r.reason, RejectReason::Internal | RejectReason::RateLimited) {
-                                    done[i] = true;
-                                    if r.reason != RejectReason::Duplicate {
-                                        report.refused.push((i, r.reason));
-                                    } else {
-                                        report.stored.push(rollouts[i].digest());
-                                    }
-                                }
+                        Ok(Frame::Ack(a)) => settle(a.seq, Outcome::Stored(a.digest)),
+                        Ok(Frame::Refused(r)) => settle(r.seq, Outcome::Refused(r.reason)),
+                        Ok(Frame::BatchAnswer(b)) => {
+                            for (k, o) in b.outcomes.into_iter().enumerate() {
+                                settle(b.seq + k as u64, o);
                             }
                         }
                         Ok(f) => return Err(UplinkError::Unexpected(f.tag())),
@@ -265,6 +305,18 @@ mod tests {
         };
         r.sign(key);
         r
+    }
+
+    #[test]
+    fn frames_split_by_count_and_bytes() {
+        let small: Vec<Vec<u8>> = vec![vec![0; 100]; 200];
+        let all: Vec<usize> = (0..200).collect();
+        let runs = frames_of(&all, &small);
+        assert_eq!(runs, vec![0..64, 64..128, 128..192, 192..200]);
+        let big: Vec<Vec<u8>> = vec![vec![0; 3 << 20]; 5];
+        let runs = frames_of(&[0, 2, 3, 4], &big);
+        assert_eq!(runs, vec![0..2, 2..4], "at most two 3 MiB rollouts fit a batch");
+        assert!(frames_of(&[], &big).is_empty());
     }
 
     #[tokio::test]

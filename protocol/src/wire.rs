@@ -906,6 +906,70 @@ pub struct TrainerStatsAck {
     pub window: WindowId,
 }
 
+/// The most rollouts one [`SubmitBatch`] may carry.
+pub const MAX_BATCH_ROLLOUTS: usize = 256;
+
+/// The largest [`SubmitBatch`] body (a sender splits larger batches).
+pub const MAX_BATCH_LEN: u32 = 8 << 20;
+
+/// Miner → coordinator: several signed rollouts in one frame. Each is checked
+/// as a [`Submit`] would be; one [`BatchAnswer`] answers them all once every
+/// accepted one is durable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitBatch {
+    /// Sequence number of the first rollout; rollout `i` has `seq + i`.
+    pub seq: u64,
+    /// The encoded rollouts (`Rollout::encode()` bytes), at most [`MAX_BATCH_ROLLOUTS`].
+    #[serde(deserialize_with = "bounded_vec")]
+    pub rollouts: Vec<Blob>,
+}
+
+/// What became of one rollout of a [`SubmitBatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Durable; the rollout's digest.
+    Stored([u8; 32]),
+    /// Refused, and nothing of it stored.
+    Refused(RejectReason),
+}
+
+/// Coordinator → miner: the outcome of every rollout of one [`SubmitBatch`], in its order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchAnswer {
+    /// The batch's first sequence number.
+    pub seq: u64,
+    /// One outcome per rollout, at most [`MAX_BATCH_ROLLOUTS`].
+    #[serde(deserialize_with = "bounded_vec")]
+    pub outcomes: Vec<Outcome>,
+}
+
+/// A sequence of at most [`MAX_BATCH_ROLLOUTS`] elements: a longer one is an
+/// error before it is allocated.
+fn bounded_vec<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    struct Bounded<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Bounded<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "at most {MAX_BATCH_ROLLOUTS} elements")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let hint = seq.size_hint().unwrap_or(0);
+            if hint > MAX_BATCH_ROLLOUTS {
+                return Err(serde::de::Error::invalid_length(hint, &self));
+            }
+            let mut out = Vec::with_capacity(hint);
+            while let Some(x) = seq.next_element()? {
+                if out.len() == MAX_BATCH_ROLLOUTS {
+                    return Err(serde::de::Error::invalid_length(out.len() + 1, &self));
+                }
+                out.push(x);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded(std::marker::PhantomData))
+}
+
 /// The postcard encoding used as the canonical bytes of signed bodies.
 pub fn canonical<T: Serialize>(body: &T) -> Vec<u8> {
     // Serializing plain in-memory structs to a Vec cannot fail.
@@ -1052,6 +1116,10 @@ frames! {
     PostTrainerStats = 60, max SMALL, TrainerStats;
     /// The training-step report is stored.
     TrainerStatsAck = 61, max SMALL, TrainerStatsAck;
+    /// Submit several rollouts at once.
+    SubmitBatch = 25, max MAX_BATCH_LEN, SubmitBatch;
+    /// The outcomes of a batch.
+    BatchAnswer = 26, max 16 << 10, BatchAnswer;
 }
 
 impl Frame {
@@ -1275,5 +1343,34 @@ mod tests {
                 let _ = Frame::decode_body(f.tag(), &junk);
             }
         }
+    }
+
+    #[test]
+    fn batch_frames_round_trip_and_are_bounded() {
+        let rollouts: Vec<Blob> = (0..MAX_BATCH_ROLLOUTS).map(|i| Blob(vec![i as u8; 40])).collect();
+        let answer = BatchAnswer {
+            seq: 9,
+            outcomes: (0..MAX_BATCH_ROLLOUTS)
+                .map(|i| if i % 2 == 0 { Outcome::Stored([i as u8; 32]) } else { Outcome::Refused(RejectReason::Duplicate) })
+                .collect(),
+        };
+        for f in [Frame::SubmitBatch(SubmitBatch { seq: 7, rollouts: rollouts.clone() }), Frame::BatchAnswer(answer.clone())] {
+            let bytes = f.encode();
+            assert!(bytes.len() - HEADER_LEN <= f.tag().max_body_len() as usize);
+            assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+        }
+        // One element more than allowed is refused, for both frames.
+        let mut more = rollouts;
+        more.push(Blob(vec![]));
+        let f = Frame::SubmitBatch(SubmitBatch { seq: 7, rollouts: more });
+        assert!(matches!(Frame::decode(&f.encode()), Err(WireError::Malformed { tag: Tag::SubmitBatch, .. })));
+        let mut more = answer;
+        more.outcomes.push(Outcome::Refused(RejectReason::Schema));
+        let f = Frame::BatchAnswer(more);
+        assert!(matches!(Frame::decode(&f.encode()), Err(WireError::Malformed { tag: Tag::BatchAnswer, .. })));
+        // A claimed count far beyond the bound fails before any allocation.
+        let mut huge = vec![7u8]; // seq
+        huge.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]); // u32::MAX elements
+        assert!(Frame::decode_body(Tag::SubmitBatch, &huge).is_err());
     }
 }

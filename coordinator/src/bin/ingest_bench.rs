@@ -2,20 +2,29 @@
 //! connections over loopback QUIC, with the raw cost of signature checks and
 //! redb commits measured in the same run.
 //!
-//! `cargo run -p coordinator --bin ingest_bench -- [MINERS] [PER_MINER]`
+//! `ingest_bench [N[,N...]] [PER_MINER] [BATCH[,BATCH...]]` (defaults
+//! `1,4,8,16 1000 1,64`). BATCH 1 sends one `Submit` frame per rollout;
+//! BATCH > 1 sends `SubmitBatch` frames of that many rollouts. Every
+//! (N, BATCH) pair runs on a fresh coordinator and database.
+//!
+//! The miners share the machine's cores with the coordinator, so besides the
+//! wall-clock rate the bench reports CPU time per rollout, per thread group
+//! (from `/proc/self/task/*/schedstat`, in ns): the coordinator's runtime
+//! threads (`coord`: QUIC, door checks, admission), its redb writer thread,
+//! and the miners' runtime (`miner`: QUIC client, framing, reading answers).
+//! Every rollout is signed and every frame encoded before the clock starts.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use coordinator::net::{self, Session};
 use coordinator::node::{self, Config};
-use coordinator::server::door_check;
+use coordinator::server::{content_hash, door_check};
 use coordinator::store::{Store, StoredRollout};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::task_seed;
-use tributary_protocol::identity::{self, Keypair, PublicKey};
+use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::{self, Rollout, RolloutLimits, SamplingParams};
-use tributary_protocol::wire::{Blob, Frame, GetWindow, Role, Submit, WindowInfo};
+use tributary_protocol::wire::{Blob, Frame, GetWindow, Outcome, Role, Submit, SubmitBatch, WindowInfo};
 
 fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32) -> Rollout {
     let (prompt, completion) = (96usize, 416usize);
@@ -48,34 +57,22 @@ fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32) -> Rollout 
     r
 }
 
-/// CPU time of the whole process (user + system, ns), from `/proc/self/stat`.
-fn process_cpu_ns() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // After the parenthesised command name come fields 3.. (state first);
-    // utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let ticks = field(14) + field(15);
-    ticks * 10_000_000 // USER_HZ = 100 on Linux
-}
-
-/// CPU time (ns) of this process's threads whose name starts with `prefix`,
-/// from `/proc/self/task/*/stat` (threads that already ended are not counted).
-fn threads_cpu_ns(prefix: &str) -> u64 {
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return 0 };
-    let mut ticks = 0;
+/// CPU time (ns) of this process's threads, summed per name prefix in
+/// `groups` (the last slot: every other thread), from
+/// `/proc/self/task/*/schedstat`. Threads that already ended are not counted.
+fn threads_cpu_ns(groups: &[&str]) -> Vec<u64> {
+    let mut out = vec![0; groups.len() + 1];
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return out };
     for e in dir.flatten() {
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
-        if !head.split_once('(').is_some_and(|(_, name)| name.starts_with(prefix)) {
-            continue;
-        }
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let field = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        ticks += field(14) + field(15);
+        let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(e.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+            .unwrap_or(0);
+        let slot = groups.iter().position(|g| name.starts_with(g)).unwrap_or(groups.len());
+        out[slot] += ns;
     }
-    ticks * 10_000_000
+    out
 }
 
 /// CPU time of the calling thread (ns), from `/proc/thread-self/schedstat`.
@@ -86,38 +83,125 @@ fn thread_cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse()).collect::<Result<_, _>>()?;
-    let miners = args.first().copied().unwrap_or(8);
-    let per_miner = args.get(1).copied().unwrap_or(2_000);
-    let group_size = 16u32;
-    let groups = per_miner.div_ceil(group_size as usize) as u32;
+fn list(arg: Option<&String>, default: &[usize]) -> anyhow::Result<Vec<usize>> {
+    match arg {
+        Some(a) => a.split(',').map(|v| Ok(v.parse::<usize>()?.max(1))).collect(),
+        None => Ok(default.to_vec()),
+    }
+}
 
+fn loadavg() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// Raw costs on one core, in CPU time of this thread (other processes on a
+/// loaded machine do not count), best of 5 interleaved rounds; redb commits
+/// into a fresh file in `dir`.
+fn raw_costs(sample: &[Vec<u8>], dir: &std::path::Path) -> anyhow::Result<()> {
+    let decoded: Vec<Rollout> =
+        sample.iter().map(|b| Rollout::decode(b, &RolloutLimits::DEFAULT)).collect::<Result<_, _>>()?;
+    let digests: Vec<[u8; 32]> = decoded.iter().map(Rollout::digest).collect();
+    let count = sample.len() as f64;
+    let mut best = [f64::MAX; 5];
+    for _ in 0..5 {
+        let rounds: [&dyn Fn() -> anyhow::Result<()>; 5] = [
+            &|| {
+                for b in sample {
+                    std::hint::black_box(door_check(b).map_err(|r| anyhow::anyhow!("{r:?}"))?);
+                }
+                Ok(())
+            },
+            &|| {
+                for (r, d) in decoded.iter().zip(&digests) {
+                    rollout::verify_digest(&r.miner, d, &r.signature)?;
+                }
+                Ok(())
+            },
+            &|| {
+                for b in sample {
+                    std::hint::black_box(Rollout::decode(b, &RolloutLimits::DEFAULT)?);
+                }
+                Ok(())
+            },
+            &|| {
+                for r in &decoded {
+                    std::hint::black_box(r.digest());
+                }
+                Ok(())
+            },
+            &|| {
+                for r in &decoded {
+                    std::hint::black_box(content_hash(r));
+                }
+                Ok(())
+            },
+        ];
+        for (b, f) in best.iter_mut().zip(rounds) {
+            let t = thread_cpu_ns();
+            f()?;
+            *b = b.min((thread_cpu_ns() - t) as f64 * 1e-3 / count);
+        }
+    }
+    let [door, verify, decode, digest, content] = best;
+    println!(
+        "raw_us_per_rollout_one_core: door_check={door:.1} (= decode + schema + digest + ed25519 verify_strict + content hash) \
+         ed25519_verify_strict={verify:.1} decode={decode:.1} digest(canonical bytes + blake3)={digest:.1} content_hash={content:.1}"
+    );
+    println!("raw_door_checks_per_sec_one_core={:.0}", 1e6 / door);
+    let cands: Vec<_> = sample
+        .iter()
+        .map(|b| door_check(b).map(|(_, c)| c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|r| anyhow::anyhow!("{r:?}"))?;
+    let stored: Vec<StoredRollout> =
+        cands.iter().zip(sample).map(|(c, b)| StoredRollout { candidate: c.clone(), bytes: b.clone() }).collect();
+    let store = Store::open(&dir.join("raw.redb"))?;
+    let (ones, rest) = stored.split_at(100.min(stored.len()));
+    let (t, c) = (Instant::now(), thread_cpu_ns());
+    for r in ones {
+        store.put_rollouts(std::slice::from_ref(r))?;
+    }
+    let n = ones.len().max(1) as f64;
+    let (single_ms, single_cpu_us) = (t.elapsed().as_secs_f64() * 1e3 / n, (thread_cpu_ns() - c) as f64 * 1e-3 / n);
+    for size in [64, 256] {
+        let (t, c) = (Instant::now(), thread_cpu_ns());
+        for chunk in rest.chunks(size) {
+            store.put_rollouts(chunk)?;
+        }
+        let n = rest.len().max(1) as f64;
+        println!(
+            "raw_redb_commit_{size}_per_txn: wall_us_per_rollout={:.1} cpu_us_per_rollout={:.1} (durable commits, {} bytes each)",
+            t.elapsed().as_secs_f64() * 1e6 / n,
+            (thread_cpu_ns() - c) as f64 * 1e-3 / n,
+            sample[0].len()
+        );
+    }
+    println!("raw_redb_single_rollout_commit: wall_ms={single_ms:.2} cpu_us={single_cpu_us:.0}");
+    Ok(())
+}
+
+/// One run: `miners` connections each sending `per_miner` rollouts in frames of `batch`.
+async fn run(
+    miner_rt: &tokio::runtime::Runtime,
+    miners: usize,
+    per_miner: usize,
+    batch: usize,
+) -> anyhow::Result<WindowInfo> {
+    let group_size = 16u32;
     let dir = tempfile::tempdir()?;
     let mut cfg = Config::dev(dir.path().to_path_buf());
     cfg.window_ms = 3_600_000;
-    cfg.groups_per_miner = groups;
+    cfg.groups_per_miner = per_miner.div_ceil(group_size as usize) as u32;
     cfg.group_size = group_size;
     cfg.rollouts_per_sec = 1_000_000;
     cfg.kib_per_sec = 1 << 30;
     let n = node::start(&cfg, ContentId([1; 32])).await?;
 
-    // The miners run on their own runtime (threads named "miner"), so the
-    // coordinator's share of the CPU can be told apart.
-    let miner_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("miner")
-        .enable_all()
-        .build()?;
-
-    // Prepare every miner's signed rollouts up front (not timed).
+    // Connect, sign every rollout and encode every frame up front (not timed).
     let mut sessions = Vec::new();
-    let mut batches = Vec::new();
+    let mut frames = Vec::new();
+    let mut window = None;
     for m in 0..miners {
         let key = Keypair::from_seed([m as u8 + 1; 32]);
         let (quic, fp, k) = (n.quic, n.fingerprint.clone(), key.clone());
@@ -128,129 +212,60 @@ async fn main() -> anyhow::Result<()> {
         let encoded: Vec<Vec<u8>> = (0..per_miner as u32)
             .map(|i| rollout(&info, &key, i / group_size, i % group_size).encode())
             .collect();
-        sessions.push(s);
-        batches.push(encoded);
-    }
-    let bytes_each = batches[0][0].len();
-
-    // Raw costs, same process, same data, one core, in CPU time of this
-    // thread (other processes on a loaded machine do not count). Each figure
-    // is the best of 5 rounds, the rounds of all figures interleaved.
-    let sample: Vec<&Vec<u8>> = batches.iter().flatten().take(2_000).collect();
-    let cands: Vec<_> = sample
-        .iter()
-        .map(|b| door_check(b).map(|(_, c)| c))
-        .collect::<Result<_, _>>()
-        .map_err(|r| anyhow::anyhow!("{r:?}"))?;
-    let decoded: Vec<Rollout> =
-        sample.iter().map(|b| Rollout::decode(b, &RolloutLimits::DEFAULT)).collect::<Result<_, _>>()?;
-    let signed: Vec<Vec<u8>> = decoded.iter().map(Rollout::signing_bytes).collect();
-    // The door check as it was before rollouts signed their digest: the
-    // ed25519 message was the ~4.7 KB canonical bytes (SHA-512 over all of
-    // them) and the miner key was decompressed for every rollout.
-    let v0_keys: Vec<Keypair> = (0..miners).map(|m| Keypair::from_seed([m as u8 + 1; 32])).collect();
-    let mut v0_sigs = Vec::with_capacity(sample.len());
-    for (r, s) in decoded.iter().zip(&signed) {
-        let k = v0_keys.iter().find(|k| k.public().0 == r.miner).ok_or_else(|| anyhow::anyhow!("no bench key"))?;
-        v0_sigs.push(k.sign(identity::domain::ROLLOUT, s).0);
-    }
-    let count = sample.len() as f64;
-    let mut best = [0f64; 6];
-    for _ in 0..5 {
-        let rounds: [&dyn Fn() -> anyhow::Result<()>; 6] = [
-            &|| {
-                for b in &sample {
-                    std::hint::black_box(door_check(b).map_err(|r| anyhow::anyhow!("{r:?}"))?);
-                }
-                Ok(())
-            },
-            &|| {
-                for (b, sig) in sample.iter().zip(&v0_sigs) {
-                    let r = Rollout::decode(b, &RolloutLimits::DEFAULT)?;
-                    let signed = r.signing_bytes();
-                    PublicKey(r.miner).verify(identity::domain::ROLLOUT, &signed, &identity::Signature(*sig))?;
-                    let digest = *blake3::hash(&signed).as_bytes();
-                    std::hint::black_box((digest, coordinator::server::content_hash(&r)));
-                }
-                Ok(())
-            },
-            &|| {
-                for b in &sample {
-                    std::hint::black_box(Rollout::decode(b, &RolloutLimits::DEFAULT)?);
-                }
-                Ok(())
-            },
-            &|| {
-                for r in &decoded {
-                    std::hint::black_box(r.signing_bytes());
-                }
-                Ok(())
-            },
-            &|| {
-                for r in &decoded {
-                    let d = *blake3::hash(&r.signing_bytes()).as_bytes();
-                    rollout::verify_digest(&r.miner, &d, &r.signature)?;
-                }
-                Ok(())
-            },
-            &|| {
-                for s in &signed {
-                    std::hint::black_box(blake3::hash(s));
-                }
-                Ok(())
-            },
-        ];
-        for (b, f) in best.iter_mut().zip(rounds) {
-            let t = thread_cpu_ns();
-            f()?;
-            *b = b.max(count / ((thread_cpu_ns() - t) as f64 * 1e-9));
+        window = Some(info);
+        let mut wire = Vec::new();
+        for (k, chunk) in encoded.chunks(batch).enumerate() {
+            let seq = (k * batch) as u64;
+            let f = if batch == 1 {
+                Frame::Submit(Submit { seq, rollout: Blob(chunk[0].clone()) })
+            } else {
+                Frame::SubmitBatch(SubmitBatch { seq, rollouts: chunk.iter().cloned().map(Blob).collect() })
+            };
+            wire.push(f.encode());
         }
+        sessions.push(s);
+        frames.push(wire);
     }
-    let [door_per_sec, door_v0_per_sec, decode_per_sec, encode_per_sec, verify_per_sec, blake3_per_sec] = best;
-    let store = Store::open(&dir.path().join("raw.redb"))?;
-    let stored: Vec<StoredRollout> = cands.iter().zip(&sample).map(|(c, b)| StoredRollout { candidate: c.clone(), bytes: (*b).clone() }).collect();
-    let t = Instant::now();
-    for r in stored.iter().take(100) {
-        store.put_rollouts(std::slice::from_ref(r))?;
-    }
-    let single_commit_ms = t.elapsed().as_secs_f64() * 1000.0 / 100.0;
-    let t = Instant::now();
-    for chunk in stored[100..].chunks(256) {
-        store.put_rollouts(chunk)?;
-    }
-    let batched_per_sec = (stored.len() - 100) as f64 / t.elapsed().as_secs_f64();
 
-    // The ingest run.
-    let cpu0 = process_cpu_ns();
-    let miner_cpu0 = threads_cpu_ns("miner");
+    const GROUPS: [&str; 3] = ["coord", "redb-writer", "miner"];
+    let cpu0 = threads_cpu_ns(&GROUPS);
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for (mut s, batch) in sessions.into_iter().zip(batches) {
+    for (s, wire) in sessions.into_iter().zip(frames) {
         tasks.push(miner_rt.spawn(async move {
-            let total = batch.len();
-            let mut recv = s.recv;
+            let answers = wire.len();
+            let (mut send, mut recv) = (s.send, s.recv);
             let reader = tokio::spawn(async move {
-                let mut acks = 0usize;
-                for _ in 0..total {
+                let mut stored = 0usize;
+                for _ in 0..answers {
                     match net::read_frame(&mut recv).await {
-                        Ok(Some(Frame::Ack(_))) => acks += 1,
+                        Ok(Some(Frame::Ack(_))) => stored += 1,
+                        Ok(Some(Frame::BatchAnswer(b))) => {
+                            for o in b.outcomes {
+                                match o {
+                                    Outcome::Stored(_) => stored += 1,
+                                    Outcome::Refused(r) => anyhow::bail!("refused: {r:?}"),
+                                }
+                            }
+                        }
                         Ok(Some(f)) => anyhow::bail!("unexpected {f:?}"),
                         Ok(None) => anyhow::bail!("closed"),
                         Err(e) => anyhow::bail!("{e}"),
                     }
                 }
-                Ok(acks)
+                Ok(stored)
             });
             let mut sent = Ok(());
-            for (seq, b) in batch.into_iter().enumerate() {
-                sent = net::write_frame(&mut s.send, &Frame::Submit(Submit { seq: seq as u64, rollout: Blob(b) })).await;
+            for f in &wire {
+                sent = send.write_all(f).await;
                 if sent.is_err() {
                     break;
                 }
             }
-            let acks = reader.await??;
+            let stored = reader.await??;
             sent?;
-            Ok::<_, anyhow::Error>(acks)
+            drop(s.conn);
+            Ok::<_, anyhow::Error>(stored)
         }));
     }
     let mut acked = 0;
@@ -258,36 +273,61 @@ async fn main() -> anyhow::Result<()> {
         acked += t.await??;
     }
     let secs = start.elapsed().as_secs_f64();
-    let cpu_secs = (process_cpu_ns() - cpu0) as f64 * 1e-9;
-    let miner_cpu_secs = threads_cpu_ns("miner").saturating_sub(miner_cpu0) as f64 * 1e-9;
-    let coord_cpu_secs = cpu_secs - miner_cpu_secs;
-    let shared = Arc::clone(&n.shared);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("miners={miners} rollouts={acked} bytes_each={bytes_each} seconds={secs:.2} loadavg={}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
-    println!("ingest_rollouts_per_sec={:.0}", acked as f64 / secs);
+    let cpu: Vec<f64> =
+        threads_cpu_ns(&GROUPS).iter().zip(&cpu0).map(|(b, a)| b.saturating_sub(*a) as f64 * 1e-3 / acked as f64).collect();
+    let (coord, writer, miner, other) = (cpu[0], cpu[1], cpu[2], cpu[3]);
+    let stored = n.shared.store.rollout_count()?;
+    anyhow::ensure!(stored == acked as u64, "{acked} acknowledged but {stored} stored");
     println!(
-        "ingest_cpu_seconds={cpu_secs:.2} (miners and coordinator together) -> rollouts_per_cpu_second={:.0}, \
-         on 2 otherwise idle cores ~{:.0}/s",
-        acked as f64 / cpu_secs,
-        2.0 * acked as f64 / cpu_secs
+        "N={miners} batch={batch} rollouts={acked} seconds={secs:.2} rollouts_per_sec={:.0} | cpu_us_per_rollout: \
+         coordinator={:.1} (runtime {coord:.1} + redb writer {writer:.1}) miners={miner:.1} other={other:.1} \
+         -> 2 idle cores: ~{:.0}/s all in, ~{:.0}/s coordinator alone | loadavg {}",
+        acked as f64 / secs,
+        coord + writer,
+        2e6 / (coord + writer + miner + other),
+        2e6 / (coord + writer),
+        loadavg()
     );
+    n.server.endpoint.close(0u32.into(), b"bench done");
+    window.ok_or_else(|| anyhow::anyhow!("no miners"))
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let miners = list(args.first(), &[1, 4, 8, 16])?;
+    let per_miner = args.get(1).map(|a| a.parse::<usize>()).transpose()?.unwrap_or(1000).max(1);
+    let batches = list(args.get(2), &[1, 64])?;
+    // The coordinator and the miners run on runtimes of their own (threads
+    // named "coord" and "miner"), so their shares of the CPU can be told apart.
+    let coord_rt = tokio::runtime::Builder::new_multi_thread().thread_name("coord").enable_all().build()?;
+    let miner_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("miner")
+        .enable_all()
+        .build()?;
     println!(
-        "coordinator_cpu_us_per_rollout={:.1} miners_cpu_us_per_rollout={:.1} -> coordinator alone on 2 idle cores ~{:.0}/s",
-        coord_cpu_secs * 1e6 / acked as f64,
-        miner_cpu_secs * 1e6 / acked as f64,
-        2.0 * acked as f64 / coord_cpu_secs
+        "ingest_bench: {} cores, per miner {per_miner} rollouts of 512 tokens, loadavg {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg()
     );
-    println!("raw_door_checks_per_sec_one_core={door_per_sec:.0} (decode + schema + ed25519 verify + digest)");
-    println!(
-        "raw_door_checks_per_sec_one_core_before={door_v0_per_sec:.0} (signature over the canonical bytes, key decompressed per rollout)"
-    );
-    println!(
-        "raw_parts_per_sec_one_core: decode={decode_per_sec:.0} canonical_bytes={encode_per_sec:.0} \
-         digest+verify={verify_per_sec:.0} blake3_of_canonical_bytes={blake3_per_sec:.0}"
-    );
-    println!("raw_redb_single_commit_ms={single_commit_ms:.2}");
-    println!("raw_redb_batched_rollouts_per_sec={batched_per_sec:.0} (256 per durable commit)");
-    println!("stored={}", shared.store.rollout_count()?);
+    let mut info = None;
+    for &m in &miners {
+        for &b in &batches {
+            info = Some(coord_rt.block_on(run(&miner_rt, m, per_miner, b))?);
+        }
+    }
+    // The raw costs, on rollouts like those ingested (2,000 distinct ones).
+    let info = info.ok_or_else(|| anyhow::anyhow!("nothing ran"))?;
+    let key = Keypair::from_seed([99; 32]);
+    let sample: Vec<Vec<u8>> = (0..2000u32).map(|i| rollout(&info, &key, i / 16, i % 16).encode()).collect();
+    let dir = tempfile::tempdir()?;
+    raw_costs(&sample, dir.path())?;
+    println!("bytes_per_rollout={}", sample[0].len());
     miner_rt.shutdown_background();
+    coord_rt.shutdown_background();
     Ok(())
 }

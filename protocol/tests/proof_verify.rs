@@ -354,7 +354,7 @@ fn termination_rules() {
     assert_eq!(r.completion().last(), Some(&EOS));
     let ev = w.evidence(&r, 0.0);
     let p = VerifyParams::DEFAULT;
-    assert_eq!(check_termination(&r, &ev.positions, &[EOS], &p).status, Status::Pass);
+    assert_eq!(check_termination(&r, &ev.positions, &[EOS], &w.seed, &p).status, Status::Pass);
 
     // Truncated before EOS and before the limit.
     let mut cut = r.clone();
@@ -366,16 +366,28 @@ fn termination_rules() {
     let v = w.verify(&cut, &ev_cut);
     assert_eq!(failure(&v, CheckKind::Termination), Failure::NoEos { last });
 
-    // EOS the model did not want.
+    // An unlikely EOS whose seeded draw is proven inside its interval is an
+    // honest draw: it passes (grail's probability floor would reject it).
     let mut ev_low = ev.clone();
     ev_low.positions.last_mut().unwrap().prob_t1 = 0.01;
-    assert!(matches!(check_termination(&r, &ev_low.positions, &[EOS], &p).status, Status::Fail(Failure::LowEosProb { .. })));
+    assert_eq!(check_termination(&r, &ev_low.positions, &[EOS], &w.seed, &p).status, Status::Pass);
+    // The same unlikely EOS with the draw unproven (within ε of an edge):
+    // the floor applies.
+    let pos = r.tokens.len() - 1;
+    let u = draw_u(&w.seed, &r.miner, r.group, r.rollout, pos as u32);
+    let last = ev_low.positions.last_mut().unwrap();
+    last.cdf_lo = u - p.sample_eps / 2.0;
+    last.cdf_hi = (u + 0.005).min(1.0);
+    assert!(matches!(
+        check_termination(&r, &ev_low.positions, &[EOS], &w.seed, &p).status,
+        Status::Fail(Failure::LowEosProb { .. })
+    ));
 
     // Over the limit; and exactly at the limit without EOS is fine.
     let mut long = r.clone();
     long.sampling.max_new_tokens = (r.completion().len() - 1) as u32;
-    assert!(matches!(check_termination(&long, &ev.positions, &[EOS], &p).status, Status::Fail(Failure::TooLong { .. })));
+    assert!(matches!(check_termination(&long, &ev.positions, &[EOS], &w.seed, &p).status, Status::Fail(Failure::TooLong { .. })));
     let mut exact = cut.clone();
     exact.sampling.max_new_tokens = cut.completion().len() as u32;
-    assert_eq!(check_termination(&exact, &ev_cut.positions, &[EOS], &p).status, Status::Pass);
+    assert_eq!(check_termination(&exact, &ev_cut.positions, &[EOS], &w.seed, &p).status, Status::Pass);
 }

@@ -1,7 +1,8 @@
 //! The operators' HTTP listener: Prometheus `/metrics`, `/api/miners`
-//! (counts, bans and each miner's checkpoint), `/api/weights` (the latest
-//! signed weights document, or `?window=W`'s; see [`crate::weights`]),
-//! `/api/weights/history` (the recent documents, newest first; `?limit=N`),
+//! (counts, bans and each miner's checkpoint), `/api/weights` (miner key in
+//! hex → weight, from the latest signed document, or computed now while none
+//! is signed yet), `/api/weights/signed` (the latest signed weights document,
+//! or `?window=W`'s; see [`crate::weights`]), `/api/weights/history` (the recent documents, newest first; `?limit=N`),
 //! `/api/training` (the trainer's signed step reports: loss, entropy, clip
 //! fractions, groups, delta size; `?from=W`), `/api/checkpoints` (every
 //! relayed checkpoint with its full and delta sizes), `/api/status`
@@ -43,7 +44,8 @@ pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<S
         .route("/", get(status))
         .route("/metrics", get(metrics_page))
         .route("/api/miners", get(miners))
-        .route("/api/weights", get(weights))
+        .route("/api/weights", get(weights_map))
+        .route("/api/weights/signed", get(weights))
         .route("/api/weights/history", get(weights_history))
         .route("/api/training", get(training))
         .route("/api/checkpoints", get(checkpoints))
@@ -137,6 +139,21 @@ async fn blocking<T: Send + 'static>(
 #[derive(serde::Deserialize)]
 struct WeightsQuery {
     window: Option<u64>,
+}
+
+/// Miner key (hex) → weight: the latest signed document's, or, before the
+/// first is signed, the weights the verdicts so far give.
+async fn weights_map(State(s): State<AppState>) -> Result<Json<BTreeMap<String, f64>>, HttpError> {
+    let sh = s.shared.clone();
+    let doc = blocking(move || crate::weights::latest(&sh)).await?;
+    Ok(Json(match doc {
+        Some(d) => d.body.weights.iter().map(|(k, w)| (k.to_string(), *w)).collect(),
+        None => {
+            let core = s.shared.core();
+            let upto = core.current_window(now_ms()).unwrap_or(0).saturating_sub(2);
+            core.weights(upto, s.shared.key.public()).weights.into_iter().map(|(k, w)| (k.to_string(), w)).collect()
+        }
+    }))
 }
 
 async fn weights(State(s): State<AppState>, Query(q): Query<WeightsQuery>) -> Result<Json<crate::weights::WeightsJson>, HttpError> {

@@ -118,7 +118,7 @@ async fn status_page_renders_a_running_mesh() {
     // with the coordinator's key (as the status page names it too).
     let status = http_json(mesh.net.node.http, "/api/status").await;
     assert_eq!(status["coordinator"], coordinator.to_string());
-    let doc_json = http_json(mesh.net.node.http, "/api/weights").await;
+    let doc_json = http_json(mesh.net.node.http, "/api/weights/signed").await;
     let hex = doc_json["document"].as_str().expect("document");
     let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect();
     let doc = WeightsDoc::decode_verified(&bytes, &coordinator).expect("the fetched document verifies");
@@ -126,8 +126,11 @@ async fn status_page_renders_a_running_mesh() {
     assert_eq!(doc_json["signature"], doc.signature.to_string());
     assert_eq!(status["weights_interval"], doc.body.window);
     assert!(doc.body.window + 2 <= mesh.net.window(), "interval {} signed early", doc.body.window);
-    let same = http_json(mesh.net.node.http, &format!("/api/weights?window={}", doc.body.window)).await;
+    let same = http_json(mesh.net.node.http, &format!("/api/weights/signed?window={}", doc.body.window)).await;
     assert_eq!(same["document"], doc_json["document"]);
+    // The operators' flat map (miner key → weight) is the latest document's.
+    let flat = http_json(mesh.net.node.http, "/api/weights").await;
+    assert_eq!(flat, doc_json["weights"]);
     // Tampered: the interval, a byte of the signature, or checked against another key.
     let mut moved = doc.clone();
     moved.body.window += 1;

@@ -22,8 +22,9 @@ say() { printf 'setup: %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # 1. System packages for the native builds (llama.cpp: cmake + libclang for
-#    bindgen; wgpu tests: Mesa lavapipe; dashboard test: chromium).
-apt_pkgs=(cmake libclang-dev clang pkg-config mesa-vulkan-drivers libvulkan1 chromium)
+#    bindgen; wgpu tests: Mesa lavapipe; dashboard test: chromium; runbook
+#    and installer tests: openssl makes the operator's CA, as the runbook does).
+apt_pkgs=(cmake libclang-dev clang pkg-config mesa-vulkan-drivers libvulkan1 chromium openssl)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,7 +9,9 @@ for transformers first); usable alone:
 
 Mirrors trainer::train::Trainer::step and trainer::grpo::grpo_loss with the
 defaults of TrainConfig/GrpoConfig: fp32 weights; micro-batches of at most
---micro-batch-tokens completion tokens after a stable sort by sequence length; right padding
+--micro-batch-tokens completion tokens after a stable sort by sequence length (with
+--share-prompts, as TrainConfig::share_prompts: the samples of one prompt together, the
+prompt run once per micro-batch and its key/value cache repeated over the batch); right padding
 with token 0 (causal attention, so no mask is needed); LM head on the
 completion positions only; GSPO sequence ratio against the miner log-probs
 (log-ratio clamp ±5, ratio cap 10), asymmetric clip 0.2/0.28, δ = 4 cap for
@@ -53,17 +55,73 @@ def load_samples(path):
     return samples
 
 
-def micro_batches(samples, micro_batch_tokens):
-    order = sorted(samples, key=lambda s: len(s["tokens"]))
-    out, used = [[]], 0
-    for s in order:
+def pack(samples, micro_batch_tokens):
+    """Sort by length, then fill micro-batches of at most micro_batch_tokens completion tokens."""
+    out, used = [], 0
+    for s in sorted(samples, key=lambda s: len(s["tokens"])):
         n = len(s["tokens"]) - s["prompt_len"]
-        if used + n > micro_batch_tokens and out[-1]:
-            out.append([])
+        if out and used + n <= micro_batch_tokens:
+            out[-1].append(s)
+        else:
+            out.append([s])
             used = 0
         used += n
-        out[-1].append(s)
     return out
+
+
+def micro_batches(samples, micro_batch_tokens, share_prompts):
+    """trainer::train::plan_micro_batches: (samples, shared_prompt) pairs."""
+    out, rest = [], []
+    if share_prompts:
+        groups = OrderedDict()
+        for s in samples:
+            groups.setdefault(tuple(s["tokens"][: s["prompt_len"]]), []).append(s)
+        for g in groups.values():
+            for mb in pack(g, micro_batch_tokens):
+                if len(mb) >= 2:
+                    out.append((mb, True))
+                else:
+                    rest.extend(mb)
+    else:
+        rest = list(samples)
+    if rest:
+        out.extend((mb, False) for mb in pack(rest, micro_batch_tokens))
+    return out
+
+
+def hidden_rows(model, mb, shared):
+    """Post-norm hidden rows predicting each completion token, its target and sequence."""
+    rows, targets, seq_of = [], [], []
+    if shared:
+        # The prompt once; the completions attend to its keys and values
+        # (the cache, repeated over the batch, keeps its autograd history).
+        p = mb[0]["prompt_len"]
+        sufs = [s["tokens"][p:] for s in mb]
+        sl = max(len(x) for x in sufs)
+        pre = model.model(input_ids=torch.tensor([mb[0]["tokens"][:p]]), use_cache=True)
+        cache = pre.past_key_values
+        cache.batch_repeat_interleave(len(mb))
+        suf = torch.tensor([x + [0] * (sl - len(x)) for x in sufs], dtype=torch.long)
+        mask = torch.ones(len(mb), p + sl, dtype=torch.long)
+        hs = model.model(input_ids=suf, past_key_values=cache, attention_mask=mask, use_cache=True).last_hidden_state
+        d = hs.shape[-1]
+        hidden = torch.cat([pre.last_hidden_state.reshape(-1, d), hs.reshape(-1, d)])
+        for i, s in enumerate(mb):
+            for k in range(len(s["tokens"]) - p):
+                rows.append(p - 1 if k == 0 else p + i * sl + k - 1)
+                targets.append(s["tokens"][p + k])
+                seq_of.append(i)
+    else:
+        l = max(len(s["tokens"]) for s in mb)
+        ids = torch.tensor([s["tokens"] + [0] * (l - len(s["tokens"])) for s in mb], dtype=torch.long)
+        for i, s in enumerate(mb):
+            for p in range(s["prompt_len"], len(s["tokens"])):
+                rows.append(i * l + p - 1)
+                targets.append(s["tokens"][p])
+                seq_of.append(i)
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+    return hidden.index_select(0, torch.tensor(rows)), torch.tensor(targets), torch.tensor(seq_of)
 
 
 def grpo_loss(logp, old, seq, lens, adv, entropy, total_tokens, total_seqs):
@@ -80,29 +138,20 @@ def grpo_loss(logp, old, seq, lens, adv, entropy, total_tokens, total_seqs):
     return pg - per_seq_h.sum() * (ENT_COEF / max(total_seqs, 1.0))
 
 
-def step(model, opt, samples, micro_batch_tokens):
+def step(model, opt, samples, micro_batch_tokens, share_prompts):
     total_tokens = sum(len(s["tokens"]) - s["prompt_len"] for s in samples)
     total_seqs = len(samples)
     emb = model.get_output_embeddings().weight
     loss_sum = 0.0
-    for mb in micro_batches(samples, micro_batch_tokens):
-        l = max(len(s["tokens"]) for s in mb)
-        ids = torch.tensor([s["tokens"] + [0] * (l - len(s["tokens"])) for s in mb], dtype=torch.long)
-        rows, targets, seq_of = [], [], []
-        for i, s in enumerate(mb):
-            for p in range(s["prompt_len"], len(s["tokens"])):
-                rows.append(i * l + p - 1)
-                targets.append(s["tokens"][p])
-                seq_of.append(i)
-        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
-        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, torch.tensor(rows))
+    for mb, shared in micro_batches(samples, micro_batch_tokens, share_prompts):
+        h, targets, seq = hidden_rows(model, mb, shared)
         logp_all = F.log_softmax(h @ emb.t(), dim=-1)
-        logp = logp_all.gather(1, torch.tensor(targets).unsqueeze(1)).squeeze(1)
+        logp = logp_all.gather(1, targets.unsqueeze(1)).squeeze(1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         old = torch.tensor([v for s in mb for v in s["old"]], dtype=torch.float32)
         lens = torch.tensor([len(s["tokens"]) - s["prompt_len"] for s in mb], dtype=torch.float32)
         adv = torch.tensor([s["adv"] for s in mb], dtype=torch.float32)
-        loss = grpo_loss(logp, old, torch.tensor(seq_of), lens, adv, entropy, total_tokens, total_seqs)
+        loss = grpo_loss(logp, old, seq, lens, adv, entropy, total_tokens, total_seqs)
         loss.backward()
         loss_sum += loss.item()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -118,6 +167,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--micro-batch-tokens", type=int, default=512, help="TrainConfig::micro_batch_tokens")
+    ap.add_argument("--share-prompts", action="store_true", help="TrainConfig::share_prompts: run a shared prompt once")
     ap.add_argument("--ref-logits", help="reference next-token logits (f32 LE) on --prompt")
     ap.add_argument("--prompt", help="comma-separated prompt token ids for the logits check")
     a = ap.parse_args()
@@ -139,7 +189,7 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     samples = load_samples(a.batch)
     t, cpu = time.perf_counter(), time.process_time()
-    loss, norm = step(model, opt, samples, a.micro_batch_tokens)
+    loss, norm = step(model, opt, samples, a.micro_batch_tokens, a.share_prompts)
     secs, cpu_secs = time.perf_counter() - t, time.process_time() - cpu
     print(f"pytorch_loss={loss:.6f}")
     print(f"pytorch_grad_norm={norm:.4f}")

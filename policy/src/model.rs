@@ -389,18 +389,13 @@ impl ReferenceModel {
             Some((pk, pv, _)) => (Tensor::f_cat(&[pk, &k], 2)?, Tensor::f_cat(&[pv, &v], 2)?),
             None => (k.shallow_clone(), v.shallow_clone()),
         };
-        let (k_all, v_all) = if nkv == nh {
-            (k_all, v_all)
-        } else {
-            let rep = nh / nkv;
-            (
-                k_all.f_repeat_interleave_self_int(rep, 1, None)?,
-                v_all.f_repeat_interleave_self_int(rep, 1, None)?,
-            )
-        };
+        // Grouped-query attention without materialising repeated keys and
+        // values: query head h reads key/value head h / (nh / nkv), the
+        // layout `repeat_interleave` along the head axis would give.
         let scale = 1.0 / (hd as f64).sqrt();
         let mask = past.map(|(_, _, m)| m);
-        let att = Tensor::f_scaled_dot_product_attention(&q, &k_all, &v_all, mask, 0.0, mask.is_none(), scale, false)?;
+        let gqa = nkv != nh;
+        let att = Tensor::f_scaled_dot_product_attention(&q, &k_all, &v_all, mask, 0.0, mask.is_none(), scale, gqa)?;
         let att = att.f_transpose(1, 2)?.f_reshape([b, l, nh * hd])?;
         let x = x.f_add(&att.f_linear::<&Tensor>(&blk.attn_output, None)?)?;
 

@@ -3,6 +3,7 @@
 //! and export of the BF16 checkpoint.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use tributary_policy::{PolicyError, ReferenceModel, pad_batch};
@@ -52,8 +53,19 @@ pub struct TrainConfig {
     /// on a 23 GiB machine (`scripts/train-bench.sh`); the loss is normalised
     /// over the whole batch, so the split does not change the step.
     pub micro_batch_tokens: usize,
+    /// Run a prompt shared by several samples once per micro-batch (the
+    /// samples of one group attend to its keys and values,
+    /// [`ReferenceModel::forward_hidden_shared_prefix`]) instead of once per
+    /// sample. The same loss and gradient up to rounding; on GRPO groups it
+    /// removes most of the prompt positions from the forward and backward.
+    #[serde(default = "default_share_prompts")]
+    pub share_prompts: bool,
     /// The objective.
     pub grpo: GrpoConfig,
+}
+
+fn default_share_prompts() -> bool {
+    true
 }
 
 impl Default for TrainConfig {
@@ -67,6 +79,7 @@ impl Default for TrainConfig {
             weight_decay: 0.1,
             grad_clip: 1.0,
             micro_batch_tokens: 512,
+            share_prompts: true,
             grpo: GrpoConfig::default(),
         }
     }
@@ -169,6 +182,85 @@ impl StepStats {
     }
 }
 
+/// Wall-clock split of the last [`Trainer::step`] (for benches).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTimings {
+    /// Micro-batches run.
+    pub micro_batches: usize,
+    /// Of those, micro-batches whose samples shared one prompt run once.
+    pub shared_prompt_batches: usize,
+    /// Token positions the model ran (a shared prompt counted once per
+    /// micro-batch; padding included).
+    pub positions: usize,
+    /// Forward: model, LM head on the completion positions, loss (s).
+    pub forward_s: f64,
+    /// Backward (s).
+    pub backward_s: f64,
+    /// Gradient norm, clipping and AdamW (s).
+    pub optimizer_s: f64,
+}
+
+/// A micro-batch: its samples and whether they share one prompt that runs once.
+struct MicroBatch<'a> {
+    samples: Vec<&'a Sample>,
+    shared_prompt: bool,
+}
+
+/// Splits `samples` into micro-batches of at most `budget` completion tokens
+/// (a longer sample goes alone). With `share`, samples with the same prompt
+/// go together and run their prompt once; the others (and a group's lone
+/// leftover) are packed by length as without.
+fn plan_micro_batches(samples: &[Sample], budget: usize, share: bool) -> Vec<MicroBatch<'_>> {
+    let mut out = Vec::new();
+    let mut rest = Vec::new();
+    if share {
+        let mut by_prompt: Vec<Vec<&Sample>> = Vec::new();
+        let mut index: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+        for s in samples {
+            let i = *index.entry(&s.tokens[..s.prompt_len]).or_insert_with(|| {
+                by_prompt.push(Vec::new());
+                by_prompt.len() - 1
+            });
+            by_prompt[i].push(s);
+        }
+        for group in by_prompt {
+            for mb in pack_by_length(group, budget) {
+                if mb.len() >= 2 {
+                    out.push(MicroBatch { samples: mb, shared_prompt: true });
+                } else {
+                    rest.extend(mb);
+                }
+            }
+        }
+    } else {
+        rest.extend(samples);
+    }
+    if !rest.is_empty() {
+        out.extend(pack_by_length(rest, budget).into_iter().map(|samples| MicroBatch { samples, shared_prompt: false }));
+    }
+    out
+}
+
+/// Sorts by length (similar lengths together: less padding) and fills
+/// micro-batches of at most `budget` completion tokens.
+fn pack_by_length(mut order: Vec<&Sample>, budget: usize) -> Vec<Vec<&Sample>> {
+    order.sort_by_key(|s| s.tokens.len());
+    let mut out: Vec<Vec<&Sample>> = Vec::new();
+    let mut used = 0;
+    for s in order {
+        let n = s.completion_len();
+        match out.last_mut() {
+            Some(m) if used + n <= budget => m.push(s),
+            _ => {
+                out.push(vec![s]);
+                used = 0;
+            }
+        }
+        used += n;
+    }
+    out
+}
+
 /// AdamW moments per parameter, plus the step count.
 #[derive(Debug, Default)]
 pub struct AdamState {
@@ -186,6 +278,7 @@ pub struct Trainer {
     model: ReferenceModel,
     adam: AdamState,
     cfg: TrainConfig,
+    timings: StepTimings,
 }
 
 impl Trainer {
@@ -196,7 +289,7 @@ impl Trainer {
 
     /// Wraps a model and optimiser state (e.g. restored from disk).
     pub fn new(model: ReferenceModel, adam: AdamState, cfg: TrainConfig) -> Self {
-        Trainer { model, adam, cfg }
+        Trainer { model, adam, cfg, timings: StepTimings::default() }
     }
 
     /// The model.
@@ -214,6 +307,11 @@ impl Trainer {
         &self.cfg
     }
 
+    /// Where the last [`Trainer::step`] spent its time.
+    pub fn last_timings(&self) -> &StepTimings {
+        &self.timings
+    }
+
     /// Optimiser steps taken.
     pub fn steps(&self) -> u64 {
         self.adam.t
@@ -226,34 +324,61 @@ impl Trainer {
     }
 
     /// Completion-token log-probs and entropies under the current weights,
-    /// flat over tokens, for a micro-batch (differentiable).
-    fn token_logprobs(&self, batch: &[&Sample]) -> Result<(Tensor, Tensor, Tensor), TrainError> {
+    /// flat over tokens, for a micro-batch (differentiable), and the number
+    /// of token positions the model ran.
+    fn token_logprobs(&self, mb: &MicroBatch<'_>) -> Result<(Tensor, Tensor, Tensor, usize), TrainError> {
         let device = self.model.device();
         let vocab = self.model.dims().vocab_size;
-        let seqs: Vec<&[u32]> = batch.iter().map(|s| s.tokens.as_slice()).collect();
-        let (tokens, _) = pad_batch(&seqs, vocab, 0, device)?;
-        let l = tokens.size()[1];
+        let batch = &mb.samples;
         let mut rows = Vec::new();
         let mut targets = Vec::new();
         let mut seq_of = Vec::new();
-        for (i, s) in batch.iter().enumerate() {
-            for p in s.prompt_len..s.tokens.len() {
-                rows.push(i as i64 * l + p as i64 - 1);
-                targets.push(i64::from(s.tokens[p]));
-                seq_of.push(i as i64);
+        let (hidden, positions) = if mb.shared_prompt {
+            // The prompt `[1, P]` once; the completions `[B, S]` attend to it.
+            // Over the rows `[prompt P | completions B·S]`, completion token k
+            // of sample i is predicted by the prompt's last row for k = 0,
+            // else by completion row (i, k − 1).
+            let p = batch[0].prompt_len;
+            let prompt: Vec<i64> = batch[0].tokens[..p].iter().map(|&t| i64::from(t)).collect();
+            let prefix = Tensor::f_from_slice(&prompt)?.f_view([1, p as i64])?.f_to_device(device)?;
+            let suffixes: Vec<&[u32]> = batch.iter().map(|s| &s.tokens[p..]).collect();
+            let (suffix, _) = pad_batch(&suffixes, vocab, 0, device)?;
+            let sl = suffix.size()[1];
+            for (i, s) in batch.iter().enumerate() {
+                for k in 0..s.completion_len() {
+                    rows.push(if k == 0 { p as i64 - 1 } else { p as i64 + i as i64 * sl + k as i64 - 1 });
+                    targets.push(i64::from(s.tokens[p + k]));
+                    seq_of.push(i as i64);
+                }
             }
-        }
-        let hidden = self.model.forward_hidden(&tokens)?;
-        let d = hidden.size()[2];
+            let (hp, hs) = self.model.forward_hidden_shared_prefix(&prefix, &suffix)?;
+            let d = hs.size()[2];
+            let h = Tensor::f_cat(&[hp.f_reshape([-1, d])?, hs.f_reshape([-1, d])?], 0)?;
+            (h, p + batch.len() * sl as usize)
+        } else {
+            let seqs: Vec<&[u32]> = batch.iter().map(|s| s.tokens.as_slice()).collect();
+            let (tokens, _) = pad_batch(&seqs, vocab, 0, device)?;
+            let l = tokens.size()[1];
+            for (i, s) in batch.iter().enumerate() {
+                for p in s.prompt_len..s.tokens.len() {
+                    rows.push(i as i64 * l + p as i64 - 1);
+                    targets.push(i64::from(s.tokens[p]));
+                    seq_of.push(i as i64);
+                }
+            }
+            let hidden = self.model.forward_hidden(&tokens)?;
+            let d = hidden.size()[2];
+            (hidden.f_reshape([-1, d])?, batch.len() * l as usize)
+        };
         let rows = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
-        let h = hidden.f_reshape([-1, d])?.f_index_select(0, &rows)?;
+        let h = hidden.f_index_select(0, &rows)?;
         let logits = self.model.lm_head(&h)?;
         let logp_all = logits.f_log_softmax(-1, Kind::Float)?;
         let targets = Tensor::f_from_slice(&targets)?.f_to_device(device)?;
         let logp = logp_all.f_gather(1, &targets.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
         let entropy = logp_all.f_exp()?.f_mul(&logp_all)?.f_sum_dim_intlist(-1, false, Kind::Float)?.f_neg()?;
         let seq = Tensor::f_from_slice(&seq_of)?.f_to_device(device)?;
-        Ok((logp, entropy, seq))
+        Ok((logp, entropy, seq, positions))
     }
 
     /// Validates samples (lengths, vocabulary, finite values).
@@ -278,6 +403,20 @@ impl Trainer {
     /// One optimiser step on `samples` (the whole batch; split into
     /// micro-batches of at most `micro_batch_tokens` completion tokens).
     pub fn step(&mut self, samples: &[Sample]) -> Result<StepStats, TrainError> {
+        let mut st = self.accumulate_gradients(samples)?;
+        let t = self.adam.t + 1;
+        st.lr = self.lr_at(t);
+        let t0 = Instant::now();
+        st.grad_norm = self.apply_adamw(t, st.lr)?;
+        self.timings.optimizer_s = t0.elapsed().as_secs_f64();
+        st.step = t;
+        Ok(st)
+    }
+
+    /// Forward and backward of every micro-batch: the batch loss's gradient
+    /// accumulated into the parameters' `.grad`, and the step's figures
+    /// (all but learning rate, gradient norm and step number).
+    fn accumulate_gradients(&mut self, samples: &[Sample]) -> Result<StepStats, TrainError> {
         if samples.is_empty() {
             return Err(TrainError::Invalid("empty batch".into()));
         }
@@ -285,27 +424,17 @@ impl Trainer {
         let device = self.model.device();
         let total_tokens: usize = samples.iter().map(Sample::completion_len).sum();
         let total_seqs = samples.len();
-        // Similar lengths together: less padding.
-        let mut order: Vec<&Sample> = samples.iter().collect();
-        order.sort_by_key(|s| s.tokens.len());
-        let mut micro: Vec<Vec<&Sample>> = vec![Vec::new()];
-        let mut used = 0;
-        for s in order {
-            let n = s.completion_len();
-            if used + n > self.cfg.micro_batch_tokens && !micro.last().is_some_and(Vec::is_empty) {
-                micro.push(Vec::new());
-                used = 0;
-            }
-            used += n;
-            if let Some(m) = micro.last_mut() {
-                m.push(s);
-            }
-        }
+        let micro = plan_micro_batches(samples, self.cfg.micro_batch_tokens, self.cfg.share_prompts);
+        let mut tm = StepTimings { micro_batches: micro.len(), ..StepTimings::default() };
 
         let mut st = StepStats { seqs: total_seqs, tokens: total_tokens, ..StepStats::default() };
         let (mut clip_lo, mut clip_hi, mut capped) = (0usize, 0usize, 0usize);
         for mb in &micro {
-            let (logp, entropy, seq) = self.token_logprobs(mb)?;
+            let t0 = Instant::now();
+            tm.shared_prompt_batches += usize::from(mb.shared_prompt);
+            let (logp, entropy, seq, positions) = self.token_logprobs(mb)?;
+            tm.positions += positions;
+            let mb = &mb.samples;
             let old: Vec<f32> = mb.iter().flat_map(|s| s.old_logprobs.iter().copied()).collect();
             let lens: Vec<f32> = mb.iter().map(|s| s.completion_len() as f32).collect();
             let adv: Vec<f32> = mb.iter().map(|s| s.advantage).collect();
@@ -325,7 +454,10 @@ impl Trainer {
                     total_seqs: total_seqs as f64,
                 },
             )?;
+            let t1 = Instant::now();
             out.loss.f_backward()?;
+            tm.forward_s += (t1 - t0).as_secs_f64();
+            tm.backward_s += t1.elapsed().as_secs_f64();
             st.loss += out.loss.f_double_value(&[])?;
             st.pg_loss += out.pg;
             st.kl += out.kl;
@@ -344,11 +476,7 @@ impl Trainer {
         st.reward_mean = samples.iter().map(|s| f64::from(s.reward)).sum::<f64>() / n;
         st.reward_std =
             (samples.iter().map(|s| (f64::from(s.reward) - st.reward_mean).powi(2)).sum::<f64>() / n).sqrt();
-
-        let t = self.adam.t + 1;
-        st.lr = self.lr_at(t);
-        st.grad_norm = self.apply_adamw(t, st.lr)?;
-        st.step = t;
+        self.timings = tm;
         Ok(st)
     }
 
@@ -363,12 +491,18 @@ impl Trainer {
             for (_, p) in &vars {
                 let g = p.grad();
                 if g.defined() {
-                    sq += g.f_square()?.f_sum(Kind::Double)?.f_double_value(&[])?;
+                    let n = g.f_norm()?.f_double_value(&[])?;
+                    sq += n * n;
                 }
             }
             let norm = sq.sqrt();
             let scale = if c.grad_clip > 0.0 && norm > c.grad_clip { c.grad_clip / (norm + 1e-6) } else { 1.0 };
             let (bc1, bc2) = (1.0 - c.beta1.powi(t as i32), 1.0 - c.beta2.powi(t as i32));
+            // In place, as torch.optim.AdamW: m ← lerp(m, g, 1−β1),
+            // v ← lerp(v, g², 1−β2), p ← p·(1 − lr·wd) − (lr/bc1)·m / (√v/√bc2 + ε).
+            // tch's addcdiv_ has no factor, so it rides on the denominator:
+            // p + m / ((√v/√bc2 + ε) · (−bc1/lr)).
+            let denom_scale = -bc1 / lr;
             for (name, p) in &mut vars {
                 let mut g = p.grad();
                 if !g.defined() {
@@ -378,13 +512,13 @@ impl Trainer {
                     let _ = g.f_mul_scalar_(scale)?;
                 }
                 let m = self.adam.m.entry(name.clone()).or_insert_with(|| g.zeros_like());
-                let _ = m.f_mul_scalar_(c.beta1)?.f_add_(&g.f_mul_scalar(1.0 - c.beta1)?)?;
+                let _ = m.f_lerp_(&g, 1.0 - c.beta1)?;
                 let v = self.adam.v.entry(name.clone()).or_insert_with(|| g.zeros_like());
-                let _ = v.f_mul_scalar_(c.beta2)?.f_add_(&g.f_square()?.f_mul_scalar(1.0 - c.beta2)?)?;
-                let denom = v.f_div_scalar(bc2)?.f_sqrt()?.f_add_scalar(c.eps)?;
-                let update = m.f_div(&denom)?.f_mul_scalar(lr / bc1)?;
+                let _ = v.f_lerp_(&g.f_square()?, 1.0 - c.beta2)?;
+                let mut denom = v.f_sqrt()?;
+                let _ = denom.f_div_scalar_(bc2.sqrt())?.f_add_scalar_(c.eps)?.f_mul_scalar_(denom_scale)?;
                 let _ = p.f_mul_scalar_(1.0 - lr * c.weight_decay)?;
-                let _ = p.f_sub_(&update)?;
+                let _ = p.f_addcdiv_(m, &denom)?;
                 let _ = g.f_zero_()?;
             }
             self.adam.t = t;
@@ -429,4 +563,110 @@ pub fn export_checkpoint(model: &ReferenceModel, template: &Checkpoint) -> Resul
         Ok(())
     })?;
     Ok(w.to_bytes()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_protocol::checkpoint::ModelConfig;
+
+    /// A small random model (GQA: 4 query heads over 2 key/value heads).
+    fn model(seed: u64) -> ReferenceModel {
+        let dims = ModelConfig {
+            n_layer: 2,
+            d_model: 32,
+            n_head: 4,
+            n_head_kv: 2,
+            d_ff: 48,
+            vocab_size: 64,
+            rms_eps: 1e-5,
+            rope_theta: 10000.0,
+            context_length: 64,
+        };
+        let shapes = tributary_policy::tensor_shapes(&dims, false);
+        let mut x = seed | 1;
+        ReferenceModel::from_fn(dims, Device::Cpu, |name| {
+            let Some((_, shape)) = shapes.iter().find(|(n, _)| n == name) else { return Ok(None) };
+            let n = shape.iter().product::<i64>() as usize;
+            let norm = name.contains("norm");
+            let mut uniform = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            };
+            Ok(Some((0..n).map(|_| if norm { 1.0 + 0.2 * uniform() } else { 0.4 * uniform() }).collect()))
+        })
+        .unwrap()
+    }
+
+    /// Two groups sharing their prompts (completion lengths vary), one lone sample.
+    fn samples() -> Vec<Sample> {
+        let mut out = Vec::new();
+        let mut x = 99u64;
+        let mut next = |m: u64| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for (g, group) in [(0, 4), (1, 3), (2, 1)] {
+            let prompt: Vec<u32> = (0..5 + g).map(|_| next(64) as u32).collect();
+            for i in 0..group {
+                let n = 2 + next(6) as usize;
+                let mut tokens = prompt.clone();
+                tokens.extend((0..n).map(|_| next(64) as u32));
+                let old_logprobs = (0..n).map(|_| -(next(1000) as f32) / 300.0 - 1.0).collect();
+                let advantage = [1.0, -0.5, 0.25, -1.2][i % 4];
+                out.push(Sample { tokens, prompt_len: prompt.len(), old_logprobs, advantage, reward: advantage });
+            }
+        }
+        out
+    }
+
+    fn grads(tr: &Trainer) -> BTreeMap<String, Tensor> {
+        tr.model.var_store().variables().into_iter().map(|(k, v)| (k, v.grad().copy())).collect()
+    }
+
+    #[test]
+    fn shared_prompt_micro_batches_give_the_same_loss_and_gradient() {
+        let cfg = TrainConfig { micro_batch_tokens: 12, ..TrainConfig::default() };
+        let mut shared = Trainer::new(model(7), AdamState::default(), cfg);
+        let mut plain = Trainer::new(model(7), AdamState::default(), TrainConfig { share_prompts: false, ..cfg });
+        let batch = samples();
+        let a = shared.accumulate_gradients(&batch).unwrap();
+        let b = plain.accumulate_gradients(&batch).unwrap();
+        assert!(shared.last_timings().shared_prompt_batches >= 2, "{:?}", shared.last_timings());
+        assert_eq!(plain.last_timings().shared_prompt_batches, 0);
+        assert!(shared.last_timings().positions < plain.last_timings().positions);
+        assert!(a.loss.abs() > 1e-3, "a non-trivial loss: {}", a.loss);
+        assert!((a.loss - b.loss).abs() < 1e-6 * (1.0 + b.loss.abs()), "loss {} vs {}", a.loss, b.loss);
+        assert!((a.entropy - b.entropy).abs() < 1e-5 * b.entropy, "entropy {} vs {}", a.entropy, b.entropy);
+        let (ga, gb) = (grads(&shared), grads(&plain));
+        assert_eq!(ga.len(), gb.len());
+        for (name, g) in &gb {
+            let scale = g.abs().max().double_value(&[]);
+            let diff = (&ga[name] - g).abs().max().double_value(&[]);
+            assert!(scale > 0.0, "{name} has no gradient");
+            assert!(diff <= 1e-4 * scale, "{name}: gradients differ by {diff} (max {scale})");
+        }
+    }
+
+    #[test]
+    fn micro_batches_respect_the_token_budget_and_keep_every_sample() {
+        let batch = samples();
+        for share in [true, false] {
+            let plan = plan_micro_batches(&batch, 12, share);
+            let n: usize = plan.iter().map(|m| m.samples.len()).sum();
+            assert_eq!(n, batch.len());
+            for m in &plan {
+                let tokens: usize = m.samples.iter().map(|s| s.completion_len()).sum();
+                assert!(tokens <= 12 || m.samples.len() == 1, "{tokens} tokens in {} samples", m.samples.len());
+                if m.shared_prompt {
+                    assert!(m.samples.len() >= 2);
+                    let p = &m.samples[0].tokens[..m.samples[0].prompt_len];
+                    assert!(m.samples.iter().all(|s| &s.tokens[..s.prompt_len] == p));
+                }
+            }
+            assert_eq!(plan.iter().any(|m| m.shared_prompt), share);
+        }
+    }
 }

@@ -53,6 +53,10 @@ struct Args {
     /// table shows medians. The delta figures are those of the first step.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Run every sample's prompt in full on both sides (`TrainConfig::share_prompts`
+    /// off; the PyTorch script without `--share-prompts`).
+    #[arg(long)]
+    no_share_prompts: bool,
     /// Skip the PyTorch comparison.
     #[arg(long)]
     no_pytorch: bool,
@@ -128,7 +132,7 @@ fn default_python() -> PathBuf {
 fn run_pytorch(
     args: &Args,
     python: &Path,
-    micro_batch_tokens: usize,
+    cfg: &TrainConfig,
     check: Option<(&Path, &[u32])>,
 ) -> Result<BTreeMap<String, String>> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pytorch-grpo-bench.py");
@@ -137,7 +141,10 @@ fn run_pytorch(
         .args(["--hf".as_ref(), args.hf.as_os_str()])
         .args(["--batch".as_ref(), args.batch.as_os_str()])
         .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()])
-        .args(["--micro-batch-tokens", &micro_batch_tokens.to_string()]);
+        .args(["--micro-batch-tokens", &cfg.micro_batch_tokens.to_string()]);
+    if cfg.share_prompts {
+        cmd.arg("--share-prompts");
+    }
     if let Some((ref_logits, prompt)) = check {
         let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
         cmd.args(["--ref-logits".as_ref(), ref_logits.as_os_str()]).args(["--prompt", &prompt.join(",")]);
@@ -165,7 +172,8 @@ fn main() -> Result<()> {
     let seqs = samples.len();
     let prompt_tokens: usize = samples.iter().map(|s| s.prompt_len).sum();
     let completion_tokens: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
-    let cfg = TrainConfig { lr: args.lr, warmup_steps: 1, ..TrainConfig::default() };
+    let share_prompts = !args.no_share_prompts;
+    let cfg = TrainConfig { lr: args.lr, warmup_steps: 1, share_prompts, ..TrainConfig::default() };
     let mut trainer = Trainer::from_checkpoint(&base, Device::Cpu, cfg)?;
 
     // Reference next-token logits on the first prompt (for the HF parity check).
@@ -184,6 +192,14 @@ fn main() -> Result<()> {
     let stats = trainer.step(&samples)?;
     let mut rust_wall = vec![t.elapsed().as_secs_f64()];
     let mut rust_cpu = vec![process_cpu_secs() - cpu];
+    let split = |tr: &Trainer| {
+        let t = tr.last_timings();
+        eprintln!(
+            "Rust step: {} micro-batches ({} with a shared prompt), {} positions; forward {:.2} s, backward {:.2} s, optimiser {:.2} s",
+            t.micro_batches, t.shared_prompt_batches, t.positions, t.forward_s, t.backward_s, t.optimizer_s
+        );
+    };
+    split(&trainer);
 
     let t = Instant::now();
     let new_bytes = trainer.export_checkpoint(&base)?;
@@ -225,9 +241,10 @@ fn main() -> Result<()> {
                 trainer.step(&samples)?;
                 rust_wall.push(t.elapsed().as_secs_f64());
                 rust_cpu.push(process_cpu_secs() - cpu);
+                split(&trainer);
             }
             let check = (round == 0).then_some((ref_path.as_path(), prompt.as_slice()));
-            let out = run_pytorch(&args, &python, cfg.micro_batch_tokens, check)?;
+            let out = run_pytorch(&args, &python, &cfg, check)?;
             let get = |k: &str| out.get(k).and_then(|v| v.parse::<f64>().ok());
             if let (Some(w), Some(c)) = (get("pytorch_step_seconds"), get("pytorch_step_cpu_seconds")) {
                 py_wall.push(w);
@@ -256,7 +273,10 @@ fn main() -> Result<()> {
     let (rust_step, rust_cpu_m) = (median(&rust_wall), median(&rust_cpu));
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("batch: {seqs} sequences, {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}", cfg.micro_batch_tokens);
+    println!(
+        "batch: {seqs} sequences, {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}, share_prompts={}",
+        cfg.micro_batch_tokens, cfg.share_prompts
+    );
     println!("step: lr={:e} loss={:.6} grad_norm={:.4} ratio_mean={:.4} entropy={:.4}", stats.lr, stats.loss, stats.grad_norm, stats.ratio_mean, stats.entropy);
     println!("threads={threads} loadavg={}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     println!();

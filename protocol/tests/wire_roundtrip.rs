@@ -125,7 +125,63 @@ fn frame() -> impl Strategy<Value = Frame> {
             })),
         (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>())
             .prop_map(|(base, id, offset)| Frame::GetDelta(GetDelta { base: ContentId(base), id: ContentId(id), offset })),
+        (any::<u64>(), proptest::collection::vec(blob(512), 0..8))
+            .prop_map(|(seq, rollouts)| Frame::SubmitBatch(SubmitBatch { seq, rollouts })),
+        (any::<u64>(), proptest::collection::vec(outcome(), 0..16))
+            .prop_map(|(seq, outcomes)| Frame::BatchAnswer(BatchAnswer { seq, outcomes })),
+        (trainer_stats_body(), sig()).prop_map(|(body, signature)| Frame::PostTrainerStats(TrainerStats { body, signature })),
+        any::<u64>().prop_map(|window| Frame::TrainerStatsAck(TrainerStatsAck { window })),
     ]
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![any::<[u8; 32]>().prop_map(Outcome::Stored), reason().prop_map(Outcome::Refused)]
+}
+
+/// A finite figure (NaN would not compare equal after the round trip).
+fn fig() -> impl Strategy<Value = f64> {
+    -1e9f64..1e9
+}
+
+fn trainer_stats_body() -> impl Strategy<Value = TrainerStatsBody> {
+    let windows = (any::<u64>(), any::<[u8; 32]>(), any::<u64>(), any::<u64>(), any::<u64>(), key());
+    let figures = (fig(), fig(), fig(), fig(), fig(), fig(), fig(), fig(), fig(), fig());
+    let counts = (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>());
+    let rest = (any::<bool>(), proptest::option::of(0.0f64..=1.0));
+    (windows, figures, counts, rest).prop_map(
+        |(
+            (window, checkpoint, first_trained, last_trained, step, trainer),
+            (lr, loss, pg_loss, kl, entropy, clip_low_frac, clip_high_frac, grad_norm, reward_mean, reward_std),
+            (seqs, tokens, groups_kept, groups_dropped, groups_held, payload_bytes, checkpoint_bytes),
+            (delta, change_fraction),
+        )| TrainerStatsBody {
+            window,
+            checkpoint: ContentId(checkpoint),
+            first_trained,
+            last_trained,
+            step,
+            lr,
+            loss,
+            pg_loss,
+            kl,
+            entropy,
+            clip_low_frac,
+            clip_high_frac,
+            grad_norm,
+            reward_mean,
+            reward_std,
+            seqs,
+            tokens,
+            groups_kept,
+            groups_dropped,
+            groups_held,
+            payload_bytes,
+            checkpoint_bytes,
+            delta,
+            change_fraction,
+            trainer,
+        },
+    )
 }
 
 proptest! {

@@ -290,8 +290,15 @@ fn main() -> Result<()> {
         let (p, pc) = (median(&py_wall), median(&py_cpu));
         println!("| PyTorch step, median (s) | {p:.2} ({}) |", list(&py_wall));
         println!("| PyTorch step CPU, median (s) | {pc:.2} ({}) |", list(&py_cpu));
-        println!("| PyTorch / Rust, wall (goal ≥ 1.0) | {:.2} |", p / rust_step);
-        println!("| PyTorch / Rust, CPU | {:.2} |", pc / rust_cpu_m);
+        // Each round's own ratio (its Rust and PyTorch steps ran back to
+        // back, under about the same load), then their median.
+        let per_round: Vec<f64> = py_wall.iter().zip(&rust_wall).map(|(p, r)| p / r).collect();
+        let per_round_cpu: Vec<f64> = py_cpu.iter().zip(&rust_cpu).map(|(p, r)| p / r).collect();
+        let list2 = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
+        println!("| PyTorch / Rust per round, wall (goal ≥ 1.0) | median {:.2} ({}) |", median(&per_round), list2(&per_round));
+        println!("| PyTorch / Rust per round, CPU | median {:.2} ({}) |", median(&per_round_cpu), list2(&per_round_cpu));
+        println!("| PyTorch / Rust, medians, wall | {:.2} |", p / rust_step);
+        println!("| PyTorch / Rust, medians, CPU | {:.2} |", pc / rust_cpu_m);
     }
     if let Some(l) = py.get("pytorch_loss") {
         println!("| PyTorch loss, step 1 (Rust {:.6}) | {l} |", stats.loss);

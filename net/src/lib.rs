@@ -99,52 +99,6 @@ pub fn server_config(cert_der: Vec<u8>, key_der: Vec<u8>) -> Result<quinn::Serve
     Ok(cfg)
 }
 
-/// Accepts exactly the server certificate whose fingerprint is pinned.
-#[derive(Debug)]
-struct Pinned {
-    fingerprint: String,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if fingerprint(end_entity).eq_ignore_ascii_case(&self.fingerprint) {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General("certificate fingerprint does not match the pin".into()))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("TLS 1.2 is not used".into()))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// How a client recognises the coordinator's certificate.
 #[derive(Debug, Clone)]
 pub enum Pin {
@@ -190,6 +144,33 @@ pub fn read_ca(path: &Path) -> Result<String, NetError> {
     Ok(text)
 }
 
+/// The coordinator a client role's configuration names: its address
+/// (`HOST:PORT`, resolved) and its pin spec ([`Pin::parse`]) — the
+/// `fingerprint`, or the PEM text of the `ca` file; exactly one of the two.
+pub fn coordinator_target(
+    address: Option<&str>,
+    fingerprint: Option<&str>,
+    ca: Option<&Path>,
+) -> Result<(std::net::SocketAddr, String), NetError> {
+    use std::net::ToSocketAddrs;
+    let config = |m: String| NetError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, m));
+    let c = address.ok_or_else(|| config("give the coordinator's address (`coordinator` or --coordinator)".into()))?;
+    let addr = c
+        .to_socket_addrs()
+        .map_err(|e| config(format!("coordinator {c:?}: {e}")))?
+        .next()
+        .ok_or_else(|| config(format!("coordinator {c:?} has no address")))?;
+    let pin = match (fingerprint, ca) {
+        (Some(f), None) => f.trim().to_string(),
+        (None, Some(ca)) => read_ca(ca)?,
+        (Some(_), Some(_)) => return Err(config("give the coordinator's `fingerprint` or a `ca` file, not both".into())),
+        (None, None) => {
+            return Err(config("give the coordinator's `fingerprint` or a `ca` file (--fingerprint HEX / --ca FILE)".into()));
+        }
+    };
+    Ok((addr, pin))
+}
+
 /// Reads a certificate and its private key (PEM, the key PKCS#8) and returns
 /// them as DER, as [`server_config`] takes them, after checking that they
 /// belong together. For a coordinator run with an operator's certificate.
@@ -230,14 +211,23 @@ fn ca_roots(certs: &[CertificateDer<'static>]) -> Result<rustls::RootCertStore, 
     Ok(roots)
 }
 
-/// Accepts a server certificate signed directly by one of the pinned CAs.
+/// What a [`PinVerifier`] accepts.
 #[derive(Debug)]
-struct CaPinned {
-    roots: Vec<CertificateDer<'static>>,
+enum Accept {
+    /// Exactly the certificate with this fingerprint.
+    Fingerprint(String),
+    /// Any certificate signed directly by one of these trust anchors.
+    Ca(rustls::RootCertStore),
+}
+
+/// Accepts the coordinator's certificate as the client's [`Pin`] names it.
+#[derive(Debug)]
+struct PinVerifier {
+    accept: Accept,
     provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for CaPinned {
+impl ServerCertVerifier for PinVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -246,21 +236,29 @@ impl ServerCertVerifier for CaPinned {
         _ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let roots = ca_roots(&self.roots)?;
-        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )
-        .map_err(|e| match e {
-            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer | rustls::CertificateError::BadSignature) => {
-                rustls::Error::General("certificate is not signed by the pinned CA".into())
+        match &self.accept {
+            Accept::Fingerprint(pinned) => {
+                if !fingerprint(end_entity).eq_ignore_ascii_case(pinned) {
+                    return Err(rustls::Error::General("certificate fingerprint does not match the pin".into()));
+                }
             }
-            other => other,
-        })?;
+            Accept::Ca(roots) => {
+                let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+                rustls::client::verify_server_cert_signed_by_trust_anchor(
+                    &cert,
+                    roots,
+                    intermediates,
+                    now,
+                    self.provider.signature_verification_algorithms.all,
+                )
+                .map_err(|e| match e {
+                    rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer | rustls::CertificateError::BadSignature) => {
+                        rustls::Error::General("certificate is not signed by the pinned CA".into())
+                    }
+                    other => other,
+                })?;
+            }
+        }
         Ok(ServerCertVerified::assertion())
     }
 
@@ -291,10 +289,11 @@ impl ServerCertVerifier for CaPinned {
 /// pin spec ([`Pin::parse`]): a fingerprint (hex) or a CA's PEM text.
 pub fn client_config(pin: &str) -> Result<quinn::ClientConfig, NetError> {
     let provider = provider();
-    let verifier: Arc<dyn ServerCertVerifier> = match Pin::parse(pin)? {
-        Pin::Fingerprint(fingerprint) => Arc::new(Pinned { fingerprint, provider: provider.clone() }),
-        Pin::Ca(roots) => Arc::new(CaPinned { roots, provider: provider.clone() }),
+    let accept = match Pin::parse(pin)? {
+        Pin::Fingerprint(fingerprint) => Accept::Fingerprint(fingerprint),
+        Pin::Ca(certs) => Accept::Ca(ca_roots(&certs).map_err(|e| NetError::Tls(format!("CA certificate: {e}")))?),
     };
+    let verifier = Arc::new(PinVerifier { accept, provider: provider.clone() });
     let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| NetError::Tls(e.to_string()))?

@@ -177,16 +177,7 @@ impl RunArgs {
 impl RunConfig {
     /// The coordinator's address and pin spec.
     fn coordinator(&self) -> Result<(std::net::SocketAddr, String)> {
-        use std::net::ToSocketAddrs;
-        let Some(c) = &self.coordinator else { anyhow::bail!("give the coordinator's address (`coordinator` or --coordinator)") };
-        let addr = c.to_socket_addrs().with_context(|| format!("coordinator {c:?}"))?.next().with_context(|| format!("coordinator {c:?} has no address"))?;
-        let pin = match (&self.fingerprint, &self.ca) {
-            (Some(f), None) => f.trim().to_string(),
-            (None, Some(ca)) => tributary_net::read_ca(ca)?,
-            (Some(_), Some(_)) => anyhow::bail!("give the coordinator's `fingerprint` or a `ca` file, not both"),
-            (None, None) => anyhow::bail!("give the coordinator's `fingerprint` or a `ca` file (--fingerprint HEX / --ca FILE)"),
-        };
-        Ok((addr, pin))
+        Ok(tributary_net::coordinator_target(self.coordinator.as_deref(), self.fingerprint.as_deref(), self.ca.as_deref())?)
     }
 }
 

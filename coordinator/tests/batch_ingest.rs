@@ -6,11 +6,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 
-use common::{other_checkpoint, rollout, within};
+use common::{other_checkpoint, rollout, spawn, within};
 use coordinator::net::{NetError, Session};
 use coordinator::node::{self, Config};
 use tributary_protocol::checkpoint::ContentId;
@@ -143,42 +140,6 @@ async fn batch_outcomes_in_order_and_nothing_refused_is_stored() {
     within(s.send.write_all(&raw)).await.unwrap();
     assert!(matches!(within(s.recv()).await, Err(NetError::Refused(ErrorCode::Malformed, _))));
     assert_eq!(node.shared.store.rollout_count().unwrap(), 13);
-}
-
-struct Proc {
-    child: Child,
-    quic: SocketAddr,
-    fingerprint: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(data: &std::path::Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
-        .args(["run", "--dev", "--window-ms", "600000", "--data"])
-        .arg(data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut get = |prefix: &str| {
-        // Bounded: the child prints these lines first or exits (closing stdout).
-        let line = lines.next().expect("coordinator exited").unwrap();
-        line.strip_prefix(prefix).unwrap_or_else(|| panic!("expected {prefix}, got {line}")).to_string()
-    };
-    let quic = get("quic=").parse().unwrap();
-    let _http = get("http=");
-    let fingerprint = get("fingerprint=");
-    // Read every line it prints up front (a closed pipe would end it).
-    let _checkpoint = get("checkpoint=");
-    let _data = get("data=");
-    Proc { child, quic, fingerprint }
 }
 
 #[tokio::test]

@@ -4,49 +4,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 
-use common::{rollout, within};
+use common::{rollout, spawn, within};
 use coordinator::net::Session;
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::wire::*;
-
-struct Proc {
-    child: Child,
-    quic: SocketAddr,
-    fingerprint: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(data: &std::path::Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
-        .args(["run", "--dev", "--window-ms", "600000", "--data"])
-        .arg(data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut get = |prefix: &str| {
-        // Bounded: the child prints these lines first or exits (closing stdout).
-        let line = lines.next().expect("coordinator exited").unwrap();
-        line.strip_prefix(prefix).unwrap_or_else(|| panic!("expected {prefix}, got {line}")).to_string()
-    };
-    let quic = get("quic=").parse().unwrap();
-    let _http = get("http=");
-    let fingerprint = get("fingerprint=");
-    let _checkpoint = get("checkpoint=");
-    let _data = get("data=");
-    Proc { child, quic, fingerprint }
-}
 
 #[tokio::test]
 async fn acknowledged_rollouts_survive_kill_9() {

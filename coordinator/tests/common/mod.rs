@@ -2,6 +2,9 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use tributary_protocol::checkpoint::ContentId;
@@ -44,4 +47,42 @@ pub fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32, complet
 /// A checkpoint id that is not the window's.
 pub fn other_checkpoint() -> ContentId {
     ContentId([0xAB; 32])
+}
+
+/// A `coordinator run --dev` child process (killed, not stopped, on drop).
+pub struct Proc {
+    pub child: Child,
+    pub quic: SocketAddr,
+    pub fingerprint: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `coordinator run --dev` on `data` (long windows) and reads the
+/// lines it prints first.
+pub fn spawn(data: &std::path::Path) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        .args(["run", "--dev", "--window-ms", "600000", "--data"])
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut get = |prefix: &str| {
+        // Bounded: the child prints these lines first or exits (closing stdout).
+        let line = lines.next().expect("coordinator exited").unwrap();
+        line.strip_prefix(prefix).unwrap_or_else(|| panic!("expected {prefix}, got {line}")).to_string()
+    };
+    let quic = get("quic=").parse().unwrap();
+    let _http = get("http=");
+    let fingerprint = get("fingerprint=");
+    let _checkpoint = get("checkpoint=");
+    let _data = get("data=");
+    Proc { child, quic, fingerprint }
 }

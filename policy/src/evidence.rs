@@ -68,6 +68,19 @@ impl SequenceEvidence {
         self.logprob.len()
     }
 
+    /// The per-position figures the protocol's checks take.
+    pub fn positions(&self) -> Vec<tributary_protocol::verify::PositionEvidence> {
+        (0..self.len())
+            .map(|j| tributary_protocol::verify::PositionEvidence {
+                logprob_t1: self.logprob[j] as f32,
+                prob_t1: self.prob_t1[j] as f32,
+                prob_sampling: self.prob_temp[j] as f32,
+                cdf_lo: self.cdf_lo[j],
+                cdf_hi: self.cdf_hi[j],
+            })
+            .collect()
+    }
+
     /// Whether there are no completion tokens.
     pub fn is_empty(&self) -> bool {
         self.logprob.is_empty()

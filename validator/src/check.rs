@@ -30,7 +30,7 @@ use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::{Rollout, RolloutLimits, SamplingParams};
 use tributary_protocol::sketch::{self, SketchError, SketchKey};
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
-use tributary_protocol::verify::{self, Assignment, Evidence, PositionEvidence, Status, Verdict, VerifyError, VerifyParams};
+use tributary_protocol::verify::{self, Assignment, Evidence, Status, Verdict, VerifyError, VerifyParams};
 
 /// Longest JSONL line read (a record of 16 384 tokens is well under 1 MiB).
 pub const MAX_LINE_BYTES: usize = 8 << 20;
@@ -433,16 +433,7 @@ pub fn rollout_evidence(
                 *s = sketch::sketch(h, key, &params.sketch)?;
             }
         }
-        let positions = (0..ev.len())
-            .map(|j| PositionEvidence {
-                logprob_t1: ev.logprob[j] as f32,
-                prob_t1: ev.prob_t1[j] as f32,
-                prob_sampling: ev.prob_temp[j] as f32,
-                cdf_lo: ev.cdf_lo[j],
-                cdf_hi: ev.cdf_hi[j],
-            })
-            .collect();
-        out.push(Evidence { sketches, positions });
+        out.push(Evidence { sketches, positions: ev.positions() });
     }
     Ok(out)
 }

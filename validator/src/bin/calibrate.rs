@@ -36,7 +36,7 @@ use tributary_protocol::rollout::{Rollout, SamplingParams};
 use tributary_protocol::sampling;
 use tributary_protocol::sketch::{self, SketchKey};
 use tributary_protocol::tokenizer::Tokenizer;
-use tributary_protocol::verify::{self, Assignment, CheckKind, Evidence, PositionEvidence, Severity, Verdict, VerifyParams};
+use tributary_protocol::verify::{self, Assignment, CheckKind, Evidence, Severity, Verdict, VerifyParams};
 
 #[derive(Parser, Debug)]
 #[command(about = "Calibrate the proof constants on the real model")]
@@ -414,15 +414,7 @@ impl Run {
                     f.sketch_ratio.push(f64::from(d) / f64::from(sketch::tolerance(pos, &p.sketch)));
                 }
                 let pl = r.prompt_len as usize;
-                let positions: Vec<PositionEvidence> = (0..ev.len())
-                    .map(|j| PositionEvidence {
-                        logprob_t1: ev.logprob[j] as f32,
-                        prob_t1: ev.prob_t1[j] as f32,
-                        prob_sampling: ev.prob_temp[j] as f32,
-                        cdf_lo: ev.cdf_lo[j],
-                        cdf_hi: ev.cdf_hi[j],
-                    })
-                    .collect();
+                let positions = ev.positions();
                 for (j, e) in positions.iter().enumerate() {
                     f.dlp.push((f64::from(r.logprobs[j]) - ev.logprob[j]).abs());
                     let u = sampling::draw_u(&secrets.seed, &r.miner, r.group, r.rollout, (pl + j) as u32);

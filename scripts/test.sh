@@ -18,6 +18,23 @@ bash scripts/setup.sh
 features=(--features edge-miner/wgpu)
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 
+# GSM8K (MIT) is not downloadable here: the project's checkouts keep it in
+# `shared/data/gsm8k` beside the repository. A clone made elsewhere (a
+# throwaway CI folder) finds it beside the repository it was cloned from.
+gsm8k_beside() { [ -f "$1/shared/data/gsm8k/test.jsonl" ] && printf '%s/shared/data/gsm8k' "$1"; }
+if [ -z "${TRIBUTARY_GSM8K_DIR:-}" ]; then
+  d="$root"
+  while [ "$d" != / ] && ! gsm8k_beside "$d" >/dev/null; do d="$(dirname "$d")"; done
+  if ! gsm8k_beside "$d" >/dev/null; then
+    origin="$(git remote get-url origin 2>/dev/null || true)"
+    if [ -n "$origin" ] && [ -d "$origin" ]; then
+      d="$(cd "$origin" && pwd)"
+      while [ "$d" != / ] && ! gsm8k_beside "$d" >/dev/null; do d="$(dirname "$d")"; done
+      if dir="$(gsm8k_beside "$d")"; then export TRIBUTARY_GSM8K_DIR="$dir"; fi
+    fi
+  fi
+fi
+
 stamp "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked "${features[@]}"
 

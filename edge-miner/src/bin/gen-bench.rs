@@ -5,11 +5,15 @@
 //!   — embeddings off, llama.cpp's own `temp`+`dist` sampler, no
 //!   log-probabilities, no sketches;
 //! - raw, miner numerics: the same with the settings the proof contract needs
-//!   for reproducible numerics (flash attention off, f32 KV cache; see
-//!   docs/calibration.md §1), so the gap splits into numerics and proof work;
+//!   for plain-f32 numerics ([`with_exact_numerics`]: an F32 KV cache that the
+//!   vendored llama.cpp keeps F32 in flash attention; docs/calibration.md §1),
+//!   so the gap splits into numerics and proof work;
 //! - miner: [`LlamaCppBackend::generate_group`] — embeddings on, the protocol's
 //!   seeded sampler with raw log-probabilities, a sketch at every position
-//!   (plus the extra decode that gives the last token's state).
+//!   (plus the extra decode that gives the last token's state). Its sampler
+//!   (vectorised, `cargo bench -p tributary-protocol --bench sampling`) is
+//!   cheaper than llama.cpp's `temp`+`dist` chain, which is why "proof work"
+//!   can come out above 1.
 //!
 //! Both prefill the prompt once and copy its KV cache to every sequence, and
 //! run exactly `--max-new-tokens` tokens per sequence (no EOG stop).
@@ -23,8 +27,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
-use edge_miner::llama::{LlamaConfig, LlamaCppBackend, N_UBATCH, PREFILL_CHUNK, default_threads, llama_backend};
-use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
+use edge_miner::llama::{
+    LlamaConfig, LlamaCppBackend, N_UBATCH, PREFILL_CHUNK, default_threads, llama_backend, with_exact_numerics,
+};
+use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
@@ -76,10 +82,7 @@ fn raw(
         .with_n_threads(threads)
         .with_n_threads_batch(threads);
     if miner_numerics {
-        params = params
-            .with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED)
-            .with_type_k(KvCacheType::F32)
-            .with_type_v(KvCacheType::F32);
+        params = with_exact_numerics(params, false);
     }
     let mut ctx = model.new_context(llama_backend()?, params)?;
     let mut batch = LlamaBatch::new(PREFILL_CHUNK.max(g), 1);

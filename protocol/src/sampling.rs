@@ -150,9 +150,138 @@ pub struct Sampled {
     pub logprob_t1: f32,
 }
 
-/// The miner's hot-loop call: [`sample_inverse_cdf`] and [`logprob_t1`] of the
-/// chosen token in one go (2–3 passes, no allocation).
+/// The miner's hot-loop call: the token [`sample_inverse_cdf`] chooses and
+/// its [`logprob_t1`], in two vectorised passes over the logits.
+///
+/// The weights are computed with an f32 exponential (relative error < 3e-7)
+/// and summed per block of [`BLOCK`] in f32, the blocks in f64; the exact
+/// rule uses f64 throughout. The two choose the same token except when `u`
+/// lies within ~1e-6 of an interval edge, and the log-probabilities agree to
+/// ~1e-6 — both far inside the validator's margins ([`DEFAULT_SAMPLE_EPS`],
+/// the log-prob bound), which exist for the larger drift between two models'
+/// logits. Greedy temperatures and logits with NaN or ±∞ take the exact
+/// path.
 pub fn sample_with_logprob(logits: &[f32], temperature: f32, u: f64) -> Sampled {
+    let Some((m, inv_t)) = fast_path(logits, temperature) else {
+        return sample_with_logprob_exact(logits, temperature, u);
+    };
+    let same = inv_t == 1.0;
+    let mut sums_t: Vec<f32> = Vec::with_capacity(logits.len().div_ceil(BLOCK));
+    let (mut z_t, mut z_1) = (0.0f64, 0.0f64);
+    let mut w_t = [0.0f32; BLOCK];
+    let mut w_1 = [0.0f32; BLOCK];
+    for block in logits.chunks(BLOCK) {
+        let st = block_weights(block, m, inv_t, &mut w_t);
+        let s1 = if same { st } else { block_weights(block, m, 1.0, &mut w_1) };
+        sums_t.push(st);
+        z_t += f64::from(st);
+        z_1 += f64::from(s1);
+    }
+    let target = clamp_u(u) * z_t;
+    let mut token = None;
+    let mut cum = 0.0f64;
+    for (b, &st) in sums_t.iter().enumerate() {
+        if st > 0.0 && cum + f64::from(st) > target {
+            let block = &logits[b * BLOCK..((b + 1) * BLOCK).min(logits.len())];
+            block_weights(block, m, inv_t, &mut w_t);
+            let mut last_pos = None;
+            for (i, &w) in w_t[..block.len()].iter().enumerate() {
+                cum += f64::from(w);
+                if w > 0.0 {
+                    last_pos = Some(b * BLOCK + i);
+                    if cum > target {
+                        break;
+                    }
+                }
+            }
+            token = last_pos;
+            break;
+        }
+        cum += f64::from(st);
+    }
+    // u·Z at or past the total (u = 1 after rounding): the last positive weight.
+    let token = token.unwrap_or_else(|| {
+        let t = f64::from(inv_t).recip();
+        logits.iter().rposition(|&l| weight(Mode::Finite(f64::from(m)), l, t) > 0.0).unwrap_or(0)
+    });
+    let logprob = (f64::from(logits[token]) - f64::from(m)) - z_1.ln();
+    Sampled { token: token as u32, logprob_t1: logprob as f32 }
+}
+
+/// Logits per block of the fast sampler's sums.
+pub const BLOCK: usize = 64;
+
+/// The fast sampler's `(max, 1/T)`, or `None` when the exact path must run:
+/// greedy, an empty slice, a NaN or infinite logit.
+fn fast_path(logits: &[f32], temperature: f32) -> Option<(f32, f32)> {
+    if is_greedy(temperature) || logits.is_empty() {
+        return None;
+    }
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut bad = false;
+    let mut chunks = logits.chunks_exact(8);
+    for c in &mut chunks {
+        for (lane, &l) in lanes.iter_mut().zip(c) {
+            *lane = lane.max(l);
+            bad |= !l.is_finite();
+        }
+    }
+    for &l in chunks.remainder() {
+        lanes[0] = lanes[0].max(l);
+        bad |= !l.is_finite();
+    }
+    let m = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let inv_t = temperature.recip();
+    (!bad && inv_t.is_finite()).then_some((m, inv_t))
+}
+
+/// `w_i = exp((l_i − m)·inv_t)` into `out[..block.len()]`; returns their sum
+/// (f32, eight lanes). Written as a plain map and a lane sum so that both
+/// loops vectorise.
+#[inline(always)]
+fn block_weights(block: &[f32], m: f32, inv_t: f32, out: &mut [f32; BLOCK]) -> f32 {
+    let out = &mut out[..block.len()];
+    for (o, &l) in out.iter_mut().zip(block) {
+        *o = exp_nonpositive((l - m) * inv_t);
+    }
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = out.chunks_exact(8);
+    for c in &mut chunks {
+        for (lane, &w) in lanes.iter_mut().zip(c) {
+            *lane += w;
+        }
+    }
+    lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
+/// `exp(x)` for `x ≤ 0` in f32 without a libm call or a branch, so loops over
+/// it vectorise: Cody–Waite reduction `x = n·ln 2 + r`, Cephes' degree-6
+/// polynomial for `exp(r)` (relative error < 3e-7), `2^n` from the exponent
+/// bits. Below −87 (where `exp` leaves f32's normal range) it is 0.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    const SHIFTER: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
+    let in_range = x >= -87.0;
+    let xc = if in_range { x } else { -87.0 };
+    // plain multiply-adds (`mul_add` is a libm call without FMA in the
+    // target); n·LN2_HI is exact, LN2_HI having 9 significant bits
+    let shifted = xc * std::f32::consts::LOG2_E + SHIFTER;
+    let n = shifted - SHIFTER;
+    let r = (xc - n * 0.693_359_4) + n * 2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4f32 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 5.000_000_1e-1;
+    let e = p * (r * r) + r + 1.0;
+    // the low bits of `shifted` hold n (−126 ≤ n ≤ 0) offset by 0x40_0000
+    let n_bits = (shifted.to_bits() as i32).wrapping_sub(0x4B40_0000);
+    let scale = f32::from_bits((n_bits.wrapping_add(127) as u32) << 23);
+    // zero below the range by masking the bits (a select the vectoriser takes)
+    f32::from_bits((e * scale).to_bits() & u32::from(in_range).wrapping_neg())
+}
+
+/// [`sample_with_logprob`] by the exact rule, in f64 (2–3 passes).
+pub fn sample_with_logprob_exact(logits: &[f32], temperature: f32, u: f64) -> Sampled {
     let (mode, arg) = scan(logits);
     let greedy = is_greedy(temperature);
     let t = f64::from(temperature);
@@ -178,15 +307,22 @@ fn log_prob(logits: &[f32], mode: Mode, token: usize, z_1: f64) -> f64 {
     }
 }
 
-/// `log softmax(logits)[token]` at temperature 1, computed in `f64`
-/// (`(l_t − m) − ln Σ exp(l_i − m)`). `None` when `token` is out of range.
+/// `log softmax(logits)[token]` at temperature 1 as the miner's
+/// [`sample_with_logprob`] computes it (bit for bit, so a teacher-forced
+/// replay reproduces generation's log-probabilities); within ~1e-6 of the
+/// exact f64 value ([`token_stats`]). `None` when `token` is out of range.
 pub fn logprob_t1(logits: &[f32], token: usize) -> Option<f32> {
     if token >= logits.len() {
         return None;
     }
-    let (mode, _) = scan(logits);
-    let z_1: f64 = logits.iter().map(|&l| weight(mode, l, 1.0)).sum();
-    Some(log_prob(logits, mode, token, z_1) as f32)
+    let Some((m, _)) = fast_path(logits, 1.0) else {
+        let (mode, _) = scan(logits);
+        let z_1: f64 = logits.iter().map(|&l| weight(mode, l, 1.0)).sum();
+        return Some(log_prob(logits, mode, token, z_1) as f32);
+    };
+    let mut w = [0.0f32; BLOCK];
+    let z_1: f64 = logits.chunks(BLOCK).map(|b| f64::from(block_weights(b, m, 1.0, &mut w))).sum();
+    Some(((f64::from(logits[token]) - f64::from(m)) - z_1.ln()) as f32)
 }
 
 /// Greedy "interval": the argmax owns all of `[0, 1)`; any other token gets
@@ -369,12 +505,60 @@ mod tests {
                 assert_ne!(check_sample(u, stats.cdf_lo, stats.cdf_hi, 1e-9), SampleCheck::Outside { u, lo: stats.cdf_lo, hi: stats.cdf_hi });
                 assert!((stats.prob_sampling as f64 - p[tok]).abs() < 1e-6);
                 assert!((stats.logprob_t1 as f64 - p1[tok].ln()).abs() < 1e-4);
-                assert_eq!(stats.logprob_t1, s.logprob_t1);
-                assert_eq!(logprob_t1(&logits, tok), Some(s.logprob_t1));
+                assert!((stats.logprob_t1 - s.logprob_t1).abs() < 1e-5);
+                assert_eq!(logprob_t1(&logits, tok), Some(s.logprob_t1), "replay = generation, bit for bit");
                 let lo_naive: f64 = p[..tok].iter().sum();
                 assert!((stats.cdf_lo - lo_naive).abs() < 1e-9);
             }
         }
+    }
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 * f64::from(i) / 200_000.0;
+            let got = f64::from(exp_nonpositive(x as f32));
+            let want = f64::from(x as f32).exp();
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 3e-7, "relative error {worst:e}");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-87.5), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn fast_sampler_follows_the_exact_rule() {
+        let mut st = crate::prf::PrfStream::new("test", &[b"fast"]);
+        let mut near_edge = 0;
+        for (v, spread) in [(49_152usize, 30.0), (1000, 5.0), (130, 200.0), (7, 3.0)] {
+            let logits: Vec<f32> = (0..v).map(|_| ((st.unit_f64() - 0.8) * spread) as f32).collect();
+            for &t in &[1.0f32, 0.7, 1.3, 0.05] {
+                for _ in 0..300 {
+                    let u = st.unit_f64();
+                    let fast = sample_with_logprob(&logits, t, u);
+                    let exact = sample_with_logprob_exact(&logits, t, u);
+                    assert!((fast.logprob_t1 - exact.logprob_t1).abs() < 1e-5, "{fast:?} {exact:?}");
+                    if fast.token != exact.token {
+                        // only where u is within 1e-6 of the exact rule's edge
+                        let (lo, hi) = cdf_interval(&logits, t, exact.token as usize).unwrap();
+                        assert!((u - lo).abs().min((u - hi).abs()) < 1e-6, "u={u} [{lo}, {hi}) {fast:?} {exact:?}");
+                        near_edge += 1;
+                    }
+                }
+            }
+        }
+        assert!(near_edge <= 2, "{near_edge} draws differ");
+        // u at the ends: u = 1 gives the last token of positive f64 weight;
+        // u = 0 the first whose weight is not below f32's range (a token of
+        // probability < 1e-38 is as good as an interval edge)
+        let logits = [-200.0f32, 1.0, 2.0, -300.0];
+        for u in [0.5, 0.999_999_999, 1.0] {
+            assert_eq!(sample_with_logprob(&logits, 1.0, u).token, sample_with_logprob_exact(&logits, 1.0, u).token, "u={u}");
+        }
+        assert_eq!(sample_with_logprob(&logits, 1.0, 0.0).token, 1);
+        assert_eq!(sample_with_logprob(&logits, 1.0, 1.0).token, 3);
     }
 
     #[test]

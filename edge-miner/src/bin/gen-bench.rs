@@ -8,6 +8,8 @@
 //!   for plain-f32 numerics ([`with_exact_numerics`]: an F32 KV cache that the
 //!   vendored llama.cpp keeps F32 in flash attention; docs/calibration.md §1),
 //!   so the gap splits into numerics and proof work;
+//! - raw greedy: llama.cpp's defaults with its `greedy` sampler (an argmax,
+//!   no softmax) — the strictest anchor, as no sampler costs less;
 //! - miner: [`LlamaCppBackend::generate_group`] — embeddings on, the protocol's
 //!   seeded sampler with raw log-probabilities, a sketch at every position
 //!   (plus the extra decode that gives the last token's state). Its sampler
@@ -71,6 +73,7 @@ fn raw(
     t: f32,
     threads: i32,
     miner_numerics: bool,
+    greedy: bool,
 ) -> Result<usize> {
     let model = backend.model();
     let per_seq = prompt.len() + m;
@@ -98,8 +101,15 @@ fn raw(
     for s in 1..g {
         ctx.copy_kv_cache_seq(0, s as i32, None, None)?;
     }
-    let mut samplers: Vec<LlamaSampler> =
-        (0..g).map(|s| LlamaSampler::chain_simple([LlamaSampler::temp(t), LlamaSampler::dist(s as u32)])).collect();
+    let mut samplers: Vec<LlamaSampler> = (0..g)
+        .map(|s| {
+            if greedy {
+                LlamaSampler::greedy()
+            } else {
+                LlamaSampler::chain_simple([LlamaSampler::temp(t), LlamaSampler::dist(s as u32)])
+            }
+        })
+        .collect();
     let mut rows = vec![last; g];
     let mut generated = 0;
     for step in 0..m {
@@ -142,14 +152,18 @@ fn main() -> Result<()> {
         prompt.len()
     );
 
-    let (mut raw_rates, mut same_rates, mut miner_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut raw_rates, mut same_rates, mut greedy_rates, mut miner_rates) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rep in 0..args.reps.max(1) {
         let t0 = Instant::now();
-        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, false)?;
+        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, false, false)?;
         let raw_rate = n as f64 / t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, true)?;
+        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, true, false)?;
         let same_rate = n as f64 / t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, false, true)?;
+        let greedy_rate = n as f64 / t0.elapsed().as_secs_f64();
 
         let req = GroupRequest {
             prompt: &prompt,
@@ -166,19 +180,25 @@ fn main() -> Result<()> {
         let n: usize = out.iter().map(|s| s.completion.len()).sum();
         let miner_rate = n as f64 / t0.elapsed().as_secs_f64();
         eprintln!(
-            "rep {rep}: raw {raw_rate:.1} tok/s, raw with the miner's numerics {same_rate:.1} tok/s, miner {miner_rate:.1} tok/s"
+            "rep {rep}: raw {raw_rate:.1} tok/s, raw with the miner's numerics {same_rate:.1} tok/s, \
+             raw greedy {greedy_rate:.1} tok/s, miner {miner_rate:.1} tok/s"
         );
         raw_rates.push(raw_rate);
+        greedy_rates.push(greedy_rate);
         same_rates.push(same_rate);
         miner_rates.push(miner_rate);
     }
-    let (r, sa, mi) = (median(raw_rates), median(same_rates), median(miner_rates));
+    let (r, sa, gr, mi) = (median(raw_rates), median(same_rates), median(greedy_rates), median(miner_rates));
     println!(
         "raw llama.cpp {r:.1} tok/s, raw with the miner's numerics {sa:.1} tok/s, miner {mi:.1} tok/s; \
          ratio miner/raw {:.3} (goal ≥ 0.95) = numerics {:.3} × proof work {:.3}",
         mi / r,
         sa / r,
         mi / sa
+    );
+    println!(
+        "raw llama.cpp with greedy sampling (no softmax: the cheapest sampler) {gr:.1} tok/s; ratio miner/raw-greedy {:.3}",
+        mi / gr
     );
     Ok(())
 }

@@ -123,6 +123,26 @@ impl GroupRequest<'_> {
         Ok(())
     }
 
+    /// Checks the request against a model of context `context` and hidden
+    /// width `d_model`.
+    pub fn check_model(&self, context: usize, d_model: usize) -> Result<(), BackendError> {
+        let per_seq = self.prompt.len() + self.max_new_tokens;
+        if per_seq > context {
+            return Err(BackendError::InvalidRequest(format!(
+                "prompt {} + max_new_tokens {} exceeds the model's context {context}",
+                self.prompt.len(),
+                self.max_new_tokens
+            )));
+        }
+        if self.sketch_key.dim() != d_model {
+            return Err(BackendError::InvalidRequest(format!(
+                "sketch key for {} dimensions, model has {d_model}",
+                self.sketch_key.dim()
+            )));
+        }
+        Ok(())
+    }
+
     /// The sketch of one hidden state.
     pub fn sketch(&self, h: &[f32]) -> Result<u32, BackendError> {
         sketch::sketch(h, self.sketch_key, &self.sketch_params).map_err(|e| BackendError::Decode(e.to_string()))

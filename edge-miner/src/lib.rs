@@ -4,6 +4,8 @@
 //!
 //! - [`backend`]: the engine-independent interface ([`backend::Backend`]);
 //! - [`llama`]: the llama.cpp implementation;
+//! - [`schedule`]: the generation schedule every backend follows (prefill,
+//!   KV copy, batched decode, sketches and seeded draws), written once;
 //! - [`offline`]: `edge-miner generate` (tasks → groups → JSONL records);
 //! - [`quantize`]: llama.cpp's quantizer on GGUF files;
 //! - [`uplink`], [`sync`], [`run`]: `edge-miner run` (stream rollouts, fetch
@@ -22,6 +24,7 @@ pub mod llama;
 pub mod offline;
 pub mod quantize;
 pub mod run;
+pub mod schedule;
 pub mod sync;
 pub mod uplink;
 #[cfg(feature = "wgpu")]

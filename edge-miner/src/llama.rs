@@ -4,17 +4,11 @@
 //! post-final-RMSNorm hidden state (`with_embeddings(true)` plus
 //! `LlamaPoolingType::None`), so sketches cost no extra forward pass.
 //!
-//! Schedule of one group (G rollouts of one prompt of P tokens):
-//! 1. the prompt is prefilled once, as sequence 0, in chunks of
-//!    [`PREFILL_CHUNK`] tokens; every prompt row is an output, so row `i` gives
-//!    the state at position `i` (its sketch) and row `P-1` the logits of the
-//!    first completion token. Its KV cache is then copied to sequences 1..G;
-//! 2. every step decodes, in one batch, the last sampled token of every
-//!    sequence that has one pending. The row returns that token's own state
-//!    (its sketch) and the logits of the next token, which is drawn with the
-//!    protocol's seeded sampler unless the sequence has finished (EOG sampled
-//!    or `max_new_tokens` reached). A finished sequence's last token is still
-//!    fed once, so its state is known: `sketches.len() == tokens.len()`.
+//! It follows the shared [`schedule`](crate::schedule) with prefill chunks of
+//! [`PREFILL_CHUNK`] tokens: every row is an output, so prompt row `i` gives
+//! the state at position `i` (its sketch) and row `P-1` the logits of the
+//! first completion token; the prompt's KV cache is then copied to the other
+//! sequences and each step decodes one pending token per sequence.
 //!
 //! Reproducibility (see `shared/reference/llamacpp.md` §4b): `n_ubatch` is
 //! [`N_UBATCH`] (< 64, so prefill and decode take the same attention path) and
@@ -41,6 +35,7 @@
 //!   cell) costs 11 %. With layers offloaded to a GPU it stays off.
 
 use std::num::NonZeroU32;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -52,9 +47,9 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::token::LlamaToken;
 
-use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest, SeqState};
-use tributary_protocol::sampling;
-use tributary_protocol::sketch::{self, SketchKey, SketchParams};
+use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest};
+use crate::schedule::{self, Row};
+use tributary_protocol::sketch::{SketchKey, SketchParams};
 
 /// Micro-batch size: below 64 so llama.cpp's CPU flash attention takes the
 /// same code path in prefill and in single-token decode (bit-exact replay).
@@ -231,84 +226,13 @@ impl LlamaCppBackend {
 
     fn run_group(&self, req: &GroupRequest<'_>) -> Result<Vec<GeneratedSeq>, BackendError> {
         req.validate()?;
+        req.check_model(self.n_ctx_train, self.n_embd)?;
+        for &t in req.prompt {
+            self.token(t)?;
+        }
         let g = req.group_size;
-        let p = req.prompt.len();
-        let per_seq = p + req.max_new_tokens;
-        if per_seq > self.n_ctx_train {
-            return Err(BackendError::InvalidRequest(format!(
-                "prompt {p} + max_new_tokens {} exceeds the model's context {}",
-                req.max_new_tokens, self.n_ctx_train
-            )));
-        }
-        if req.sketch_key.dim() != self.n_embd {
-            return Err(BackendError::InvalidRequest(format!(
-                "sketch key for {} dimensions, model has {}",
-                req.sketch_key.dim(),
-                self.n_embd
-            )));
-        }
-        let prompt: Vec<LlamaToken> = req.prompt.iter().map(|&t| self.token(t)).collect::<Result<_, _>>()?;
-        let mut ctx = self.new_context(g, per_seq)?;
-
-        // 1. prefill (sequence 0), one output row per prompt position
-        let mut prompt_sketches = Vec::with_capacity(p);
-        let mut batch = LlamaBatch::new(PREFILL_CHUNK.max(g), 1);
-        let mut first = Vec::with_capacity(g);
-        for (c, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
-            batch.clear();
-            for (j, &t) in chunk.iter().enumerate() {
-                batch.add(t, (c * PREFILL_CHUNK + j) as i32, &[0], true)?;
-            }
-            ctx.decode(&mut batch)?;
-            for j in 0..chunk.len() {
-                prompt_sketches.push(req.sketch(self.embedding(&ctx, j as i32)?)?);
-            }
-            if (c + 1) * PREFILL_CHUNK >= p {
-                let row = (chunk.len() - 1) as i32;
-                let logits = ctx.get_logits_ith(row);
-                for s in 0..g {
-                    first.push(req.choose(logits, s, p));
-                }
-            }
-        }
-        for s in 1..g {
-            ctx.copy_kv_cache_seq(0, s as i32, None, None)
-                .map_err(|e| BackendError::Context(e.to_string()))?;
-        }
-
-        let mut seqs: Vec<SeqState> = first.into_iter().map(|choice| SeqState::start(choice, req)).collect();
-
-        // 2. decode steps: feed every pending token, read its state and the next logits
-        let mut rows: Vec<(usize, u32)> = Vec::with_capacity(g);
-        let mut step = LlamaBatch::new(g, 1);
-        loop {
-            step.clear();
-            rows.clear();
-            for (s, st) in seqs.iter_mut().enumerate() {
-                if let Some(tok) = st.pending.take() {
-                    let pos = (p + st.completion.len() - 1) as i32;
-                    step.add(self.token(tok)?, pos, &[s as i32], true)?;
-                    rows.push((s, tok));
-                }
-            }
-            if rows.is_empty() {
-                break;
-            }
-            ctx.decode(&mut step)?;
-            for (row, &(s, _)) in rows.iter().enumerate() {
-                let h = self.embedding(&ctx, row as i32)?;
-                let st = &mut seqs[s];
-                st.sketches.push(req.sketch(h)?);
-                if st.finished {
-                    continue;
-                }
-                let pos = p + st.completion.len();
-                let choice = req.choose(ctx.get_logits_ith(row as i32), s, pos);
-                st.push(choice, req);
-            }
-        }
-
-        Ok(seqs.into_iter().map(|st| st.finish(&prompt_sketches)).collect())
+        let mut st = LlamaStepper::new(self, g, req.prompt.len() + req.max_new_tokens, PREFILL_CHUNK.max(g))?;
+        schedule::generate(&mut st, req, PREFILL_CHUNK)
     }
 
     /// Teacher-forced forward over `tokens` (one sequence, prefilled in chunks
@@ -320,28 +244,10 @@ impl LlamaCppBackend {
     pub fn forward_each(
         &self,
         tokens: &[u32],
-        mut visit: impl FnMut(usize, &[f32], &[f32]) -> Result<(), BackendError>,
+        visit: impl FnMut(usize, &[f32], &[f32]) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
-        if tokens.is_empty() {
-            return Err(BackendError::InvalidRequest("no tokens".into()));
-        }
-        if tokens.len() > self.n_ctx_train {
-            return Err(BackendError::InvalidRequest(format!("{} tokens exceed the context", tokens.len())));
-        }
-        let ids: Vec<LlamaToken> = tokens.iter().map(|&t| self.token(t)).collect::<Result<_, _>>()?;
-        let mut ctx = self.new_context(1, tokens.len())?;
-        let mut batch = LlamaBatch::new(PREFILL_CHUNK, 1);
-        for (c, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
-            batch.clear();
-            for (j, &t) in chunk.iter().enumerate() {
-                batch.add(t, (c * PREFILL_CHUNK + j) as i32, &[0], true)?;
-            }
-            ctx.decode(&mut batch)?;
-            for j in 0..chunk.len() {
-                visit(c * PREFILL_CHUNK + j, self.embedding(&ctx, j as i32)?, ctx.get_logits_ith(j as i32))?;
-            }
-        }
-        Ok(())
+        let mut st = self.replay_stepper(tokens)?;
+        schedule::forward_each(&mut st, tokens, PREFILL_CHUNK, visit)
     }
 
     /// [`forward_each`](Self::forward_each) reduced to what a rollout records:
@@ -353,18 +259,19 @@ impl LlamaCppBackend {
         key: &SketchKey,
         params: &SketchParams,
     ) -> Result<(Vec<u32>, Vec<f32>), BackendError> {
-        let mut sketches = Vec::with_capacity(tokens.len());
-        let mut logprobs = Vec::with_capacity(tokens.len().saturating_sub(1));
-        self.forward_each(tokens, |pos, h, logits| {
-            sketches.push(sketch::sketch(h, key, params).map_err(|e| BackendError::Decode(e.to_string()))?);
-            if let Some(&t) = tokens.get(pos + 1) {
-                let lp = sampling::logprob_t1(logits, t as usize)
-                    .ok_or_else(|| BackendError::Decode(format!("token {t} outside the logits")))?;
-                logprobs.push(lp);
-            }
-            Ok(())
-        })?;
-        Ok((sketches, logprobs))
+        let mut st = self.replay_stepper(tokens)?;
+        schedule::teacher_forced(&mut st, tokens, PREFILL_CHUNK, key, params)
+    }
+
+    /// A one-sequence context for a teacher-forced replay of `tokens`.
+    fn replay_stepper(&self, tokens: &[u32]) -> Result<LlamaStepper<'_>, BackendError> {
+        if tokens.is_empty() {
+            return Err(BackendError::InvalidRequest("no tokens".into()));
+        }
+        if tokens.len() > self.n_ctx_train {
+            return Err(BackendError::InvalidRequest(format!("{} tokens exceed the context", tokens.len())));
+        }
+        LlamaStepper::new(self, 1, tokens.len(), PREFILL_CHUNK)
     }
 
     fn embedding<'c>(&self, ctx: &'c LlamaContext<'_>, row: i32) -> Result<&'c [f32], BackendError> {
@@ -373,6 +280,48 @@ impl LlamaCppBackend {
             return Err(BackendError::Decode(format!("hidden state of width {} (expected {})", h.len(), self.n_embd)));
         }
         Ok(h)
+    }
+}
+
+/// A llama.cpp context sized for one group, as a [`schedule::Stepper`]:
+/// every row is an output (embeddings on), so each row has both its hidden
+/// state and its logits.
+struct LlamaStepper<'m> {
+    backend: &'m LlamaCppBackend,
+    ctx: LlamaContext<'m>,
+    batch: LlamaBatch<'static>,
+}
+
+impl<'m> LlamaStepper<'m> {
+    fn new(backend: &'m LlamaCppBackend, n_seq: usize, per_seq: usize, rows: usize) -> Result<Self, BackendError> {
+        let ctx = backend.new_context(n_seq, per_seq)?;
+        Ok(Self { backend, ctx, batch: LlamaBatch::new(rows, 1) })
+    }
+}
+
+impl schedule::Stepper for LlamaStepper<'_> {
+    fn step(&mut self, rows: &[Row], _lm: Range<usize>) -> Result<(), BackendError> {
+        self.batch.clear();
+        for r in rows {
+            self.batch.add(self.backend.token(r.token)?, r.pos as i32, &[r.seq as i32], true)?;
+        }
+        self.ctx.decode(&mut self.batch)?;
+        Ok(())
+    }
+
+    fn hidden(&self, row: usize) -> Result<&[f32], BackendError> {
+        self.backend.embedding(&self.ctx, row as i32)
+    }
+
+    fn logits(&self, row: usize) -> Result<&[f32], BackendError> {
+        Ok(self.ctx.get_logits_ith(row as i32))
+    }
+
+    fn copy_prompt(&mut self, seqs: Range<usize>, _len: usize) -> Result<(), BackendError> {
+        for s in seqs {
+            self.ctx.copy_kv_cache_seq(0, s as i32, None, None).map_err(|e| BackendError::Context(e.to_string()))?;
+        }
+        Ok(())
     }
 }
 

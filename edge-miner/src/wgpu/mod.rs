@@ -10,11 +10,9 @@
 //! with the protocol's exact rule ([`tributary_protocol::sampling`]) on the
 //! read-back logits.
 //!
-//! Same contract and schedule as the llama.cpp backend
-//! ([`crate::llama`], [`crate::backend`]): the prompt is prefilled once as
-//! sequence 0 (chunks of [`PREFILL_ROWS`] rows, one hidden state per
-//! position), its KV cache is copied to the other sequences, then each step
-//! feeds every pending token of the group in one batch; `sketches[i]` is the
+//! Same contract and schedule as the llama.cpp backend: the shared
+//! [`schedule`](crate::schedule) with prefill chunks of [`PREFILL_ROWS`] rows
+//! (the LM head runs on the prompt's last row only); `sketches[i]` is the
 //! post-norm state at position `i`, `logprobs` are raw (T = 1), tokens are
 //! drawn with the protocol's seeded inverse-CDF at their absolute position,
 //! and a rollout stops after sampling an end-of-generation token (kept).
@@ -22,14 +20,17 @@
 mod gpu;
 mod model;
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use tributary_protocol::checkpoint::Checkpoint;
-use tributary_protocol::sketch::{self, SketchKey, SketchParams};
+use tributary_protocol::sketch::{SketchKey, SketchParams};
 
-use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest, SeqState};
+use crate::backend::{Backend, BackendError, GeneratedSeq, GroupRequest};
+pub use crate::schedule::Row;
+use crate::schedule::{self, Stepper};
 pub use gpu::{AdapterSummary, list_adapters};
-pub use model::{ForwardOut, RowSpec, WgpuModel};
+pub use model::{ForwardOut, WgpuModel};
 
 /// Prompt rows per prefill forward (bounds the attention scratch to
 /// `PREFILL_ROWS × n_head × positions` floats).
@@ -150,26 +151,10 @@ impl WgpuBackend {
     pub fn forward_each(
         &mut self,
         tokens: &[u32],
-        mut visit: impl FnMut(usize, &[f32], &[f32]) -> Result<(), BackendError>,
+        visit: impl FnMut(usize, &[f32], &[f32]) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
-        if tokens.is_empty() {
-            return Err(BackendError::InvalidRequest("no tokens".into()));
-        }
-        self.check_tokens(tokens)?;
-        let (d, v) = (self.model.config().d_model, self.model.config().vocab_size);
-        self.model.reserve(1, tokens.len(), PREFILL_ROWS, PREFILL_ROWS)?;
-        for (c, chunk) in tokens.chunks(PREFILL_ROWS).enumerate() {
-            let rows: Vec<RowSpec> = chunk
-                .iter()
-                .enumerate()
-                .map(|(j, &t)| RowSpec { token: t, pos: (c * PREFILL_ROWS + j) as u32, seq: 0 })
-                .collect();
-            let out = self.model.forward(&rows, 0..rows.len())?;
-            for j in 0..rows.len() {
-                visit(c * PREFILL_ROWS + j, &out.hidden[j * d..(j + 1) * d], &out.logits[j * v..(j + 1) * v])?;
-            }
-        }
-        Ok(())
+        let mut st = self.replay_stepper(tokens)?;
+        schedule::forward_each(&mut st, tokens, PREFILL_ROWS, visit)
     }
 
     /// [`forward_each`](Self::forward_each) reduced to sketches and the raw
@@ -180,98 +165,65 @@ impl WgpuBackend {
         key: &SketchKey,
         params: &SketchParams,
     ) -> Result<(Vec<u32>, Vec<f32>), BackendError> {
-        let mut sketches = Vec::with_capacity(tokens.len());
-        let mut logprobs = Vec::with_capacity(tokens.len().saturating_sub(1));
-        self.forward_each(tokens, |pos, h, logits| {
-            sketches.push(sketch::sketch(h, key, params).map_err(|e| BackendError::Decode(e.to_string()))?);
-            if let Some(&t) = tokens.get(pos + 1) {
-                let lp = tributary_protocol::sampling::logprob_t1(logits, t as usize)
-                    .ok_or_else(|| BackendError::Decode(format!("token {t} outside the logits")))?;
-                logprobs.push(lp);
-            }
-            Ok(())
-        })?;
-        Ok((sketches, logprobs))
+        let mut st = self.replay_stepper(tokens)?;
+        schedule::teacher_forced(&mut st, tokens, PREFILL_ROWS, key, params)
+    }
+
+    /// A one-sequence workspace for a teacher-forced replay of `tokens`.
+    fn replay_stepper(&mut self, tokens: &[u32]) -> Result<WgpuStepper<'_>, BackendError> {
+        if tokens.is_empty() {
+            return Err(BackendError::InvalidRequest("no tokens".into()));
+        }
+        self.check_tokens(tokens)?;
+        self.model.reserve(1, tokens.len(), PREFILL_ROWS, PREFILL_ROWS)?;
+        Ok(WgpuStepper::new(&mut self.model))
     }
 
     fn run_group(&mut self, req: &GroupRequest<'_>) -> Result<Vec<GeneratedSeq>, BackendError> {
         req.validate()?;
         let cfg = *self.model.config();
-        let (g, p) = (req.group_size, req.prompt.len());
-        let per_seq = p + req.max_new_tokens;
-        if per_seq > cfg.context_length {
-            return Err(BackendError::InvalidRequest(format!(
-                "prompt {p} + max_new_tokens {} exceeds the model's context {}",
-                req.max_new_tokens, cfg.context_length
-            )));
-        }
-        if req.sketch_key.dim() != cfg.d_model {
-            return Err(BackendError::InvalidRequest(format!(
-                "sketch key for {} dimensions, model has {}",
-                req.sketch_key.dim(),
-                cfg.d_model
-            )));
-        }
+        req.check_model(cfg.context_length, cfg.d_model)?;
         self.check_tokens(req.prompt)?;
-        let (d, v) = (cfg.d_model, cfg.vocab_size);
-        self.model.reserve(g, per_seq, PREFILL_ROWS.max(g), g)?;
+        let g = req.group_size;
+        self.model.reserve(g, req.prompt.len() + req.max_new_tokens, PREFILL_ROWS.max(g), g)?;
+        schedule::generate(&mut WgpuStepper::new(&mut self.model), req, PREFILL_ROWS)
+    }
+}
 
-        // 1. prefill (sequence 0): every prompt position's state; the last
-        //    row's logits give every rollout's first token
-        let mut prompt_sketches = Vec::with_capacity(p);
-        let mut first = Vec::with_capacity(g);
-        for (c, chunk) in req.prompt.chunks(PREFILL_ROWS).enumerate() {
-            let rows: Vec<RowSpec> = chunk
-                .iter()
-                .enumerate()
-                .map(|(j, &t)| RowSpec { token: t, pos: (c * PREFILL_ROWS + j) as u32, seq: 0 })
-                .collect();
-            let last_chunk = (c + 1) * PREFILL_ROWS >= p;
-            let lm = if last_chunk { rows.len() - 1..rows.len() } else { 0..0 };
-            let out = self.model.forward(&rows, lm)?;
-            for j in 0..rows.len() {
-                prompt_sketches.push(req.sketch(&out.hidden[j * d..(j + 1) * d])?);
-            }
-            if last_chunk {
-                for s in 0..g {
-                    first.push(req.choose(&out.logits[..v], s, p));
-                }
-            }
-        }
-        self.model.copy_sequence(0, 1..g, p)?;
-        let mut seqs: Vec<SeqState> = first.into_iter().map(|choice| SeqState::start(choice, req)).collect();
+/// The device model as a [`Stepper`]: the last forward's read-back output.
+struct WgpuStepper<'m> {
+    model: &'m mut WgpuModel,
+    out: ForwardOut,
+    /// First row of the last forward's LM-head range (`out.logits` starts there).
+    lm_start: usize,
+}
 
-        // 2. decode: feed every pending token; read its state and the next logits
-        let mut rows: Vec<RowSpec> = Vec::with_capacity(g);
-        let mut owners: Vec<usize> = Vec::with_capacity(g);
-        loop {
-            rows.clear();
-            owners.clear();
-            for (s, st) in seqs.iter_mut().enumerate() {
-                if let Some(tok) = st.pending.take() {
-                    let pos = (p + st.completion.len() - 1) as u32;
-                    rows.push(RowSpec { token: tok, pos, seq: s as u32 });
-                    owners.push(s);
-                }
-            }
-            if rows.is_empty() {
-                break;
-            }
-            // a finished row only needs its state; the LM head still runs on
-            // it (the range is contiguous) and its logits are ignored
-            let out = self.model.forward(&rows, 0..rows.len())?;
-            for (row, &s) in owners.iter().enumerate() {
-                let st = &mut seqs[s];
-                st.sketches.push(req.sketch(&out.hidden[row * d..(row + 1) * d])?);
-                if st.finished {
-                    continue;
-                }
-                let pos = p + st.completion.len();
-                let choice = req.choose(&out.logits[row * v..(row + 1) * v], s, pos);
-                st.push(choice, req);
-            }
-        }
-        Ok(seqs.into_iter().map(|st| st.finish(&prompt_sketches)).collect())
+impl<'m> WgpuStepper<'m> {
+    fn new(model: &'m mut WgpuModel) -> Self {
+        Self { model, out: ForwardOut { hidden: Vec::new(), logits: Vec::new() }, lm_start: 0 }
+    }
+}
+
+impl Stepper for WgpuStepper<'_> {
+    fn step(&mut self, rows: &[Row], lm: Range<usize>) -> Result<(), BackendError> {
+        self.lm_start = lm.start;
+        self.out = self.model.forward(rows, lm)?;
+        Ok(())
+    }
+
+    fn hidden(&self, row: usize) -> Result<&[f32], BackendError> {
+        let d = self.model.config().d_model;
+        self.out.hidden.get(row * d..(row + 1) * d).ok_or_else(|| BackendError::Decode(format!("no hidden state for row {row}")))
+    }
+
+    fn logits(&self, row: usize) -> Result<&[f32], BackendError> {
+        let v = self.model.config().vocab_size;
+        let i = row.checked_sub(self.lm_start).ok_or_else(|| BackendError::Decode(format!("no logits for row {row}")))?;
+        self.out.logits.get(i * v..(i + 1) * v).ok_or_else(|| BackendError::Decode(format!("no logits for row {row}")))
+    }
+
+    fn copy_prompt(&mut self, seqs: Range<usize>, len: usize) -> Result<(), BackendError> {
+        Ok(self.model.copy_sequence(0, seqs, len)?)
     }
 }
 

@@ -18,6 +18,7 @@ use wgpu::util::DeviceExt;
 
 use super::WgpuError;
 use super::gpu::Gpu;
+use crate::schedule::Row;
 
 const PRELUDE: &str = include_str!("shaders/prelude.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
@@ -34,17 +35,6 @@ const WG: u32 = 64;
 const TILE_ROWS_MIN: usize = 8;
 /// Rows of the tiled matmul's tile.
 const TILE_ROWS: u32 = 32;
-
-/// One row of a forward batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowSpec {
-    /// Token id fed at this row.
-    pub token: u32,
-    /// Its absolute position in its sequence.
-    pub pos: u32,
-    /// Its sequence (KV-cache slot).
-    pub seq: u32,
-}
 
 /// What one forward returns.
 #[derive(Debug, Clone, PartialEq)]
@@ -568,7 +558,7 @@ impl WgpuModel {
     /// (its key and value are stored in the cache first, so rows of one
     /// sequence in one batch see each other causally), returning every
     /// row's post-norm hidden state and the logits of rows `lm`.
-    pub fn forward(&mut self, batch: &[RowSpec], lm: Range<usize>) -> Result<ForwardOut, WgpuError> {
+    pub fn forward(&mut self, batch: &[Row], lm: Range<usize>) -> Result<ForwardOut, WgpuError> {
         let ws = self.ws.as_ref().ok_or_else(|| WgpuError::Request("no workspace (call reserve)".into()))?;
         let n = batch.len();
         if n == 0 || n > ws.rows_cap {

@@ -240,7 +240,11 @@ impl LlamaCppBackend {
     /// `visit(position, hidden_state, logits)` for every position in order:
     /// the post-norm state computed from `tokens[0..=position]` and the logits
     /// it gives for `tokens[position + 1]`. With the same build and thread
-    /// count it reproduces generation's states and logits bit for bit.
+    /// count it reproduces generation's states and logits bit for bit, except
+    /// after a decode step that fed a single sequence with 512 or more cached
+    /// positions: llama.cpp then splits that attention across threads (its
+    /// split-KV path), which sums in another order — equal up to f32
+    /// rounding, which the validator's tolerances absorb like any other.
     pub fn forward_each(
         &self,
         tokens: &[u32],

@@ -184,7 +184,7 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
     if rollout::verify_digest(&r.miner, &digest, &r.signature).is_err() {
         return Err(DoorRefusal { reason: RejectReason::BadSignature, signer: Some((r.window, PublicKey(r.miner))) });
     }
-    let content = content_hash(&r);
+    let content = r.content_hash();
     let c = Candidate {
         window: r.window,
         checkpoint: r.checkpoint,
@@ -197,19 +197,6 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
         content,
     };
     Ok((r, c))
-}
-
-/// blake3 over the prompt length and every token (little-endian u32s): what
-/// two miners' copies of one rollout share.
-pub fn content_hash(r: &Rollout) -> [u8; 32] {
-    // One contiguous buffer, one hash call: the same bytes as feeding each
-    // token to the hasher, at a fraction of the per-call cost.
-    let mut buf = Vec::with_capacity(4 * (1 + r.tokens.len()));
-    buf.extend_from_slice(&r.prompt_len.to_le_bytes());
-    for t in &r.tokens {
-        buf.extend_from_slice(&t.to_le_bytes());
-    }
-    *blake3::hash(&buf).as_bytes()
 }
 
 /// Records the coordinator's own hard verdict on `miner`'s `window` when a

@@ -749,7 +749,7 @@ impl Judge<'_> {
     }
 
     fn prepare(&self, rollout: Rollout) -> Item {
-        let content = content_hash(&rollout);
+        let content = rollout.content_hash();
         let mut it = Item { rollout, prompt: vec![], reward: f32::NAN, content, outcome: None };
         let r = &it.rollout;
         if r.verify_signature().is_err() {
@@ -858,16 +858,6 @@ impl Judge<'_> {
             }
         }
     }
-}
-
-/// blake3 over the prompt length and every token (equal for two miners' copies of one rollout).
-pub fn content_hash(r: &Rollout) -> [u8; 32] {
-    let mut h = blake3::Hasher::new();
-    h.update(&r.prompt_len.to_le_bytes());
-    for t in &r.tokens {
-        h.update(&t.to_le_bytes());
-    }
-    *h.finalize().as_bytes()
 }
 
 #[cfg(test)]

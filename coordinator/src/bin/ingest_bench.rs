@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use coordinator::net::{self, Session};
 use coordinator::node::{self, Config};
-use coordinator::server::{content_hash, door_check};
+use coordinator::server::door_check;
 use coordinator::store::{Store, StoredRollout};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::task_seed;
@@ -132,7 +132,7 @@ fn raw_costs(sample: &[Vec<u8>], dir: &std::path::Path) -> anyhow::Result<()> {
             },
             &|| {
                 for r in &decoded {
-                    std::hint::black_box(content_hash(r));
+                    std::hint::black_box(r.content_hash());
                 }
                 Ok(())
             },

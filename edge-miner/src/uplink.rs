@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tributary_net::{NetError, Session};
+use tributary_net::{Backoff, ConnectFailure, NetError, Session};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::wire::{
@@ -107,10 +107,6 @@ pub struct Uplink {
     seq: u64,
 }
 
-fn fatal(e: &NetError) -> bool {
-    matches!(e, NetError::Refused(code, _) if matches!(code, ErrorCode::Unauthorized | ErrorCode::Version | ErrorCode::BadHandshake))
-}
-
 impl Uplink {
     /// An uplink for `key`; nothing connects until first use.
     pub fn new(cfg: UplinkConfig, key: Keypair) -> Self {
@@ -120,23 +116,13 @@ impl Uplink {
     /// Connects if needed, retrying with exponential backoff.
     async fn session(&mut self) -> Result<&mut Session, UplinkError> {
         if self.session.is_none() {
-            let mut delay = self.cfg.min_backoff;
-            let mut attempt = 0;
-            let s = loop {
-                attempt += 1;
-                match Session::connect(self.cfg.addr, &self.cfg.fingerprint, &self.key, Role::Miner).await {
-                    Ok(s) => break s,
-                    Err(e) if fatal(&e) => return Err(UplinkError::Refused(e)),
-                    Err(e) if attempt >= self.cfg.max_attempts => {
-                        return Err(UplinkError::Unreachable { attempts: attempt, last: e });
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, ?delay, "coordinator unreachable, retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(self.cfg.max_backoff);
-                    }
-                }
-            };
+            let backoff = Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
+            let s = Session::connect_with_backoff(self.cfg.addr, &self.cfg.fingerprint, &self.key, Role::Miner, backoff, |_, _| {})
+                .await
+                .map_err(|f| match f {
+                    ConnectFailure::Refused(e) => UplinkError::Refused(e),
+                    ConnectFailure::Unreachable { attempts, last } => UplinkError::Unreachable { attempts, last },
+                })?;
             tracing::info!(coordinator = %s.coordinator, "connected");
             self.session = Some(s);
         }
@@ -260,7 +246,7 @@ impl Uplink {
                             }
                         }
                         Ok(f) => return Err(UplinkError::Unexpected(f.tag())),
-                        Err(e) if fatal(&e) => return Err(UplinkError::Refused(e)),
+                        Err(e) if e.is_final() => return Err(UplinkError::Refused(e)),
                         Err(_) => {
                             failed = true;
                             break;

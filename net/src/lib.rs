@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -56,6 +57,40 @@ pub enum NetError {
     /// The peer answered with an unexpected frame.
     #[error("unexpected frame {0:?}")]
     Unexpected(wire::Tag),
+}
+
+impl NetError {
+    /// A refusal no retry can cure: an unknown key, a wrong role or protocol
+    /// version, a failed handshake.
+    pub fn is_final(&self) -> bool {
+        matches!(self, NetError::Refused(c, _) if matches!(c, wire::ErrorCode::Unauthorized | wire::ErrorCode::Version | wire::ErrorCode::BadHandshake))
+    }
+}
+
+/// How a client retries: waits from `min` doubling up to `max`, at most
+/// `attempts` tries in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first wait.
+    pub min: Duration,
+    /// The longest wait.
+    pub max: Duration,
+    /// Tries before giving up.
+    pub attempts: u32,
+}
+
+/// Why [`Session::connect_with_backoff`] gave up.
+#[derive(Debug)]
+pub enum ConnectFailure {
+    /// The coordinator refused us for good ([`NetError::is_final`]).
+    Refused(NetError),
+    /// Every attempt failed.
+    Unreachable {
+        /// Attempts made.
+        attempts: u32,
+        /// The last error.
+        last: NetError,
+    },
 }
 
 /// The provider every endpoint uses (ring).
@@ -449,6 +484,34 @@ impl Session {
         Ok(Self { conn, send, recv, coordinator: challenge.coordinator, welcome, endpoint })
     }
 
+    /// [`connect`](Self::connect), retried with `backoff` while the failure is
+    /// not final; `on_retry(error, wait)` runs before each wait (metrics).
+    pub async fn connect_with_backoff(
+        addr: SocketAddr,
+        pin: &str,
+        key: &Keypair,
+        role: Role,
+        backoff: Backoff,
+        mut on_retry: impl FnMut(&NetError, Duration),
+    ) -> Result<Self, ConnectFailure> {
+        let mut delay = backoff.min;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::connect(addr, pin, key, role).await {
+                Ok(s) => return Ok(s),
+                Err(e) if e.is_final() => return Err(ConnectFailure::Refused(e)),
+                Err(e) if attempt >= backoff.attempts => return Err(ConnectFailure::Unreachable { attempts: attempt, last: e }),
+                Err(e) => {
+                    tracing::warn!(error = %e, ?delay, "coordinator unreachable, retrying");
+                    on_retry(&e, delay);
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(backoff.max);
+                }
+            }
+        }
+    }
+
     /// Sends one frame.
     pub async fn send(&mut self, frame: &Frame) -> Result<(), NetError> {
         write_frame(&mut self.send, frame).await
@@ -491,4 +554,38 @@ pub async fn serve_metrics(addr: SocketAddr) -> std::io::Result<SocketAddr> {
         }
     });
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_refusals() {
+        for code in [wire::ErrorCode::Unauthorized, wire::ErrorCode::Version, wire::ErrorCode::BadHandshake] {
+            assert!(NetError::Refused(code, String::new()).is_final(), "{code:?}");
+        }
+        assert!(!NetError::Refused(wire::ErrorCode::NotYet, String::new()).is_final());
+        assert!(!NetError::Closed.is_final());
+    }
+
+    #[tokio::test]
+    async fn backoff_gives_up_after_its_attempts() {
+        let key = Keypair::from_seed([3; 32]);
+        let backoff = Backoff { min: Duration::from_millis(1), max: Duration::from_millis(4), attempts: 4 };
+        let mut waits = Vec::new();
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        // a CA pin holding no certificate fails before any packet is sent,
+        // and is not a final refusal
+        let pin = "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n";
+        let r = Session::connect_with_backoff(addr, pin, &key, Role::Miner, backoff, |_, d| waits.push(d)).await;
+        match r {
+            Err(ConnectFailure::Unreachable { attempts, last }) => {
+                assert_eq!(attempts, 4);
+                assert!(!last.is_final(), "{last}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(waits, [1, 2, 4].map(Duration::from_millis), "doubling, capped at max");
+    }
 }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tributary_net::{NetError, Session};
+use tributary_net::{Backoff, ConnectFailure, NetError, Session};
 use tributary_policy::{PolicyError, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{ArithEnv, EnvId, Environment, Gsm8kEnv, SatEnv, task_seed};
@@ -54,7 +54,7 @@ use tributary_protocol::sketch::SketchKey;
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::verify::{self, Assignment, CheckKind, Severity, Status, VerifyParams};
 use tributary_protocol::wire::{
-    ErrorCode, FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetReveal, GetWindow, Role, Verdict, VerdictBody,
+    FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetReveal, GetWindow, Role, Verdict, VerdictBody,
     WindowInfo,
 };
 use tributary_protocol::window::{Schedule, WindowId, verify_reveal};
@@ -294,31 +294,24 @@ struct Client {
     schedule: Option<Schedule>,
 }
 
-fn fatal(e: &NetError) -> bool {
-    matches!(e, NetError::Refused(c, _) if matches!(c, ErrorCode::Unauthorized | ErrorCode::Version | ErrorCode::BadHandshake))
-}
-
 impl Client {
     async fn session(&mut self) -> Result<&mut Session, ServiceError> {
         if self.session.is_none() {
-            let mut delay = self.cfg.min_backoff;
-            let mut attempt = 0;
-            let s = loop {
-                attempt += 1;
-                match Session::connect(self.cfg.coordinator, &self.cfg.fingerprint, &self.cfg.key, Role::Validator).await {
-                    Ok(s) => break s,
-                    Err(e) if fatal(&e) => return Err(ServiceError::Refused(e)),
-                    Err(e) if attempt >= self.cfg.max_attempts => {
-                        return Err(ServiceError::Unreachable { attempts: attempt, last: e });
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, ?delay, "coordinator unreachable, retrying");
-                        metrics::counter!("tributary_validator_reconnects_total").increment(1);
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(self.cfg.max_backoff);
-                    }
-                }
-            };
+            let backoff = Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
+            let on_retry = |_: &NetError, _| metrics::counter!("tributary_validator_reconnects_total").increment(1);
+            let s = Session::connect_with_backoff(
+                self.cfg.coordinator,
+                &self.cfg.fingerprint,
+                &self.cfg.key,
+                Role::Validator,
+                backoff,
+                on_retry,
+            )
+            .await
+            .map_err(|f| match f {
+                ConnectFailure::Refused(e) => ServiceError::Refused(e),
+                ConnectFailure::Unreachable { attempts, last } => ServiceError::Unreachable { attempts, last },
+            })?;
             self.schedule = Some(s.welcome.schedule);
             self.session = Some(s);
         }

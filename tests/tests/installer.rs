@@ -32,15 +32,19 @@ struct DevCoordinator {
     child: Child,
     quic: String,
     fingerprint: String,
+    /// Its stderr (the tracing log), shown when an install fails.
+    log: PathBuf,
 }
 
 impl DevCoordinator {
     fn start(data: &Path) -> Self {
+        let log = data.with_extension("log");
         let mut child = Command::new(bin_dir().join("coordinator"))
             .args(["run", "--dev", "--data"])
             .arg(data)
+            .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("coordinator log"))
             .spawn()
             .expect("spawn coordinator");
         let stdout = child.stdout.take().expect("stdout");
@@ -62,7 +66,12 @@ impl DevCoordinator {
                 fingerprint = Some(v.to_string());
             }
         }
-        Self { child, quic: quic.unwrap_or_default(), fingerprint: fingerprint.unwrap_or_default() }
+        Self { child, quic: quic.unwrap_or_default(), fingerprint: fingerprint.unwrap_or_default(), log }
+    }
+
+    /// The coordinator's log so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -134,8 +143,8 @@ fn cpu_install_into_prefix_ends_with_doctor_passing() {
     };
     let out = install();
     let t = text(&out);
-    assert!(out.status.success(), "{t}");
-    assert!(t.contains("doctor: ready to mine"), "{t}");
+    assert!(out.status.success(), "{t}\ncoordinator log:\n{}", coord.log());
+    assert!(t.contains("doctor: ready to mine"), "{t}\ncoordinator log:\n{}", coord.log());
     for check in ["backend", "key", "coordinator", "clock", "window", "memory", "disk"] {
         assert!(t.lines().any(|l| l.starts_with("ok") && l.contains(check)), "{check} not ok:\n{t}");
     }

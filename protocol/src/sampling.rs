@@ -165,18 +165,10 @@ pub fn sample_with_logprob(logits: &[f32], temperature: f32, u: f64) -> Sampled 
     let Some((m, inv_t)) = fast_path(logits, temperature) else {
         return sample_with_logprob_exact(logits, temperature, u);
     };
-    let same = inv_t == 1.0;
-    let mut sums_t: Vec<f32> = Vec::with_capacity(logits.len().div_ceil(BLOCK));
-    let (mut z_t, mut z_1) = (0.0f64, 0.0f64);
     let mut w_t = [0.0f32; BLOCK];
-    let mut w_1 = [0.0f32; BLOCK];
-    for block in logits.chunks(BLOCK) {
-        let st = block_weights(block, m, inv_t, &mut w_t);
-        let s1 = if same { st } else { block_weights(block, m, 1.0, &mut w_1) };
-        sums_t.push(st);
-        z_t += f64::from(st);
-        z_1 += f64::from(s1);
-    }
+    let sums_t: Vec<f32> = logits.chunks(BLOCK).map(|block| block_weights(block, m, inv_t, &mut w_t)).collect();
+    let z_t: f64 = sums_t.iter().map(|&st| f64::from(st)).sum();
+    let z_1 = if inv_t == 1.0 { z_t } else { z_t1(logits, m) };
     let target = clamp_u(u) * z_t;
     let mut token = None;
     let mut cum = 0.0f64;
@@ -233,6 +225,14 @@ fn fast_path(logits: &[f32], temperature: f32) -> Option<(f32, f32)> {
     let m = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let inv_t = temperature.recip();
     (!bad && inv_t.is_finite()).then_some((m, inv_t))
+}
+
+/// `Σ exp(l_i − m)` as the fast sampler sums it (per block in f32, the
+/// blocks in f64, in order): shared so that replay and generation agree bit
+/// for bit.
+fn z_t1(logits: &[f32], m: f32) -> f64 {
+    let mut w = [0.0f32; BLOCK];
+    logits.chunks(BLOCK).map(|b| f64::from(block_weights(b, m, 1.0, &mut w))).sum()
 }
 
 /// `w_i = exp((l_i − m)·inv_t)` into `out[..block.len()]`; returns their sum
@@ -320,9 +320,7 @@ pub fn logprob_t1(logits: &[f32], token: usize) -> Option<f32> {
         let z_1: f64 = logits.iter().map(|&l| weight(mode, l, 1.0)).sum();
         return Some(log_prob(logits, mode, token, z_1) as f32);
     };
-    let mut w = [0.0f32; BLOCK];
-    let z_1: f64 = logits.chunks(BLOCK).map(|b| f64::from(block_weights(b, m, 1.0, &mut w))).sum();
-    Some(((f64::from(logits[token]) - f64::from(m)) - z_1.ln()) as f32)
+    Some(((f64::from(logits[token]) - f64::from(m)) - z_t1(logits, m).ln()) as f32)
 }
 
 /// Greedy "interval": the argmax owns all of `[0, 1)`; any other token gets

@@ -64,6 +64,17 @@ struct Args {
     reps: usize,
 }
 
+/// The raw llama.cpp arms (module docs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RawArm {
+    /// llama.cpp's defaults and its `temp`+`dist` sampler.
+    Defaults,
+    /// The same with the miner's numerics ([`with_exact_numerics`]).
+    MinerNumerics,
+    /// The defaults with llama.cpp's `greedy` sampler.
+    Greedy,
+}
+
 /// Raw llama.cpp: returns generated tokens (all sequences).
 fn raw(
     backend: &LlamaCppBackend,
@@ -72,8 +83,7 @@ fn raw(
     m: usize,
     t: f32,
     threads: i32,
-    miner_numerics: bool,
-    greedy: bool,
+    arm: RawArm,
 ) -> Result<usize> {
     let model = backend.model();
     let per_seq = prompt.len() + m;
@@ -84,7 +94,7 @@ fn raw(
         .with_n_seq_max(g as u32)
         .with_n_threads(threads)
         .with_n_threads_batch(threads);
-    if miner_numerics {
+    if arm == RawArm::MinerNumerics {
         params = with_exact_numerics(params, false);
     }
     let mut ctx = model.new_context(llama_backend()?, params)?;
@@ -103,7 +113,7 @@ fn raw(
     }
     let mut samplers: Vec<LlamaSampler> = (0..g)
         .map(|s| {
-            if greedy {
+            if arm == RawArm::Greedy {
                 LlamaSampler::greedy()
             } else {
                 LlamaSampler::chain_simple([LlamaSampler::temp(t), LlamaSampler::dist(s as u32)])
@@ -156,13 +166,13 @@ fn main() -> Result<()> {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rep in 0..args.reps.max(1) {
         let t0 = Instant::now();
-        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, false, false)?;
+        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, RawArm::Defaults)?;
         let raw_rate = n as f64 / t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, true, false)?;
+        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, RawArm::MinerNumerics)?;
         let same_rate = n as f64 / t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, false, true)?;
+        let n = raw(&miner, &prompt, g, m, args.temperature, threads as i32, RawArm::Greedy)?;
         let greedy_rate = n as f64 / t0.elapsed().as_secs_f64();
 
         let req = GroupRequest {

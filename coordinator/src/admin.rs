@@ -119,7 +119,14 @@ macro_rules! db_from {
         }
     )*};
 }
-db_from!(redb::Error, redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
+db_from!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
 
 /// The window clock's anchor as the network runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,9 +169,7 @@ impl Admin {
     pub fn anchor(&self) -> Result<Option<Anchor>, AdminError> {
         let tx = self.db.begin_read()?;
         let t = tx.open_table(SCHEDULE)?;
-        t.get("anchor")?
-            .map(|v| postcard::from_bytes(v.value()).map_err(|_| AdminError::Corrupt("anchor")))
-            .transpose()
+        t.get("anchor")?.map(|v| postcard::from_bytes(v.value()).map_err(|_| AdminError::Corrupt("anchor"))).transpose()
     }
 
     /// Records the anchor.
@@ -311,7 +316,11 @@ fn live_apply(data_dir: &Path, shared: &Shared, req: &LiveRequest) -> Result<Vec
             let o = record_ban(&admin, &miner, now, *windows)?;
             apply_override(&mut shared.core(), miner, o);
             tracing::info!(%miner, window = now, through = ?o.manual_through, "operator ban (live)");
-            Ok(vec![format!("banned={miner}"), format!("window={now}"), format!("through={}", o.manual_through.unwrap_or(now))])
+            Ok(vec![
+                format!("banned={miner}"),
+                format!("window={now}"),
+                format!("through={}", o.manual_through.unwrap_or(now)),
+            ])
         }
         LiveRequest::Unban { miner } => {
             let miner = parse_key(miner)?;
@@ -319,7 +328,11 @@ fn live_apply(data_dir: &Path, shared: &Shared, req: &LiveRequest) -> Result<Vec
             let o = record_unban(&shared.store, &admin, &miner)?;
             apply_override(&mut shared.core(), miner, o);
             tracing::info!(%miner, window = now, forgiven_before = o.forgive_before, "operator unban (live)");
-            Ok(vec![format!("unbanned={miner}"), format!("window={now}"), format!("forgiven_before={}", o.forgive_before)])
+            Ok(vec![
+                format!("unbanned={miner}"),
+                format!("window={now}"),
+                format!("forgiven_before={}", o.forgive_before),
+            ])
         }
     }
 }
@@ -682,7 +695,9 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
             let err = |detail: String| AdminError::Config { path: config.clone(), detail };
             let text = std::fs::read_to_string(config).map_err(|e| err(e.to_string()))?;
             let cfg: crate::node::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
-            for k in cfg.validators.iter().chain(&cfg.miner_deny).chain(cfg.miner_allow.iter().flatten()).chain(&cfg.trainer) {
+            for k in
+                cfg.validators.iter().chain(&cfg.miner_deny).chain(cfg.miner_allow.iter().flatten()).chain(&cfg.trainer)
+            {
                 k.parse::<PublicKey>().map_err(|e| err(format!("key {k:?}: {e}")))?;
             }
             Schedule::new(0, cfg.window_ms, cfg.grace_ms).map_err(|e| err(e.to_string()))?;

@@ -32,11 +32,11 @@ use tributary_protocol::env::{EnvId, task_seed};
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::SamplingParams;
+use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
 use tributary_protocol::wire::{
     CheckpointBody, MinerStanding, RejectReason, Role, TrainerStatsBody, TrainerStatsError, VerdictBody, WeightsBody,
     WindowInfo,
 };
-use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
 
 /// Who may do what.
 #[derive(Debug, Clone, Default)]
@@ -56,8 +56,7 @@ impl Access {
     pub fn permits(&self, role: Role, key: &PublicKey) -> bool {
         match role {
             Role::Miner => {
-                !self.miner_deny.contains(key)
-                    && self.miner_allow.as_ref().is_none_or(|allow| allow.contains(key))
+                !self.miner_deny.contains(key) && self.miner_allow.as_ref().is_none_or(|allow| allow.contains(key))
             }
             Role::Validator => self.validators.contains(key),
             Role::Trainer => self.trainer.as_ref() == Some(key),
@@ -229,11 +228,7 @@ impl Core {
 
     /// The checkpoint miners must use in `window`.
     pub fn checkpoint_for(&self, window: WindowId) -> ContentId {
-        self.checkpoints
-            .range(..=window)
-            .next_back()
-            .map(|(_, id)| *id)
-            .unwrap_or(self.cfg.genesis_checkpoint)
+        self.checkpoints.range(..=window).next_back().map(|(_, id)| *id).unwrap_or(self.cfg.genesis_checkpoint)
     }
 
     /// A window's public parameters, once it has opened.
@@ -271,10 +266,7 @@ impl Core {
 
     /// Whether `miner` is banned during `window`.
     pub fn is_banned(&self, miner: &PublicKey, window: WindowId) -> bool {
-        self.miners
-            .get(miner)
-            .and_then(|m| m.banned_through)
-            .is_some_and(|through| window <= through)
+        self.miners.get(miner).and_then(|m| m.banned_through).is_some_and(|through| window <= through)
     }
 
     /// Every door check on a decoded, signature-checked rollout from the
@@ -318,8 +310,7 @@ impl Core {
             return Err(RejectReason::Unassigned);
         }
         if let Some(book) = self.books.get(&c.window) {
-            if book.digests.contains(&c.digest)
-                || book.slots.get(peer).is_some_and(|s| s.contains(&(c.group, c.index)))
+            if book.digests.contains(&c.digest) || book.slots.get(peer).is_some_and(|s| s.contains(&(c.group, c.index)))
             {
                 return Err(RejectReason::Duplicate);
             }
@@ -398,12 +389,7 @@ impl Core {
     }
 
     /// Records a verdict: checks the signer and timing, then applies bans.
-    pub fn record_verdict(
-        &mut self,
-        now_ms: u64,
-        body: &VerdictBody,
-        signature_ok: bool,
-    ) -> Result<(), VerdictError> {
+    pub fn record_verdict(&mut self, now_ms: u64, body: &VerdictBody, signature_ok: bool) -> Result<(), VerdictError> {
         if !self.cfg.access.permits(Role::Validator, &body.validator) {
             return Err(VerdictError::Unauthorized);
         }
@@ -494,10 +480,7 @@ impl Core {
 
     /// Applies a verdict without checks (startup restore).
     pub fn apply_verdict(&mut self, body: &VerdictBody) {
-        self.verdicts
-            .entry((body.window, body.miner))
-            .or_default()
-            .insert(body.validator, body.clone());
+        self.verdicts.entry((body.window, body.miner)).or_default().insert(body.validator, body.clone());
         if self.fails(body) {
             let m = self.miners.entry(body.miner).or_default();
             let through = body.window.saturating_add(self.cfg.ban_windows);
@@ -516,7 +499,9 @@ impl Core {
         let from = upto.saturating_sub(self.cfg.weight_windows.saturating_sub(1));
         let cap = (self.cfg.unique_cap_per_window.saturating_mul(self.cfg.weight_windows)) as f64;
         let mut totals: BTreeMap<PublicKey, (u64, bool)> = BTreeMap::new();
-        for ((_, miner), by_validator) in self.verdicts.range((from, PublicKey([0; 32]))..=(upto, PublicKey([0xff; 32]))) {
+        for ((_, miner), by_validator) in
+            self.verdicts.range((from, PublicKey([0; 32]))..=(upto, PublicKey([0xff; 32])))
+        {
             let entry = totals.entry(*miner).or_default();
             let valid = by_validator.values().map(|v| u64::from(v.estimated_valid.max(v.valid))).min().unwrap_or(0);
             entry.0 += valid;
@@ -529,11 +514,7 @@ impl Core {
             .filter(|(_, s)| *s > 0.0)
             .collect();
         let sum: f64 = scores.iter().map(|(_, s)| s).sum();
-        let weights = if sum > 0.0 {
-            scores.into_iter().map(|(k, s)| (k, s / sum)).collect()
-        } else {
-            Vec::new()
-        };
+        let weights = if sum > 0.0 { scores.into_iter().map(|(k, s)| (k, s / sum)).collect() } else { Vec::new() };
         WeightsBody { window: upto, weights, coordinator }
     }
 
@@ -588,10 +569,7 @@ mod tests {
             difficulty: 3,
             dataset: None,
             genesis_checkpoint: ContentId([1; 32]),
-            access: Access {
-                validators: [validator].into_iter().collect(),
-                ..Access::default()
-            },
+            access: Access { validators: [validator].into_iter().collect(), ..Access::default() },
             ban_windows: 3,
             soft_failure_threshold: 2,
             weight_windows: 12,
@@ -811,7 +789,14 @@ mod tests {
         assert!(core.is_banned(&a, 2));
         core.apply_verdict(&verdict(1, b, 8, false));
         let st = core.standing(1);
-        assert_eq!(st, vec![(a, MinerStanding::Failed), (b, MinerStanding::Passed)].into_iter().collect::<BTreeMap<_, _>>().into_iter().collect::<Vec<_>>());
+        assert_eq!(
+            st,
+            vec![(a, MinerStanding::Failed), (b, MinerStanding::Passed)]
+                .into_iter()
+                .collect::<BTreeMap<_, _>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+        );
         // Window 2: a is unjudged but banned.
         assert_eq!(core.standing(2), vec![(a, MinerStanding::Suspect)]);
         let w = core.weights(1, coord);

@@ -17,8 +17,8 @@ use std::sync::Mutex;
 use serde::Serialize;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
-use tributary_protocol::wire::{ErrorCode, ErrorFrame, Frame, TrainerStats, TrainerStatsAck};
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{ErrorCode, ErrorFrame, Frame, TrainerStats, TrainerStatsAck};
 
 use crate::core::StatsError;
 
@@ -328,7 +328,8 @@ pub fn status(shared: &Shared, history: &History, now_ms: u64) -> Result<Status,
             break;
         }
         let closed = schedule.closes_at(win) <= now_ms;
-        let cached = closed.then(|| history.closed.lock().unwrap_or_else(|p| p.into_inner()).get(&win).cloned()).flatten();
+        let cached =
+            closed.then(|| history.closed.lock().unwrap_or_else(|p| p.into_inner()).get(&win).cloned()).flatten();
         let row = match cached {
             Some(r) => r,
             None => {

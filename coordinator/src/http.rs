@@ -25,9 +25,7 @@ use crate::server::{Shared, now_ms};
 /// Installs the process-wide Prometheus recorder once and returns its handle.
 pub fn prometheus() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
-        .clone()
+    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().ok()).clone()
 }
 
 #[derive(Clone)]
@@ -156,7 +154,10 @@ async fn weights_map(State(s): State<AppState>) -> Result<Json<BTreeMap<String, 
     }))
 }
 
-async fn weights(State(s): State<AppState>, Query(q): Query<WeightsQuery>) -> Result<Json<crate::weights::WeightsJson>, HttpError> {
+async fn weights(
+    State(s): State<AppState>,
+    Query(q): Query<WeightsQuery>,
+) -> Result<Json<crate::weights::WeightsJson>, HttpError> {
     let sh = s.shared.clone();
     let doc = blocking(move || match q.window {
         Some(w) => sh.store.weights_doc(w),
@@ -204,7 +205,9 @@ async fn status() -> Html<&'static str> {
     Html(crate::dashboard::PAGE)
 }
 
-async fn api_status(State(s): State<AppState>) -> Result<Json<crate::dashboard::Status>, (axum::http::StatusCode, String)> {
+async fn api_status(
+    State(s): State<AppState>,
+) -> Result<Json<crate::dashboard::Status>, (axum::http::StatusCode, String)> {
     let internal = |e: String| (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e);
     tokio::task::spawn_blocking(move || crate::dashboard::status(&s.shared, &s.history, now_ms()))
         .await

@@ -6,11 +6,11 @@
 
 pub mod core;
 pub use tributary_net as net;
-pub mod server;
-pub mod store;
-pub mod http;
+pub mod admin;
 pub mod dashboard;
+pub mod http;
 pub mod node;
 pub mod relay;
-pub mod admin;
+pub mod server;
+pub mod store;
 pub mod weights;

@@ -55,7 +55,9 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let (dev, config, model, data, validators, trainer, window_ms) = match Cli::parse().cmd {
-        Cmd::Run { dev, config, model, data, validators, trainer, window_ms } => (dev, config, model, data, validators, trainer, window_ms),
+        Cmd::Run { dev, config, model, data, validators, trainer, window_ms } => {
+            (dev, config, model, data, validators, trainer, window_ms)
+        }
         Cmd::Admin(cmd) => return Ok(coordinator::admin::cli(&cmd, &mut std::io::stdout().lock())?),
     };
     let mut _tmp = None;
@@ -104,7 +106,10 @@ async fn main() -> anyhow::Result<()> {
             Some(a)
         }
         Err(e) => {
-            tracing::warn!("no admin socket in {} ({e}): ban/unban need the coordinator stopped", cfg.data_dir.display());
+            tracing::warn!(
+                "no admin socket in {} ({e}): ban/unban need the coordinator stopped",
+                cfg.data_dir.display()
+            );
             None
         }
     };

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use serde::Deserialize;
-use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::{Keypair, PublicKey};
+use tributary_protocol::rollout::SamplingParams;
 
 use tributary_protocol::wire::Role;
 
@@ -235,7 +235,9 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         trainer: cfg.trainer.as_deref().map(str::parse).transpose()?,
     };
     let dataset = match &cfg.dataset {
-        Some(p) => Some(*blake3::hash(&std::fs::read(p).with_context(|| format!("dataset {}", p.display()))?).as_bytes()),
+        Some(p) => {
+            Some(*blake3::hash(&std::fs::read(p).with_context(|| format!("dataset {}", p.display()))?).as_bytes())
+        }
         None => None,
     };
     if cfg.env == EnvId::Gsm8k && dataset.is_none() {

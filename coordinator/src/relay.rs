@@ -30,8 +30,8 @@ use tributary_protocol::checkpoint::{ContentId, content_id_of};
 use tributary_protocol::delta::{self, DeltaError};
 use tributary_protocol::gguf;
 use tributary_protocol::identity::PublicKey;
-use tributary_protocol::wire::{CheckpointKind, CheckpointPath, MAX_PATH_STEPS, PathStep, PublishCheckpoint};
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{CheckpointKind, CheckpointPath, MAX_PATH_STEPS, PathStep, PublishCheckpoint};
 
 /// Bytes served per chunk (below [`tributary_protocol::wire::MAX_CHUNK_LEN`]).
 pub const CHUNK_LEN: usize = 4 << 20;
@@ -223,7 +223,10 @@ impl Relay {
             CheckpointKind::Full => {
                 let found = file_content_id(upload)?;
                 if found != body.id {
-                    return Err(RelayError::BadPayload(format!("full file has content id {found}, announced {}", body.id)));
+                    return Err(RelayError::BadPayload(format!(
+                        "full file has content id {found}, announced {}",
+                        body.id
+                    )));
                 }
                 std::fs::rename(upload, &full).map_err(io(&full))?;
                 None
@@ -236,7 +239,10 @@ impl Relay {
                 let bytes = std::fs::read(upload).map_err(io(upload))?;
                 let (b, r) = delta::peek_ids(&bytes)?;
                 if b != base || r != body.id {
-                    return Err(RelayError::BadPayload(format!("delta goes {b} -> {r}, announced {base} -> {}", body.id)));
+                    return Err(RelayError::BadPayload(format!(
+                        "delta goes {b} -> {r}, announced {base} -> {}",
+                        body.id
+                    )));
                 }
                 // Applies to a copy of the base and checks base and result ids.
                 delta::apply_file(&bytes, &base_full, &full)?;
@@ -409,14 +415,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Relay::open(
             dir.path(),
-            vec![entry(1, 0, None, 0, 1000), entry(2, 1, Some(1), 10, 1000), entry(3, 2, Some(2), 10, 1000), entry(4, 3, None, 0, 1000), entry(5, 4, Some(4), 900, 1000), entry(6, 5, Some(5), 900, 1000)],
+            vec![
+                entry(1, 0, None, 0, 1000),
+                entry(2, 1, Some(1), 10, 1000),
+                entry(3, 2, Some(2), 10, 1000),
+                entry(4, 3, None, 0, 1000),
+                entry(5, 4, Some(4), 900, 1000),
+                entry(6, 5, Some(5), 900, 1000),
+            ],
         )
         .unwrap();
         let ids = |p: &CheckpointPath| p.steps.iter().map(|s| (s.id.0[0], s.base.map(|b| b.0[0]))).collect::<Vec<_>>();
         // Up to date.
         assert!(r.path(Some(ContentId([3; 32])), Some(ContentId([3; 32]))).unwrap().steps.is_empty());
         // A delta chain links 1 to 3.
-        assert_eq!(ids(&r.path(Some(ContentId([1; 32])), Some(ContentId([3; 32]))).unwrap()), vec![(2, Some(1)), (3, Some(2))]);
+        assert_eq!(
+            ids(&r.path(Some(ContentId([1; 32])), Some(ContentId([3; 32]))).unwrap()),
+            vec![(2, Some(1)), (3, Some(2))]
+        );
         // Nothing held, or an unknown id: the full file.
         assert_eq!(ids(&r.path(None, Some(ContentId([3; 32]))).unwrap()), vec![(3, None)]);
         assert_eq!(ids(&r.path(Some(ContentId([9; 32])), Some(ContentId([3; 32]))).unwrap()), vec![(3, None)]);

@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::Instrument;
-use tokio::sync::{mpsc, oneshot, Semaphore};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{self, Keypair, PublicKey};
 use tributary_protocol::rollout::{self, Rollout, RolloutLimits};
 use tributary_protocol::wire::{
-    self, Ack, BatchAnswer, Challenge, ErrorCode, ErrorFrame, Frame, Outcome, Progress, Refused, RejectReason,
-    Reveal, Role, Rollouts, VerdictAck, Welcome,
+    self, Ack, BatchAnswer, Challenge, ErrorCode, ErrorFrame, Frame, Outcome, Progress, Refused, RejectReason, Reveal,
+    Role, Rollouts, VerdictAck, Welcome,
 };
 
 use crate::core::{Candidate, Core};
@@ -231,7 +231,12 @@ pub struct Server {
 
 impl Server {
     /// Binds and starts accepting connections.
-    pub fn start(listen: SocketAddr, cert_der: Vec<u8>, key_der: Vec<u8>, shared: Arc<Shared>) -> Result<Self, NetError> {
+    pub fn start(
+        listen: SocketAddr,
+        cert_der: Vec<u8>,
+        key_der: Vec<u8>,
+        shared: Arc<Shared>,
+    ) -> Result<Self, NetError> {
         // The reset key follows the certificate key: after a restart on the
         // same folder, the predecessor's clients are reset at once.
         let endpoint = net::server_endpoint(listen, cert_der, key_der)?;
@@ -399,12 +404,10 @@ async fn serve_requests(
                 }
             }
             (Role::Trainer, Frame::PostTrainerStats(s)) => crate::dashboard::receive_trainer_stats(sh, s),
-            (Role::Trainer, Frame::PublishCheckpoint(p)) => {
-                match receive_checkpoint(sh, recv, p, now).await {
-                    Ok(f) => f,
-                    Err(e) => return Err(e),
-                }
-            }
+            (Role::Trainer, Frame::PublishCheckpoint(p)) => match receive_checkpoint(sh, recv, p, now).await {
+                Ok(f) => f,
+                Err(e) => return Err(e),
+            },
             (_, Frame::GetCheckpointPath(g)) => {
                 sh.relay.note_holds(peer, g.have);
                 match sh.relay.path(g.have, g.want) {
@@ -428,7 +431,10 @@ async fn serve_requests(
             (_, other) => {
                 metrics::counter!("tributary_frames_refused_total", "reason" => "unexpected").increment(1);
                 let _ = answers
-                    .send(ready(err(ErrorCode::UnexpectedFrame, &format!("{:?} not allowed for {}", other.tag(), role.as_str()))))
+                    .send(ready(err(
+                        ErrorCode::UnexpectedFrame,
+                        &format!("{:?} not allowed for {}", other.tag(), role.as_str()),
+                    )))
                     .await;
                 return Ok(true);
             }

@@ -10,8 +10,8 @@ use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, Tabl
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::PublicKey;
-use tributary_protocol::wire::{PublishCheckpoint, TrainerStats, Verdict, WeightsDoc};
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{PublishCheckpoint, TrainerStats, Verdict, WeightsDoc};
 
 use crate::core::Candidate;
 use crate::relay;
@@ -65,13 +65,7 @@ macro_rules! db_from {
         }
     )*};
 }
-db_from!(
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+db_from!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
 
 /// What the index keeps of a stored rollout (enough to rebuild the core).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -404,7 +398,12 @@ impl Store {
 
     /// Stores a checkpoint announcement (in force from `from`) and its relay
     /// entry (the payload is already filed in the relay folder) in one transaction.
-    pub fn put_checkpoint(&self, from: WindowId, ann: &PublishCheckpoint, entry: &relay::Entry) -> Result<(), StoreError> {
+    pub fn put_checkpoint(
+        &self,
+        from: WindowId,
+        ann: &PublishCheckpoint,
+        entry: &relay::Entry,
+    ) -> Result<(), StoreError> {
         let val = postcard::to_stdvec(ann).map_err(|_| StoreError::Corrupt("checkpoint"))?;
         let e = postcard::to_stdvec(entry).map_err(|_| StoreError::Corrupt("relay entry"))?;
         let tx = self.db.begin_write()?;
@@ -620,7 +619,9 @@ mod tests {
         // Reopened: the old tables are gone, nothing is moved twice, every rollout pages back.
         let store = Store::open(&path).unwrap();
         let tx = store.db.begin_read().unwrap();
-        assert!(!tx.list_tables().unwrap().any(|t| t.name() == LEGACY_INDEX.name() || t.name() == LEGACY_ROLLOUTS.name()));
+        assert!(
+            !tx.list_tables().unwrap().any(|t| t.name() == LEGACY_INDEX.name() || t.name() == LEGACY_ROLLOUTS.name())
+        );
         let mut want: Vec<Candidate> = old.iter().chain([&new]).cloned().collect();
         want.sort_by_key(|c| c.digest);
         let mut back = store.candidates().unwrap();

@@ -18,8 +18,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
-use tributary_protocol::wire::WeightsDoc;
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::WeightsDoc;
 
 use crate::server::{Shared, now_ms};
 use crate::store::StoreError;
@@ -57,7 +57,11 @@ impl From<&WeightsDoc> for WeightsJson {
 /// Signs and stores the document of every interval due at `now_ms` after
 /// `signed_through` (the last interval known to be stored; `None`: read it
 /// from the store). Returns the last interval stored, if any.
-pub fn sign_due(shared: &Shared, now_ms: u64, signed_through: Option<WindowId>) -> Result<Option<WindowId>, StoreError> {
+pub fn sign_due(
+    shared: &Shared,
+    now_ms: u64,
+    signed_through: Option<WindowId>,
+) -> Result<Option<WindowId>, StoreError> {
     let Some(due) = shared.core().weights_interval(now_ms) else { return Ok(signed_through) };
     let last = match signed_through {
         Some(w) => Some(w),

@@ -6,7 +6,6 @@
 
 mod common;
 
-
 use common::{other_checkpoint, rollout, spawn, within};
 use coordinator::net::{NetError, Session};
 use coordinator::node::{self, Config};
@@ -69,10 +68,10 @@ async fn batch_outcomes_in_order_and_nothing_refused_is_stored() {
     let fresh2 = rollout(&info, &key, 2, 1, 64);
     let items = vec![
         fresh.encode(),
-        good[0].encode(),    // stored earlier
-        vec![1, 2, 3],       // junk
-        unassigned.encode(), // assignment
-        same_slot.encode(),  // the slot the first item of this batch took
+        good[0].encode(),                        // stored earlier
+        vec![1, 2, 3],                           // junk
+        unassigned.encode(),                     // assignment
+        same_slot.encode(),                      // the slot the first item of this batch took
         vec![0; (MAX_ROLLOUT_LEN + 1) as usize], // too large for a rollout
         fresh2.encode(),
     ];
@@ -149,7 +148,8 @@ async fn batches_answered_stored_survive_kill_9() {
     let mut first = spawn(dir.path());
     let mut s = within(Session::connect(first.quic, &first.fingerprint, &key, Role::Miner)).await.unwrap();
     let info = window(&mut s).await;
-    let rollouts: Vec<_> = (0..4).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i, 256)).collect();
+    let rollouts: Vec<_> =
+        (0..4).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i, 256)).collect();
     // Pipeline every batch, read the first answer, then kill -9 mid-stream.
     for (k, chunk) in rollouts.chunks(4).enumerate() {
         let items = chunk.iter().map(|r| Blob(r.encode())).collect();
@@ -170,7 +170,8 @@ async fn batches_answered_stored_survive_kill_9() {
 
     let second = spawn(dir.path());
     let mut s = within(Session::connect(second.quic, &second.fingerprint, &key, Role::Miner)).await.unwrap();
-    let Frame::Progress(p) = within(s.request(&Frame::GetProgress(GetProgress { window: info.window }))).await.unwrap() else {
+    let Frame::Progress(p) = within(s.request(&Frame::GetProgress(GetProgress { window: info.window }))).await.unwrap()
+    else {
         panic!()
     };
     for d in &acked {

@@ -53,11 +53,19 @@ async fn ca_pinned_clients_connect_and_others_are_refused() {
     // A key that is not the certificate's is refused.
     let stray = KeyPair::generate().unwrap();
     std::fs::write(files.join("stray.key"), stray.serialize_pem()).unwrap();
-    let err = run_admin(AdminCmd::InstallCert { data: data.clone(), cert: files.join("coordinator.pem"), key: files.join("stray.key") })
-        .unwrap_err();
+    let err = run_admin(AdminCmd::InstallCert {
+        data: data.clone(),
+        cert: files.join("coordinator.pem"),
+        key: files.join("stray.key"),
+    })
+    .unwrap_err();
     assert!(err.to_string().contains("do not match"), "{err}");
-    let out = run_admin(AdminCmd::InstallCert { data: data.clone(), cert: files.join("coordinator.pem"), key: files.join("coordinator.key") })
-        .unwrap();
+    let out = run_admin(AdminCmd::InstallCert {
+        data: data.clone(),
+        cert: files.join("coordinator.pem"),
+        key: files.join("coordinator.key"),
+    })
+    .unwrap();
     assert!(out.contains(&format!("fingerprint={}", net::fingerprint(ee_cert.der()))), "{out}");
 
     let node = within(node::start(&cfg, ContentId([1; 32]))).await.unwrap();
@@ -88,7 +96,9 @@ async fn ca_pinned_clients_connect_and_others_are_refused() {
     assert!(matches!(net::read_ca(&files.join("junk.pem")), Err(NetError::Tls(_))));
 
     // Live ban and unban on the running coordinator (its database is locked).
-    let out = run_admin(AdminCmd::Ban { data: data.clone(), key: miner.public().to_string(), windows: 3, config: None }).unwrap();
+    let out =
+        run_admin(AdminCmd::Ban { data: data.clone(), key: miner.public().to_string(), windows: 3, config: None })
+            .unwrap();
     assert!(out.contains("applied=live"), "{out}");
     let now = node.shared.core().schedule().window_at(coordinator::server::now_ms()).unwrap();
     assert!(node.shared.core().is_banned(&miner.public(), now));
@@ -98,7 +108,9 @@ async fn ca_pinned_clients_connect_and_others_are_refused() {
     assert!(out.contains("applied=live"), "{out}");
     assert!(!node.shared.core().is_banned(&miner.public(), now));
     // A bad request is refused with its reason; the state is untouched.
-    let err = run_admin(AdminCmd::Ban { data: data.clone(), key: miner.public().to_string(), windows: 0, config: None }).unwrap_err();
+    let err =
+        run_admin(AdminCmd::Ban { data: data.clone(), key: miner.public().to_string(), windows: 0, config: None })
+            .unwrap_err();
     assert!(err.to_string().contains("at least 1"), "{err}");
     // Database locked but no admin socket: the command says what to do.
     drop(live);

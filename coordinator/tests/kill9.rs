@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use common::{rollout, spawn, within};
 use coordinator::net::Session;
 use tributary_protocol::identity::Keypair;
@@ -16,10 +15,12 @@ async fn acknowledged_rollouts_survive_kill_9() {
     let key = Keypair::from_seed([7; 32]);
     let first = spawn(dir.path());
     let mut s = within(Session::connect(first.quic, &first.fingerprint, &key, Role::Miner)).await.unwrap();
-    let Frame::WindowInfo(info) = within(s.request(&Frame::GetWindow(GetWindow { window: None }))).await.unwrap() else {
+    let Frame::WindowInfo(info) = within(s.request(&Frame::GetWindow(GetWindow { window: None }))).await.unwrap()
+    else {
         panic!()
     };
-    let rollouts: Vec<_> = (0..4).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i, 256)).collect();
+    let rollouts: Vec<_> =
+        (0..4).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i, 256)).collect();
     // Pipeline every rollout, read some acknowledgements, then kill -9 mid-stream.
     for (seq, r) in rollouts.iter().enumerate() {
         within(s.send(&Frame::Submit(Submit { seq: seq as u64, rollout: Blob(r.encode()) }))).await.unwrap();
@@ -38,12 +39,17 @@ async fn acknowledged_rollouts_survive_kill_9() {
     let second = spawn(dir.path());
     assert_eq!(second.fingerprint, first.fingerprint, "same certificate after restart");
     let mut s = within(Session::connect(second.quic, &second.fingerprint, &key, Role::Miner)).await.unwrap();
-    let Frame::WindowInfo(again) = within(s.request(&Frame::GetWindow(GetWindow { window: None }))).await.unwrap() else {
+    let Frame::WindowInfo(again) = within(s.request(&Frame::GetWindow(GetWindow { window: None }))).await.unwrap()
+    else {
         panic!()
     };
     // The clock resumed: same window, same seed, same commitment.
-    assert_eq!((again.window, again.seed, again.commitment, again.opens_at_ms), (info.window, info.seed, info.commitment, info.opens_at_ms));
-    let Frame::Progress(p) = within(s.request(&Frame::GetProgress(GetProgress { window: info.window }))).await.unwrap() else {
+    assert_eq!(
+        (again.window, again.seed, again.commitment, again.opens_at_ms),
+        (info.window, info.seed, info.commitment, info.opens_at_ms)
+    );
+    let Frame::Progress(p) = within(s.request(&Frame::GetProgress(GetProgress { window: info.window }))).await.unwrap()
+    else {
         panic!()
     };
     for d in &acked {

@@ -128,7 +128,17 @@ async fn stream_ack_and_refuse_bad_input() {
 
     // Wrong role: a miner posting a verdict is refused and disconnected.
     let v = Verdict::sign(
-        VerdictBody { window: 0, miner: key.public(), validator: key.public(), checked: 1, valid: 1, estimated_valid: 1, hard_failure: false, soft_failures: 0, reasons: vec![] },
+        VerdictBody {
+            window: 0,
+            miner: key.public(),
+            validator: key.public(),
+            checked: 1,
+            valid: 1,
+            estimated_valid: 1,
+            hard_failure: false,
+            soft_failures: 0,
+            reasons: vec![],
+        },
         &key,
     );
     let r = within(s.request(&Frame::PostVerdict(v))).await;

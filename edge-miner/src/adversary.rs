@@ -157,7 +157,10 @@ pub struct AttackOptions {
 
 impl std::fmt::Debug for AttackOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AttackOptions").field("model", &self.model).field("work_dir", &self.work_dir).finish_non_exhaustive()
+        f.debug_struct("AttackOptions")
+            .field("model", &self.model)
+            .field("work_dir", &self.work_dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -201,7 +204,8 @@ pub fn setup(attack: Attack, opts: &AttackOptions) -> Result<AttackSetup, Advers
         Attack::PrefillDecodeSplit => {
             let decode = model.ok_or_else(|| missing("model"))?;
             loader = Some(Arc::new(move |prove: &Path| {
-                let load = |p: &Path| LlamaCppBackend::load(&LlamaConfig { model: p.to_owned(), threads, gpu_layers: 0 });
+                let load =
+                    |p: &Path| LlamaCppBackend::load(&LlamaConfig { model: p.to_owned(), threads, gpu_layers: 0 });
                 Ok(Box::new(Split { decode: load(&decode)?, prove: load(prove)? }) as LoadedBackend)
             }));
             Box::new(Honest)
@@ -210,7 +214,9 @@ pub fn setup(attack: Attack, opts: &AttackOptions) -> Result<AttackSetup, Advers
         Attack::RewardInflation => Box::new(RewardInflation),
         Attack::WrongPrompt => Box::new(WrongPrompt),
         Attack::Replay => Box::new(Replay::default()),
-        Attack::Copy => Box::new(CopyFrom(opts.pool.clone().ok_or_else(|| missing("needs --copy-from FILE (or a pool)"))?)),
+        Attack::Copy => {
+            Box::new(CopyFrom(opts.pool.clone().ok_or_else(|| missing("needs --copy-from FILE (or a pool)"))?))
+        }
         Attack::BadSignature => Box::new(BadSignature),
     };
     Ok(AttackSetup { tamper, loader })

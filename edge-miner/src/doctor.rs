@@ -141,8 +141,8 @@ impl MinerConfig {
     /// are taken relative to the file's folder.
     pub fn load(path: &Path) -> Result<Self, DoctorError> {
         let text = std::fs::read_to_string(path).map_err(|source| DoctorError::Read { path: path.into(), source })?;
-        let mut cfg: Self =
-            toml::from_str(&text).map_err(|source| DoctorError::Parse { path: path.into(), source: Box::new(source) })?;
+        let mut cfg: Self = toml::from_str(&text)
+            .map_err(|source| DoctorError::Parse { path: path.into(), source: Box::new(source) })?;
         let base = path.parent().unwrap_or(Path::new("."));
         if cfg.data.is_relative() {
             cfg.data = base.join(&cfg.data);
@@ -363,7 +363,11 @@ fn backend_check(cfg: &MinerConfig, checks: &mut Vec<Check>) -> Vec<Device> {
     use llama_cpp_2::LlamaBackendDeviceType as T;
     const NAME: &str = "backend";
     if let Err(e) = crate::llama::llama_backend() {
-        checks.push(Check::fail(NAME, format!("llama.cpp did not start: {e}"), "reinstall edge-miner (installers/install-miner.sh)"));
+        checks.push(Check::fail(
+            NAME,
+            format!("llama.cpp did not start: {e}"),
+            "reinstall edge-miner (installers/install-miner.sh)",
+        ));
         return vec![];
     }
     let all = llama_cpp_2::list_llama_ggml_backend_devices();
@@ -396,9 +400,17 @@ fn backend_check(cfg: &MinerConfig, checks: &mut Vec<Check>) -> Vec<Device> {
             format!("this edge-miner was built for {build} but sees no GPU: install the driver, or reinstall with --accel cpu"),
         ));
     } else if cfg.gpu_layers > 0 && gpus.is_empty() {
-        checks.push(Check::fail(NAME, detail, "gpu_layers is set but no GPU is usable: set gpu_layers = 0, or reinstall with a GPU build"));
+        checks.push(Check::fail(
+            NAME,
+            detail,
+            "gpu_layers is set but no GPU is usable: set gpu_layers = 0, or reinstall with a GPU build",
+        ));
     } else if !gpus.is_empty() && cfg.gpu_layers == 0 {
-        checks.push(Check::warn(NAME, detail, "a GPU is available but gpu_layers = 0: set gpu_layers = 99 to offload the model"));
+        checks.push(Check::warn(
+            NAME,
+            detail,
+            "a GPU is available but gpu_layers = 0: set gpu_layers = 99 to offload the model",
+        ));
     } else {
         checks.push(Check::ok(NAME, detail));
     }
@@ -434,10 +446,7 @@ fn now_ms() -> u64 {
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr, String> {
-    addr.to_socket_addrs()
-        .map_err(|e| e.to_string())?
-        .next()
-        .ok_or_else(|| "no address".to_string())
+    addr.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or_else(|| "no address".to_string())
 }
 
 async fn coordinator_checks(
@@ -450,7 +459,11 @@ async fn coordinator_checks(
     let pin = match cfg.pin() {
         Ok(p) => p,
         Err(e) => {
-            checks.push(Check::fail(NAME, e.to_string(), "give the coordinator's `fingerprint` or its CA file (`ca`) as its operator sends them"));
+            checks.push(Check::fail(
+                NAME,
+                e.to_string(),
+                "give the coordinator's `fingerprint` or its CA file (`ca`) as its operator sends them",
+            ));
             return None;
         }
     };
@@ -465,7 +478,11 @@ async fn coordinator_checks(
     let addr = match resolve(&cfg.coordinator) {
         Ok(a) => a,
         Err(e) => {
-            checks.push(Check::fail(NAME, format!("{} does not resolve: {e}", cfg.coordinator), "give the coordinator as HOST:PORT"));
+            checks.push(Check::fail(
+                NAME,
+                format!("{} does not resolve: {e}", cfg.coordinator),
+                "give the coordinator as HOST:PORT",
+            ));
             return None;
         }
     };
@@ -497,7 +514,10 @@ async fn coordinator_checks(
     };
     let received = now_ms();
     let rtt = session.conn.rtt().min(started.elapsed());
-    checks.push(Check::ok(NAME, format!("{addr}: handshake ok, certificate pinned, coordinator key {}", session.coordinator)));
+    checks.push(Check::ok(
+        NAME,
+        format!("{addr}: handshake ok, certificate pinned, coordinator key {}", session.coordinator),
+    ));
 
     // The coordinator stamped its clock when it sent the greeting, about half a round trip ago.
     let half = (rtt.as_millis() / 2) as i64;
@@ -514,7 +534,8 @@ async fn coordinator_checks(
         Check::ok("clock", detail)
     });
 
-    let info = match tokio::time::timeout(timeout, session.request(&Frame::GetWindow(GetWindow { window: None }))).await {
+    let info = match tokio::time::timeout(timeout, session.request(&Frame::GetWindow(GetWindow { window: None }))).await
+    {
         Ok(Ok(Frame::WindowInfo(w))) => w,
         Ok(Err(NetError::Refused(ErrorCode::NotYet, _))) => {
             checks.push(Check::warn("window", "no window open yet (before genesis)", "wait for the network to start"));
@@ -526,7 +547,11 @@ async fn coordinator_checks(
                 Ok(Err(e)) => e.to_string(),
                 Ok(Ok(f)) => format!("unexpected {:?}", f.tag()),
             };
-            checks.push(Check::fail("window", format!("asking the window: {what}"), "retry; if it persists, tell the coordinator's operator"));
+            checks.push(Check::fail(
+                "window",
+                format!("asking the window: {what}"),
+                "retry; if it persists, tell the coordinator's operator",
+            ));
             return Some(Remote { model_len: None });
         }
     };
@@ -553,7 +578,11 @@ fn connect_failure(addr: SocketAddr, e: &NetError, ca: bool) -> Check {
             format!("{addr}: the certificate is not signed by the pinned CA ({text})"),
             "re-check the CA file with the coordinator's operator; never mine against an unpinned certificate",
         ),
-        _ if text.contains("certificate") || text.contains("fingerprint") || text.contains("tls") || text.contains("crypto") => {
+        _ if text.contains("certificate")
+            || text.contains("fingerprint")
+            || text.contains("tls")
+            || text.contains("crypto") =>
+        {
             Check::fail(
                 NAME,
                 format!("{addr}: the certificate does not match the pinned fingerprint ({text})"),
@@ -574,7 +603,11 @@ fn window_check(cfg: &MinerConfig, info: &WindowInfo) -> Check {
         info.group_size
     );
     if info.env == EnvId::Gsm8k && cfg.gsm8k.as_ref().is_none_or(|p| !p.is_file()) {
-        return Check::fail("window", detail, "this network runs GSM8K: set `gsm8k = \"/path/to/train.jsonl\"` in the config");
+        return Check::fail(
+            "window",
+            detail,
+            "this network runs GSM8K: set `gsm8k = \"/path/to/train.jsonl\"` in the config",
+        );
     }
     Check::ok("window", detail)
 }
@@ -617,7 +650,11 @@ pub fn disk_needed(len: u64) -> u64 {
 fn memory_check(cfg: &MinerConfig, gpus: &[Device], model_len: Option<u64>, checks: &mut Vec<Check>) {
     const NAME: &str = "memory";
     let Some(len) = model_len else {
-        checks.push(Check::warn(NAME, "model size unknown (coordinator not reached, no local model)", "fix the coordinator check first"));
+        checks.push(Check::warn(
+            NAME,
+            "model size unknown (coordinator not reached, no local model)",
+            "fix the coordinator check first",
+        ));
         return;
     };
     let need = memory_needed(len);
@@ -627,7 +664,11 @@ fn memory_check(cfg: &MinerConfig, gpus: &[Device], model_len: Option<u64>, chec
         match available_memory() {
             Some(m) => (m, "RAM available"),
             None => {
-                checks.push(Check::warn(NAME, format!("model {} ; available memory unknown on this OS", human(len)), "make sure it fits"));
+                checks.push(Check::warn(
+                    NAME,
+                    format!("model {} ; available memory unknown on this OS", human(len)),
+                    "make sure it fits",
+                ));
                 return;
             }
         }
@@ -656,7 +697,11 @@ fn disk_check(data: &Path, model_len: Option<u64>, checks: &mut Vec<Check>) {
         dir = PathBuf::from(".");
     }
     let Some(free) = free_disk(&dir) else {
-        checks.push(Check::warn(NAME, format!("free space of {} unknown", dir.display()), "make sure it has room for three model files"));
+        checks.push(Check::warn(
+            NAME,
+            format!("free space of {} unknown", dir.display()),
+            "make sure it has room for three model files",
+        ));
         return;
     };
     let need = disk_needed(model_len.unwrap_or(0));
@@ -725,7 +770,8 @@ mod tests {
     fn config_parses_and_resolves_relative_paths() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("miner.toml");
-        std::fs::write(&p, "coordinator = \"127.0.0.1:4433\"\nfingerprint = \"ab\"\ndata = \"d\"\ngpu_layers = 3\n").unwrap();
+        std::fs::write(&p, "coordinator = \"127.0.0.1:4433\"\nfingerprint = \"ab\"\ndata = \"d\"\ngpu_layers = 3\n")
+            .unwrap();
         let c = MinerConfig::load(&p).unwrap();
         assert_eq!(c.data, dir.path().join("d"));
         assert_eq!(c.gpu_layers, 3);
@@ -734,9 +780,13 @@ mod tests {
         let args = DoctorArgs { config: Some(p.clone()), ..DoctorArgs::default() };
         assert!(args.resolve().is_err());
         assert!(matches!(DoctorArgs::default().resolve(), Err(DoctorError::NoCoordinator)));
-        let args = DoctorArgs { coordinator: Some("h:1".into()), fingerprint: Some("f".into()), ..DoctorArgs::default() };
+        let args =
+            DoctorArgs { coordinator: Some("h:1".into()), fingerprint: Some("f".into()), ..DoctorArgs::default() };
         assert_eq!(args.resolve().unwrap().data, PathBuf::from("miner-data"));
-        assert!(matches!(DoctorArgs { coordinator: Some("h:1".into()), ..DoctorArgs::default() }.resolve(), Err(DoctorError::NoCoordinator)));
+        assert!(matches!(
+            DoctorArgs { coordinator: Some("h:1".into()), ..DoctorArgs::default() }.resolve(),
+            Err(DoctorError::NoCoordinator)
+        ));
         // A CA pin: relative to the file; both pins at once are refused.
         std::fs::write(&p, "coordinator = \"x:1\"\nca = \"ca.pem\"\nbackend = \"wgpu\"\n").unwrap();
         let c = MinerConfig::load(&p).unwrap();

@@ -145,8 +145,8 @@ impl LlamaCppBackend {
         if !cfg.model.is_file() {
             return Err(BackendError::Load(format!("{} is not a file", cfg.model.display())));
         }
-        let threads = i32::try_from(cfg.threads.max(1))
-            .map_err(|_| BackendError::Config(format!("{} threads", cfg.threads)))?;
+        let threads =
+            i32::try_from(cfg.threads.max(1)).map_err(|_| BackendError::Config(format!("{} threads", cfg.threads)))?;
         let params = LlamaModelParams::default().with_n_gpu_layers(cfg.gpu_layers);
         let widened = widen_bf16_to_f32(&cfg.model)?;
         let file = widened.as_ref().map_or(cfg.model.as_path(), |w| w.0.as_path());
@@ -159,7 +159,15 @@ impl LlamaCppBackend {
             return Err(BackendError::Load(format!("{}: empty vocabulary or embedding", cfg.model.display())));
         }
         let n_ctx_train = model.n_ctx_train() as usize;
-        Ok(Self { model, threads, offloaded: cfg.gpu_layers > 0, n_vocab, n_embd, n_ctx_train, path: cfg.model.clone() })
+        Ok(Self {
+            model,
+            threads,
+            offloaded: cfg.gpu_layers > 0,
+            n_vocab,
+            n_embd,
+            n_ctx_train,
+            path: cfg.model.clone(),
+        })
     }
 
     /// The model file this backend runs.
@@ -219,9 +227,7 @@ impl LlamaCppBackend {
             .with_embeddings(true)
             .with_pooling_type(LlamaPoolingType::None);
         let params = with_exact_numerics(params, self.offloaded);
-        self.model
-            .new_context(backend, params)
-            .map_err(|e| BackendError::Context(e.to_string()))
+        self.model.new_context(backend, params).map_err(|e| BackendError::Context(e.to_string()))
     }
 
     fn run_group(&self, req: &GroupRequest<'_>) -> Result<Vec<GeneratedSeq>, BackendError> {
@@ -488,7 +494,11 @@ mod tests {
             w.write_file(&src).unwrap();
 
             let widen = |b: &[u8]| -> Vec<u8> {
-                b.chunks_exact(2).flat_map(|h| f32::from_bits(u32::from(u16::from_le_bytes([h[0], h[1]])) << 16).to_bits().to_le_bytes()).collect()
+                b.chunks_exact(2)
+                    .flat_map(|h| {
+                        f32::from_bits(u32::from(u16::from_le_bytes([h[0], h[1]])) << 16).to_bits().to_le_bytes()
+                    })
+                    .collect()
             };
             let mut e = GgufWriter::new();
             for (k, v) in w.metadata() {

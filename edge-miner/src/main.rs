@@ -13,8 +13,8 @@ use edge_miner::offline::{self, GenerateOptions, OfflineWindow};
 use edge_miner::quantize::{FileType, quantize};
 use indicatif::{ProgressBar, ProgressStyle};
 use tributary_protocol::checkpoint::Checkpoint;
-use tributary_protocol::identity::Keypair;
 use tributary_protocol::env::{ArithEnv, EnvId, Environment, Gsm8kEnv, SatEnv};
+use tributary_protocol::identity::Keypair;
 use tributary_protocol::sketch::SketchParams;
 use tributary_protocol::tokenizer::Tokenizer;
 
@@ -214,7 +214,9 @@ impl RunArgs {
         let mut cfg = match &self.config {
             Some(p) => MinerConfig::load(p)?,
             None => {
-                let Some(c) = &self.coordinator else { bail!("give --config FILE, or --coordinator HOST:PORT with --fingerprint HEX or --ca FILE") };
+                let Some(c) = &self.coordinator else {
+                    bail!("give --config FILE, or --coordinator HOST:PORT with --fingerprint HEX or --ca FILE")
+                };
                 MinerConfig { fingerprint: None, ..MinerConfig::new(c.clone(), "") }
             }
         };
@@ -283,7 +285,11 @@ fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("coordinator {:?} has no address", conf.coordinator))?;
     let data = conf.data.clone();
     let path = key_path(&data);
-    let key = if args.dev { init(&data)? } else { Keypair::load(&path).with_context(|| format!("{} (run `edge-miner init`)", path.display()))? };
+    let key = if args.dev {
+        init(&data)?
+    } else {
+        Keypair::load(&path).with_context(|| format!("{} (run `edge-miner init`)", path.display()))?
+    };
     println!("miner={}", key.public());
     let threads = conf.threads.unwrap_or_else(default_threads);
     let mut cfg = RunConfig::new(UplinkConfig::new(addr, pin), key, data.join("models"), threads);
@@ -306,7 +312,8 @@ fn run(args: RunArgs) -> Result<()> {
         use edge_miner::adversary::{self, Attack, AttackOptions};
         let attack: Attack = name.parse()?;
         let pool = args.copy_from.as_deref().map(adversary::read_pool).transpose()?;
-        let opts = AttackOptions { model: args.attack_model.clone(), work_dir: Some(data.join("attack")), threads, pool };
+        let opts =
+            AttackOptions { model: args.attack_model.clone(), work_dir: Some(data.join("attack")), threads, pool };
         let setup = adversary::setup(attack, &opts)?;
         cfg.tamper = Some(setup.tamper);
         if let Some(l) = setup.loader {
@@ -364,7 +371,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
             gpu_layers: args.gpu_layers,
         })?),
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => Box::new(edge_miner::wgpu::WgpuBackend::load(&wgpu_config(&args.model, args.adapter.as_ref()))?),
+        BackendKind::Wgpu => {
+            Box::new(edge_miner::wgpu::WgpuBackend::load(&wgpu_config(&args.model, args.adapter.as_ref()))?)
+        }
         #[cfg(not(feature = "wgpu"))]
         BackendKind::Wgpu => return Err(no_wgpu()),
     };
@@ -387,12 +396,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     );
     let start = std::time::Instant::now();
     let job = offline::Job { tokenizer: &tokenizer, env: &env, model: model_id, window: &window, opts: &opts };
-    let summary = offline::generate(
-        &mut *backend,
-        &job,
-        offline::jsonl_sink(BufWriter::new(out)),
-        |done| bar.set_position(done as u64),
-    )?;
+    let summary = offline::generate(&mut *backend, &job, offline::jsonl_sink(BufWriter::new(out)), |done| {
+        bar.set_position(done as u64)
+    })?;
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     eprintln!(

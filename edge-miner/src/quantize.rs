@@ -53,9 +53,7 @@ pub enum QuantizeError {
 }
 
 fn c_path(p: &Path) -> Result<CString, QuantizeError> {
-    p.to_str()
-        .and_then(|s| CString::new(s).ok())
-        .ok_or_else(|| QuantizeError::Path(p.display().to_string()))
+    p.to_str().and_then(|s| CString::new(s).ok()).ok_or_else(|| QuantizeError::Path(p.display().to_string()))
 }
 
 /// Writes `output`, a copy of the GGUF model `input` with its matrices in

@@ -29,8 +29,8 @@ use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
-use tributary_protocol::wire::WindowInfo;
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::WindowInfo;
 
 use crate::backend::{BackendError, DrawKey, GeneratedSeq, GroupRequest};
 use crate::llama::{LlamaConfig, LlamaCppBackend};
@@ -279,11 +279,16 @@ impl Generator {
                     return Err(RunError::Config("the window's environment is gsm8k: give --gsm8k FILE".into()));
                 };
                 if loaded.is_none() {
-                    let bytes = std::fs::read(&*path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?;
+                    let bytes =
+                        std::fs::read(&*path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?;
                     if info.dataset.is_some_and(|d| &d != blake3::hash(&bytes).as_bytes()) {
-                        return Err(RunError::Config(format!("{} is not the dataset the coordinator names", path.display())));
+                        return Err(RunError::Config(format!(
+                            "{} is not the dataset the coordinator names",
+                            path.display()
+                        )));
                     }
-                    *loaded = Some(Gsm8kEnv::load(path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?);
+                    *loaded =
+                        Some(Gsm8kEnv::load(path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?);
                 }
                 Environment::Gsm8k(loaded.clone().ok_or_else(|| RunError::Config("gsm8k".into()))?)
             }
@@ -322,7 +327,8 @@ impl Generator {
         let gen_err = |e: BackendError| RunError::Generate(e.to_string());
         if self.tokenizer.is_none() {
             let slot = self.models.state().active.unwrap_or(0);
-            let t = Tokenizer::from_gguf_file(&self.models.slot_path(slot)).map_err(|e| RunError::Generate(e.to_string()))?;
+            let t = Tokenizer::from_gguf_file(&self.models.slot_path(slot))
+                .map_err(|e| RunError::Generate(e.to_string()))?;
             self.tokenizer = Some(t);
         }
         let (Some(tok), Some((checkpoint, backend))) = (&self.tokenizer, &mut self.current) else {
@@ -355,7 +361,14 @@ impl Generator {
             tracing::info!(id = %s.id, ?pause, ?swap, first_group = ?took, "swapped to the new checkpoint");
             if let Some(tx) = &self.events {
                 let first_group = took;
-                let _ = tx.send(RunEvent::Swapped { id: s.id, pause, swap, at: started, first_group, prev_group: s.prev_group });
+                let _ = tx.send(RunEvent::Swapped {
+                    id: s.id,
+                    pause,
+                    swap,
+                    at: started,
+                    first_group,
+                    prev_group: s.prev_group,
+                });
             }
         }
         let mut out = Vec::with_capacity(seqs.len());
@@ -523,7 +536,12 @@ pub async fn run(
                                 tracing::warn!(refused = ?rep.refused, "rollouts refused");
                             }
                             let refused = rep.refused.iter().map(|(_, r)| *r).collect();
-                            emit(RunEvent::Submitted { window: info.window, checkpoint, stored: rep.stored.len(), refused });
+                            emit(RunEvent::Submitted {
+                                window: info.window,
+                                checkpoint,
+                                stored: rep.stored.len(),
+                                refused,
+                            });
                         }
                         Err(e) => {
                             cancel.store(true, Ordering::Relaxed);

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use tributary_protocol::checkpoint::{ContentId, content_id_of};
 use tributary_protocol::delta::{self, DeltaError, DeltaLimits};
 use tributary_protocol::gguf;
-use tributary_protocol::wire::{CheckpointPath, Frame, GetCheckpoint, GetCheckpointPath, GetDelta, PathStep};
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{CheckpointPath, Frame, GetCheckpoint, GetCheckpointPath, GetDelta, PathStep};
 
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
@@ -111,7 +111,11 @@ pub struct Staged {
 
 impl std::fmt::Debug for Staged {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Staged").field("slot", &self.slot).field("id", &self.id).field("from_window", &self.from_window).finish()
+        f.debug_struct("Staged")
+            .field("slot", &self.slot)
+            .field("id", &self.id)
+            .field("from_window", &self.from_window)
+            .finish()
     }
 }
 
@@ -188,7 +192,8 @@ impl Models {
     /// Installs a model file into a slot (unless one already holds it) and
     /// makes it the active slot. Returns its content id.
     pub fn install_active(&self, model: &Path) -> Result<ContentId, SyncError> {
-        let id = file_content_id(model).ok_or_else(|| SyncError::BadPayload(format!("{} is not a GGUF file", model.display())))?;
+        let id = file_content_id(model)
+            .ok_or_else(|| SyncError::BadPayload(format!("{} is not a GGUF file", model.display())))?;
         let mut st = self.state();
         let slot = match st.ids.iter().position(|i| *i == Some(id)) {
             Some(s) => s,
@@ -334,7 +339,11 @@ fn load_warm(loader: &Loader, file: &Path) -> Result<LoadedBackend, BackendError
     if let Err(e) = warm_up(backend.as_mut()) {
         tracing::warn!(error = %e, "warm-up of the staged model failed");
     }
-    tracing::debug!(load_secs = loaded.as_secs_f64(), warm_secs = (t0.elapsed() - loaded).as_secs_f64(), "model loaded and warmed");
+    tracing::debug!(
+        load_secs = loaded.as_secs_f64(),
+        warm_secs = (t0.elapsed() - loaded).as_secs_f64(),
+        "model loaded and warmed"
+    );
     Ok(backend)
 }
 
@@ -367,7 +376,11 @@ pub async fn run_sync(
     }
 }
 
-async fn ask_path(uplink: &mut Uplink, have: Option<ContentId>, want: Option<ContentId>) -> Result<CheckpointPath, SyncError> {
+async fn ask_path(
+    uplink: &mut Uplink,
+    have: Option<ContentId>,
+    want: Option<ContentId>,
+) -> Result<CheckpointPath, SyncError> {
     match uplink.request(&Frame::GetCheckpointPath(GetCheckpointPath { have, want })).await? {
         Frame::CheckpointPath(p) => Ok(p),
         f => Err(UplinkError::Unexpected(f.tag()).into()),
@@ -480,7 +493,8 @@ async fn prepare(
                 if step.len > MAX_DELTA_LEN {
                     return Err(SyncError::BadPayload(format!("delta of {} bytes", step.len)));
                 }
-                let payload = fetch(uplink, step, |offset| Frame::GetDelta(GetDelta { base, id: step.id, offset })).await?;
+                let payload =
+                    fetch(uplink, step, |offset| Frame::GetDelta(GetDelta { base, id: step.id, offset })).await?;
                 bytes += payload.len() as u64;
                 check_payload(step, &payload)?;
                 let prev = models.state().ids[slot];
@@ -563,17 +577,29 @@ async fn fetch(uplink: &mut Uplink, step: &PathStep, ask: impl Fn(u64) -> Frame)
     Ok(out)
 }
 
-async fn chunk(uplink: &mut Uplink, ask: &impl Fn(u64) -> Frame, id: ContentId, offset: u64) -> Result<Vec<u8>, SyncError> {
+async fn chunk(
+    uplink: &mut Uplink,
+    ask: &impl Fn(u64) -> Frame,
+    id: ContentId,
+    offset: u64,
+) -> Result<Vec<u8>, SyncError> {
     match uplink.request(&ask(offset)).await? {
         Frame::CheckpointChunk(c) if c.id == id && c.offset == offset && !c.data.0.is_empty() => Ok(c.data.0),
-        Frame::CheckpointChunk(_) => Err(SyncError::BadPayload("chunk out of order, empty or for another checkpoint".into())),
+        Frame::CheckpointChunk(_) => {
+            Err(SyncError::BadPayload("chunk out of order, empty or for another checkpoint".into()))
+        }
         f => Err(UplinkError::Unexpected(f.tag()).into()),
     }
 }
 
 /// Downloads a full checkpoint into `download.part`, resuming a partial
 /// download of the same checkpoint; checks length, hash and content id.
-async fn download_full(uplink: &mut Uplink, models: &Models, step: &PathStep, progress: bool) -> Result<u64, SyncError> {
+async fn download_full(
+    uplink: &mut Uplink,
+    models: &Models,
+    step: &PathStep,
+    progress: bool,
+) -> Result<u64, SyncError> {
     use std::io::Write;
     let part = models.dir.join("download.part");
     let idfile = models.dir.join("download.id");
@@ -594,8 +620,10 @@ async fn download_full(uplink: &mut Uplink, models: &Models, step: &PathStep, pr
         .map_err(io(&part))?;
     let bar = progress.then(|| {
         let b = indicatif::ProgressBar::new(step.len).with_style(
-            indicatif::ProgressStyle::with_template("checkpoint {bytes}/{total_bytes} [{bar:30}] {bytes_per_sec}, eta {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "checkpoint {bytes}/{total_bytes} [{bar:30}] {bytes_per_sec}, eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         b.set_position(offset);
         b

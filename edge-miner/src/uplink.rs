@@ -11,10 +11,10 @@ use std::time::Duration;
 use tributary_net::{Backoff, ConnectFailure, NetError, Session};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
+use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{
     self, Blob, ErrorCode, Frame, GetProgress, GetWindow, Outcome, RejectReason, Role, Submit, SubmitBatch, WindowInfo,
 };
-use tributary_protocol::window::WindowId;
 
 /// Uplink failures.
 #[derive(Debug, thiserror::Error)]
@@ -116,13 +116,21 @@ impl Uplink {
     /// Connects if needed, retrying with exponential backoff.
     async fn session(&mut self) -> Result<&mut Session, UplinkError> {
         if self.session.is_none() {
-            let backoff = Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
-            let s = Session::connect_with_backoff(self.cfg.addr, &self.cfg.fingerprint, &self.key, Role::Miner, backoff, |_, _| {})
-                .await
-                .map_err(|f| match f {
-                    ConnectFailure::Refused(e) => UplinkError::Refused(e),
-                    ConnectFailure::Unreachable { attempts, last } => UplinkError::Unreachable { attempts, last },
-                })?;
+            let backoff =
+                Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
+            let s = Session::connect_with_backoff(
+                self.cfg.addr,
+                &self.cfg.fingerprint,
+                &self.key,
+                Role::Miner,
+                backoff,
+                |_, _| {},
+            )
+            .await
+            .map_err(|f| match f {
+                ConnectFailure::Refused(e) => UplinkError::Refused(e),
+                ConnectFailure::Unreachable { attempts, last } => UplinkError::Unreachable { attempts, last },
+            })?;
             tracing::info!(coordinator = %s.coordinator, "connected");
             self.session = Some(s);
         }
@@ -315,7 +323,8 @@ mod tests {
         let key = Keypair::from_seed([11; 32]);
         let mut up = Uplink::new(UplinkConfig::new(n.quic, n.fingerprint.clone()), key.clone());
         let info = tokio::time::timeout(within(30), up.window()).await.unwrap().unwrap();
-        let all: Vec<Rollout> = (0..2).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i)).collect();
+        let all: Vec<Rollout> =
+            (0..2).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i)).collect();
         let first = tokio::time::timeout(within(30), up.submit(&all[..3])).await.unwrap().unwrap();
         assert_eq!(first.stored.len(), 3);
         assert!(first.refused.is_empty());

@@ -48,7 +48,14 @@ fn run(f: &mut Fixture, env: &Environment, seed: u64, opts: &GenerateOptions) ->
 }
 
 fn opts(temperature: f32) -> GenerateOptions {
-    GenerateOptions { first_task: 0, tasks: 3, group: 4, max_new_tokens: 24, temperature, sketch_params: SketchParams::DEFAULT }
+    GenerateOptions {
+        first_task: 0,
+        tasks: 3,
+        group: 4,
+        max_new_tokens: 24,
+        temperature,
+        sketch_params: SketchParams::DEFAULT,
+    }
 }
 
 fn check_shapes(f: &Fixture, env: &Environment, recs: &[RolloutRecord], o: &GenerateOptions, seed: u64) {
@@ -138,7 +145,12 @@ fn generation_matches_teacher_forcing() {
             .forward_each(&r.tokens, |pos, _h, logits| {
                 if let Some(&t) = r.tokens.get(pos + 1).filter(|_| pos + 1 >= r.prompt_len) {
                     let u = sampling::draw_u(&window.secrets.seed, &miner, r.group, r.rollout, (pos + 1) as u32);
-                    assert_eq!(sampling::sample_inverse_cdf(logits, o.temperature, u), t as usize, "token at {}", pos + 1);
+                    assert_eq!(
+                        sampling::sample_inverse_cdf(logits, o.temperature, u),
+                        t as usize,
+                        "token at {}",
+                        pos + 1
+                    );
                 }
                 Ok(())
             })

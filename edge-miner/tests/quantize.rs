@@ -28,7 +28,8 @@ fn bf16_to_q4_0_loads_and_generates() {
 
     let tok = Tokenizer::from_gguf_file(&out).unwrap();
     let mut backend = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&out) }).unwrap();
-    let prompt = tok.encode(&chatml_prompt(Some("You are a helpful assistant."), "What is the capital of France?")).unwrap();
+    let prompt =
+        tok.encode(&chatml_prompt(Some("You are a helpful assistant."), "What is the capital of France?")).unwrap();
     let key = SketchKey::derive(&Seed([3; 32]), backend.hidden_size());
     let eog: Vec<u32> = tok.eog_ids().collect();
     let req = GroupRequest {

@@ -110,7 +110,8 @@ fn tokenizer_matches_llama_cpp() {
     for id in llama_eog.iter().filter(|id| !ours.contains(id)) {
         let text = tok.decode(&[*id]).unwrap();
         assert!(
-            ["<reponame>", "<|repo_name|>", "<file_sep>", "<|file_sep|>", "<fim_pad>", "<|fim_pad|>"].contains(&text.as_str()),
+            ["<reponame>", "<|repo_name|>", "<file_sep>", "<|file_sep|>", "<fim_pad>", "<|fim_pad|>"]
+                .contains(&text.as_str()),
             "llama.cpp EOG token {id} {text:?} missing from ours"
         );
     }

@@ -27,7 +27,8 @@ fn write_tiny(dir: &Path, seed: u64) -> PathBuf {
 }
 
 fn backend(path: &Path) -> WgpuBackend {
-    let b = WgpuBackend::load(&WgpuConfig::new(path)).expect("wgpu backend (is a Vulkan driver such as lavapipe installed?)");
+    let b = WgpuBackend::load(&WgpuConfig::new(path))
+        .expect("wgpu backend (is a Vulkan driver such as lavapipe installed?)");
     eprintln!("adapter: {}", b.adapter());
     b
 }
@@ -60,7 +61,8 @@ fn cpu_logits(ckpt: &Checkpoint, tokens: &[u32]) -> Vec<f64> {
         }
     };
     let emb = t("token_embd.weight");
-    let mut xs: Vec<Vec<f64>> = tokens.iter().map(|&tok| emb[tok as usize * d..(tok as usize + 1) * d].to_vec()).collect();
+    let mut xs: Vec<Vec<f64>> =
+        tokens.iter().map(|&tok| emb[tok as usize * d..(tok as usize + 1) * d].to_vec()).collect();
     for b in 0..c.n_layer {
         let w = |n: &str| t(&format!("blk.{b}.{n}.weight"));
         let (an, wq, wk, wv, wo) = (w("attn_norm"), w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"));
@@ -84,7 +86,10 @@ fn cpu_logits(ckpt: &Checkpoint, tokens: &[u32]) -> Vec<f64> {
                 let kh = head / (nh / nkv);
                 let q = &qs[pos][head * hd..(head + 1) * hd];
                 let sc: Vec<f64> = (0..=pos)
-                    .map(|j| q.iter().zip(&ks[j][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                    .map(|j| {
+                        q.iter().zip(&ks[j][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
                     .collect();
                 let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
@@ -172,7 +177,14 @@ fn logits_match_cpu_f64_and_libtorch() {
     assert!(err_torch < 1e-3, "wgpu vs libtorch: {err_torch}");
 }
 
-fn request<'a>(prompt: &'a [u32], key: &'a SketchKey, eog: &'a [u32], g: usize, max_new: usize, t: f32) -> GroupRequest<'a> {
+fn request<'a>(
+    prompt: &'a [u32],
+    key: &'a SketchKey,
+    eog: &'a [u32],
+    g: usize,
+    max_new: usize,
+    t: f32,
+) -> GroupRequest<'a> {
     let w = OfflineWindow::from_seed(4);
     GroupRequest {
         prompt,
@@ -280,7 +292,14 @@ fn rollouts_pass_the_reference_validator() {
     let env = Environment::Arith(ArithEnv::new(3));
     let seed = 21;
     let window = OfflineWindow::from_seed(seed);
-    let opts = GenerateOptions { first_task: 0, tasks: 3, group: 4, max_new_tokens: 24, temperature: 0.9, sketch_params: SketchParams::DEFAULT };
+    let opts = GenerateOptions {
+        first_task: 0,
+        tasks: 3,
+        group: 4,
+        max_new_tokens: 24,
+        temperature: 0.9,
+        sketch_params: SketchParams::DEFAULT,
+    };
     let model_id = Checkpoint::open(&path).unwrap().content_id();
     let job = Job { tokenizer: &tokenizer, env: &env, model: Some(model_id), window: &window, opts: &opts };
     let out = dir.path().join("rollouts.jsonl");

@@ -21,7 +21,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tributary_protocol::identity::{self, Keypair, PublicKey};
 use tributary_protocol::wire::{
-    self, Auth, ErrorFrame, Frame, HEADER_LEN, Hello, PROTOCOL_VERSION, Role, WireError, Welcome,
+    self, Auth, ErrorFrame, Frame, HEADER_LEN, Hello, PROTOCOL_VERSION, Role, Welcome, WireError,
 };
 
 /// Errors on a connection.
@@ -116,10 +116,7 @@ pub fn server_config(cert_der: Vec<u8>, key_der: Vec<u8>) -> Result<quinn::Serve
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| NetError::Tls(e.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from(cert_der)],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der)),
-        )
+        .with_single_cert(vec![CertificateDer::from(cert_der)], PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_der)))
         .map_err(|e| NetError::Tls(e.to_string()))?;
     tls.alpn_protocols = vec![wire::ALPN.to_vec()];
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| NetError::Tls(e.to_string()))?;
@@ -170,8 +167,7 @@ impl Pin {
 /// Reads a CA certificate file (PEM) and returns it as a pin spec (its PEM
 /// text), after checking that it holds at least one usable certificate.
 pub fn read_ca(path: &Path) -> Result<String, NetError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| NetError::Tls(format!("CA file {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| NetError::Tls(format!("CA file {}: {e}", path.display())))?;
     if !text.contains(PEM_MARKER) {
         return Err(NetError::Tls(format!("CA file {}: not PEM (no `-----BEGIN CERTIFICATE-----`)", path.display())));
     }
@@ -198,9 +194,13 @@ pub fn coordinator_target(
     let pin = match (fingerprint, ca) {
         (Some(f), None) => f.trim().to_string(),
         (None, Some(ca)) => read_ca(ca)?,
-        (Some(_), Some(_)) => return Err(config("give the coordinator's `fingerprint` or a `ca` file, not both".into())),
+        (Some(_), Some(_)) => {
+            return Err(config("give the coordinator's `fingerprint` or a `ca` file, not both".into()));
+        }
         (None, None) => {
-            return Err(config("give the coordinator's `fingerprint` or a `ca` file (--fingerprint HEX / --ca FILE)".into()));
+            return Err(config(
+                "give the coordinator's `fingerprint` or a `ca` file (--fingerprint HEX / --ca FILE)".into(),
+            ));
         }
     };
     Ok((addr, pin))
@@ -287,9 +287,9 @@ impl ServerCertVerifier for PinVerifier {
                     self.provider.signature_verification_algorithms.all,
                 )
                 .map_err(|e| match e {
-                    rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer | rustls::CertificateError::BadSignature) => {
-                        rustls::Error::General("certificate is not signed by the pinned CA".into())
-                    }
+                    rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::UnknownIssuer | rustls::CertificateError::BadSignature,
+                    ) => rustls::Error::General("certificate is not signed by the pinned CA".into()),
                     other => other,
                 })?;
             }
@@ -457,9 +457,8 @@ impl Session {
     /// Connects, pins the certificate (`pin`: a pin spec, [`Pin::parse`]), and
     /// proves possession of `key` for `role`.
     pub async fn connect(addr: SocketAddr, pin: &str, key: &Keypair, role: Role) -> Result<Self, NetError> {
-        let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
-            .parse()
-            .map_err(|_| NetError::Closed)?;
+        let bind: SocketAddr =
+            if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().map_err(|_| NetError::Closed)?;
         let mut endpoint = quinn::Endpoint::client(bind)?;
         endpoint.set_default_client_config(client_config(pin)?);
         let conn = endpoint.connect(addr, "localhost")?.await?;
@@ -501,7 +500,9 @@ impl Session {
             match Self::connect(addr, pin, key, role).await {
                 Ok(s) => return Ok(s),
                 Err(e) if e.is_final() => return Err(ConnectFailure::Refused(e)),
-                Err(e) if attempt >= backoff.attempts => return Err(ConnectFailure::Unreachable { attempts: attempt, last: e }),
+                Err(e) if attempt >= backoff.attempts => {
+                    return Err(ConnectFailure::Unreachable { attempts: attempt, last: e });
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, ?delay, "coordinator unreachable, retrying");
                     on_retry(&e, delay);
@@ -547,7 +548,10 @@ pub async fn serve_metrics(addr: SocketAddr) -> std::io::Result<SocketAddr> {
             tokio::spawn(async move {
                 let mut buf = [0u8; 1024];
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s.read(&mut buf)).await;
-                let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n", body.len());
+                let head = format!(
+                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
                 let _ = s.write_all(head.as_bytes()).await;
                 let _ = s.write_all(body.as_bytes()).await;
             });

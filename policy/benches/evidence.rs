@@ -41,7 +41,13 @@ fn bench(c: &mut Criterion) {
     let reqs: Vec<EvidenceRequest<'_>> = seqs
         .iter()
         .zip(&hidden)
-        .map(|(s, h)| EvidenceRequest { tokens: s, prompt_len: prompt.len(), temperature: 0.7, eos: 2, hidden_positions: h })
+        .map(|(s, h)| EvidenceRequest {
+            tokens: s,
+            prompt_len: prompt.len(),
+            temperature: 0.7,
+            eos: 2,
+            hidden_positions: h,
+        })
         .collect();
     let mut g = c.benchmark_group("evidence");
     g.sample_size(10);

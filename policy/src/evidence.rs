@@ -144,7 +144,10 @@ impl ReferenceModel {
             let seqs: Vec<&[u32]> = reqs.iter().map(|r| r.tokens).collect();
             let (batch, _) = pad_batch(&seqs, vocab, 0, device)?;
             let l = batch.size()[1] as usize;
-            (self.forward_hidden(&batch)?.f_view([-1, d as i64])?, Box::new(move |i: usize, p: usize| (i * l + p) as i64))
+            (
+                self.forward_hidden(&batch)?.f_view([-1, d as i64])?,
+                Box::new(move |i: usize, p: usize| (i * l + p) as i64),
+            )
         };
 
         // Flat row index of every predicting position, the chosen tokens,

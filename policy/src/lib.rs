@@ -75,9 +75,7 @@ pub fn default_device() -> tch::Device {
 /// Sets libtorch's intra-op thread count to the cores available to this
 /// process (or to `threads` if given) and returns the count used.
 pub fn init_threads(threads: Option<usize>) -> usize {
-    let n = threads
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let n = threads.filter(|&n| n > 0).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     tch::set_num_threads(i32::try_from(n).unwrap_or(i32::MAX));
     n
 }

@@ -149,11 +149,7 @@ impl ReferenceModel {
         let mut output_data = output_data;
         let root = vs.root();
         for (name, shape) in tensor_shapes(&dims, untied) {
-            let data = if name == "output.weight" {
-                output_data.take()
-            } else {
-                fetch(&name)?
-            };
+            let data = if name == "output.weight" { output_data.take() } else { fetch(&name)? };
             let data = data.ok_or_else(|| PolicyError::MissingTensor(name.clone()))?;
             let expected: i64 = shape.iter().product();
             if data.len() as i64 != expected {
@@ -295,7 +291,11 @@ impl ReferenceModel {
     /// attends to its keys and values. Returns the post-norm hidden states of
     /// the prefix `[1, P, d]` and of the continuations `[B, S, d]`, equal (up to
     /// rounding) to [`ReferenceModel::forward_hidden`] on the concatenations.
-    pub fn forward_hidden_shared_prefix(&self, prefix: &Tensor, suffix: &Tensor) -> Result<(Tensor, Tensor), PolicyError> {
+    pub fn forward_hidden_shared_prefix(
+        &self,
+        prefix: &Tensor,
+        suffix: &Tensor,
+    ) -> Result<(Tensor, Tensor), PolicyError> {
         let (prefix, pb, p) = self.checked_batch(prefix, 0)?;
         if pb != 1 {
             return Err(PolicyError::Request(format!("the prefix must be one sequence, got {pb}")));
@@ -379,9 +379,8 @@ impl ReferenceModel {
 
         let h = rms_norm(x, &blk.attn_norm, f64::from(self.dims.rms_eps))?;
         // [B, L, H*hd] -> [B, H, L, hd]
-        let heads = |t: Tensor, n: i64| -> Result<Tensor, PolicyError> {
-            Ok(t.f_view([b, l, n, hd])?.f_transpose(1, 2)?)
-        };
+        let heads =
+            |t: Tensor, n: i64| -> Result<Tensor, PolicyError> { Ok(t.f_view([b, l, n, hd])?.f_transpose(1, 2)?) };
         let q = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_q, None)?, nh)?, cos, sin)?;
         let k = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_k, None)?, nkv)?, cos, sin)?;
         let v = heads(h.f_linear::<&Tensor>(&blk.attn_v, None)?, nkv)?;

@@ -68,7 +68,8 @@ fn right_padding_changes_real_positions_only_by_rounding() -> Result<()> {
     // Padding with EOS rather than 0: any valid id must be harmless.
     let (batch, lens) = pad_batch(&[&b, &a], vocab, 2, dev)?;
     assert_eq!(lens, [b.len(), a.len()]);
-    let (one, many) = tch::no_grad(|| -> Result<_, PolicyError> { Ok((s.model.forward(&alone)?, s.model.forward(&batch)?)) })?;
+    let (one, many) =
+        tch::no_grad(|| -> Result<_, PolicyError> { Ok((s.model.forward(&alone)?, s.model.forward(&batch)?)) })?;
     let n = a.len() as i64;
     let dh = max_abs_diff(&one.hidden.get(0), &many.hidden.get(1).narrow(0, 0, n));
     let lsm = |t: &Tensor| t.log_softmax(-1, Kind::Float);
@@ -105,10 +106,10 @@ fn shared_prefix_forward_matches_separate_forwards() -> Result<()> {
         println!("continuation {i}: prefix max |Δh| {dp:e}, continuation {ds:e} (max |h| {scale:.1})");
         assert!(dp <= 1e-5 * scale && ds <= 1e-5 * scale, "shared-prefix forward differs: {dp} / {ds}");
     }
-    assert!(matches!(
-        s.model.forward_hidden_shared_prefix(&cont, &pre),
-        Err(PolicyError::Request(_))
-    ), "a prefix must be one sequence");
+    assert!(
+        matches!(s.model.forward_hidden_shared_prefix(&cont, &pre), Err(PolicyError::Request(_))),
+        "a prefix must be one sequence"
+    );
     Ok(())
 }
 
@@ -142,7 +143,13 @@ fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
     let (batch, _) = pad_batch(&[&ids], s.model.dims().vocab_size, 0, s.model.device())?;
     let full = tch::no_grad(|| s.model.forward(&batch))?;
     for temperature in [0.7f32, 1.0, 0.0] {
-        let req = EvidenceRequest { tokens: &ids, prompt_len: prompt.len(), temperature, eos, hidden_positions: &hidden_positions };
+        let req = EvidenceRequest {
+            tokens: &ids,
+            prompt_len: prompt.len(),
+            temperature,
+            eos,
+            hidden_positions: &hidden_positions,
+        };
         // Alone and next to a longer rollout: the figures must not move.
         let long: Vec<u32> = ids.iter().chain(ids.iter()).copied().collect();
         let other = EvidenceRequest { tokens: &long, hidden_positions: &[], ..req };
@@ -173,7 +180,11 @@ fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
         let last: Vec<f32> = Vec::try_from(full.logits.get(0).get(ids.len() as i64 - 2))?;
         let eos_p = sampling::token_stats(&last, 1.0, eos as usize).context("eos")?.prob_t1;
         assert!((ev.eos_prob_last - f64::from(eos_p)).abs() <= 1e-5);
-        println!("T={temperature}: eos prob at the end {:.4}, mean logprob {:.3}", ev.eos_prob_last, ev.logprob.iter().sum::<f64>() / ev.len() as f64);
+        println!(
+            "T={temperature}: eos prob at the end {:.4}, mean logprob {:.3}",
+            ev.eos_prob_last,
+            ev.logprob.iter().sum::<f64>() / ev.len() as f64
+        );
     }
     Ok(())
 }

@@ -124,7 +124,8 @@ impl ModelConfig {
             None => 10_000.0,
             Some(v) => v.as_f32().ok_or(CheckpointError::MissingKey("llama.rope.freq_base"))?,
         };
-        let emb = h.tensor("token_embd.weight").ok_or_else(|| CheckpointError::MissingTensor("token_embd.weight".into()))?;
+        let emb =
+            h.tensor("token_embd.weight").ok_or_else(|| CheckpointError::MissingTensor("token_embd.weight".into()))?;
         let vocab_size = match emb.dims.as_slice() {
             [_, v] => usize::try_from(*v).map_err(|_| CheckpointError::BadConfig("vocab too large".into()))?,
             _ => {
@@ -137,9 +138,12 @@ impl ModelConfig {
         };
         let bad = |m: String| Err(CheckpointError::BadConfig(m));
         if n_layer == 0 || d_model == 0 || n_head == 0 || n_head_kv == 0 || d_ff == 0 || vocab_size == 0 {
-            return bad(format!("zero size in n_layer={n_layer} d_model={d_model} n_head={n_head} n_head_kv={n_head_kv} d_ff={d_ff} vocab={vocab_size}"));
+            return bad(format!(
+                "zero size in n_layer={n_layer} d_model={d_model} n_head={n_head} n_head_kv={n_head_kv} d_ff={d_ff} vocab={vocab_size}"
+            ));
         }
-        if !d_model.is_multiple_of(n_head) || !n_head.is_multiple_of(n_head_kv) || !(d_model / n_head).is_multiple_of(2) {
+        if !d_model.is_multiple_of(n_head) || !n_head.is_multiple_of(n_head_kv) || !(d_model / n_head).is_multiple_of(2)
+        {
             return bad(format!("heads do not divide: d_model={d_model} n_head={n_head} n_head_kv={n_head_kv}"));
         }
         let positive = |x: f32| x.is_finite() && x > 0.0;

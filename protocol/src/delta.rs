@@ -511,7 +511,9 @@ impl BodyReader<'_> {
                 None => Some(g),
                 Some(p) => p.checked_add(g).and_then(|x| x.checked_add(1)),
             };
-            let i = i.filter(|&i| i < n_elements).ok_or_else(|| DeltaError::Malformed(format!("tensor {name:?}: index out of range")))?;
+            let i = i
+                .filter(|&i| i < n_elements)
+                .ok_or_else(|| DeltaError::Malformed(format!("tensor {name:?}: index out of range")))?;
             indices.push(i);
             prev = Some(i);
         }

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 use crate::chat::chatml_prompt;
 use crate::prf::{Seed, labels, prf_u64};
 
-mod arith;
 mod answer;
+mod arith;
 mod gsm8k;
 mod sat;
 
@@ -124,7 +124,9 @@ impl TaskAnswer {
     /// [`practice_credit`] instead of `0.0`.
     pub fn reward(&self, completion: &str) -> f32 {
         let ok = match self {
-            TaskAnswer::Number(want) | TaskAnswer::Practice(want) => extract_number(completion).is_some_and(|got| &got == want),
+            TaskAnswer::Number(want) | TaskAnswer::Practice(want) => {
+                extract_number(completion).is_some_and(|got| &got == want)
+            }
             TaskAnswer::Sat(p) => p.parse_assignment(completion).is_some_and(|a| p.satisfied_by(&a)),
         };
         match self {

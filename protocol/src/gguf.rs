@@ -262,18 +262,8 @@ impl GgmlType {
     /// Elements per block (1 for plain types).
     pub const fn block_size(self) -> u64 {
         match self {
-            GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::Q8_1 => 32,
-            GgmlType::Q2_K
-            | GgmlType::Q3_K
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-            | GgmlType::Q8_K => 256,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q8_1 => 32,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => 256,
             _ => 1,
         }
     }
@@ -666,12 +656,7 @@ impl<'a> Reader<'a> {
 
     fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8], GgufError> {
         if n > self.remaining() {
-            return Err(GgufError::Truncated {
-                what,
-                offset: self.pos as u64,
-                needed: n,
-                available: self.remaining(),
-            });
+            return Err(GgufError::Truncated { what, offset: self.pos as u64, needed: n, available: self.remaining() });
         }
         let n = n as usize; // n <= remaining, so it fits
         let s = &self.buf[self.pos..self.pos + n];
@@ -1074,7 +1059,11 @@ impl<'a> GgufWriter<'a> {
         let data = data.into();
         let info = TensorInfo { name: name.to_owned(), dims: dims.to_vec(), ty, offset: 0 };
         if info.byte_len() != data.len() as u64 {
-            return Err(GgufError::DataLength { name: name.to_owned(), expected: info.byte_len(), got: data.len() as u64 });
+            return Err(GgufError::DataLength {
+                name: name.to_owned(),
+                expected: info.byte_len(),
+                got: data.len() as u64,
+            });
         }
         self.tensors.push((info, data));
         Ok(self)

@@ -106,25 +106,17 @@ impl Keypair {
     /// Reads a key file: 32 raw bytes, or 64 hex characters (surrounding whitespace allowed).
     pub fn load(path: &Path) -> Result<Self, IdentityError> {
         let shown = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|source| IdentityError::Io {
-            path: shown.clone(),
-            source,
-        })?;
+        let meta = std::fs::metadata(path).map_err(|source| IdentityError::Io { path: shown.clone(), source })?;
         // A key file is tiny; refuse to read anything large.
         if meta.len() > 1024 {
             return Err(IdentityError::BadKeyFile { path: shown });
         }
-        let bytes = std::fs::read(path).map_err(|source| IdentityError::Io {
-            path: shown.clone(),
-            source,
-        })?;
+        let bytes = std::fs::read(path).map_err(|source| IdentityError::Io { path: shown.clone(), source })?;
         if let Ok(seed) = <[u8; 32]>::try_from(bytes.as_slice()) {
             return Ok(Self::from_seed(seed));
         }
-        let text = std::str::from_utf8(&bytes)
-            .map_err(|_| IdentityError::BadKeyFile { path: shown.clone() })?;
-        let seed = decode_hex::<32>(text.trim())
-            .map_err(|_| IdentityError::BadKeyFile { path: shown })?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| IdentityError::BadKeyFile { path: shown.clone() })?;
+        let seed = decode_hex::<32>(text.trim()).map_err(|_| IdentityError::BadKeyFile { path: shown })?;
         Ok(Self::from_seed(seed))
     }
 
@@ -133,10 +125,7 @@ impl Keypair {
     pub fn save(&self, path: &Path) -> Result<(), IdentityError> {
         use std::io::Write;
         let shown = path.display().to_string();
-        let io = |source| IdentityError::Io {
-            path: shown.clone(),
-            source,
-        };
+        let io = |source| IdentityError::Io { path: shown.clone(), source };
         let mut opts = std::fs::OpenOptions::new();
         opts.write(true).create_new(true);
         #[cfg(unix)]
@@ -145,8 +134,7 @@ impl Keypair {
             opts.mode(0o600);
         }
         let mut file = opts.open(path).map_err(io)?;
-        file.write_all(format!("{}\n", hex::encode(self.seed())).as_bytes())
-            .map_err(io)?;
+        file.write_all(format!("{}\n", hex::encode(self.seed())).as_bytes()).map_err(io)?;
         file.sync_all().map_err(io)
     }
 }
@@ -172,8 +160,7 @@ impl PublicKey {
     pub fn verify(&self, domain: &str, msg: &[u8], sig: &Signature) -> Result<(), IdentityError> {
         let key = VerifyingKey::from_bytes(&self.0).map_err(|_| IdentityError::InvalidPublicKey)?;
         let sig = ed25519_dalek::Signature::from_bytes(&sig.0);
-        key.verify_strict(&domain_message(domain, msg), &sig)
-            .map_err(|_| IdentityError::BadSignature)
+        key.verify_strict(&domain_message(domain, msg), &sig).map_err(|_| IdentityError::BadSignature)
     }
 
     /// The first 8 hex characters, for logs.

@@ -5,8 +5,8 @@
 #![deny(missing_docs)]
 
 pub mod assets;
-pub mod checkpoint;
 pub mod chat;
+pub mod checkpoint;
 pub mod delta;
 pub mod env;
 pub mod gguf;

@@ -30,10 +30,7 @@ pub struct OfflineWindow {
 
 impl std::fmt::Debug for OfflineWindow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OfflineWindow")
-            .field("secrets", &self.secrets)
-            .field("miner", &self.miner.public())
-            .finish()
+        f.debug_struct("OfflineWindow").field("secrets", &self.secrets).field("miner", &self.miner.public()).finish()
     }
 }
 

@@ -268,8 +268,7 @@ fn exp_nonpositive(x: f32) -> f32 {
     let shifted = xc * std::f32::consts::LOG2_E + SHIFTER;
     let n = shifted - SHIFTER;
     let r = (xc - n * 0.693_359_4) + n * 2.121_944_4e-4;
-    let p = ((((1.987_569_1e-4f32 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
+    let p = ((((1.987_569_1e-4f32 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
         + 5.000_000_1e-1;
     let e = p * (r * r) + r + 1.0;
@@ -382,7 +381,13 @@ pub fn token_stats(logits: &[f32], temperature: f32, token: usize) -> Option<Tok
     } else {
         (before / z_t, (before + w_tok) / z_t, w_tok / z_t)
     };
-    Some(TokenStats { logprob_t1: lp as f32, prob_t1: lp.exp() as f32, prob_sampling: p_t as f32, cdf_lo: lo, cdf_hi: hi })
+    Some(TokenStats {
+        logprob_t1: lp as f32,
+        prob_t1: lp.exp() as f32,
+        prob_sampling: p_t as f32,
+        cdf_lo: lo,
+        cdf_hi: hi,
+    })
 }
 
 /// Outcome of checking one position's draw against the chosen token's interval.
@@ -431,7 +436,17 @@ mod tests {
     fn inverse_cdf_fixed_vector() {
         // Probabilities at T=1 of ln([1,2,3,4]) are 0.1, 0.2, 0.3, 0.4.
         let logits: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|x| x.ln()).collect();
-        let cases = [(0.0, 0), (0.05, 0), (0.0999, 0), (0.1001, 1), (0.2999, 1), (0.3001, 2), (0.5999, 2), (0.6001, 3), (0.9999, 3)];
+        let cases = [
+            (0.0, 0),
+            (0.05, 0),
+            (0.0999, 0),
+            (0.1001, 1),
+            (0.2999, 1),
+            (0.3001, 2),
+            (0.5999, 2),
+            (0.6001, 3),
+            (0.9999, 3),
+        ];
         for (u, want) in cases {
             assert_eq!(sample_inverse_cdf(&logits, 1.0, u), want, "u={u}");
         }
@@ -500,7 +515,10 @@ mod tests {
                 assert_eq!(tok, sample_inverse_cdf(&logits, t, u));
                 let stats = token_stats(&logits, t, tok).unwrap();
                 assert!(stats.cdf_lo <= u && u < stats.cdf_hi + 1e-15, "u={u} {stats:?}");
-                assert_ne!(check_sample(u, stats.cdf_lo, stats.cdf_hi, 1e-9), SampleCheck::Outside { u, lo: stats.cdf_lo, hi: stats.cdf_hi });
+                assert_ne!(
+                    check_sample(u, stats.cdf_lo, stats.cdf_hi, 1e-9),
+                    SampleCheck::Outside { u, lo: stats.cdf_lo, hi: stats.cdf_hi }
+                );
                 assert!((stats.prob_sampling as f64 - p[tok]).abs() < 1e-6);
                 assert!((stats.logprob_t1 as f64 - p1[tok].ln()).abs() < 1e-4);
                 assert!((stats.logprob_t1 - s.logprob_t1).abs() < 1e-5);
@@ -553,7 +571,11 @@ mod tests {
         // probability < 1e-38 is as good as an interval edge)
         let logits = [-200.0f32, 1.0, 2.0, -300.0];
         for u in [0.5, 0.999_999_999, 1.0] {
-            assert_eq!(sample_with_logprob(&logits, 1.0, u).token, sample_with_logprob_exact(&logits, 1.0, u).token, "u={u}");
+            assert_eq!(
+                sample_with_logprob(&logits, 1.0, u).token,
+                sample_with_logprob_exact(&logits, 1.0, u).token,
+                "u={u}"
+            );
         }
         assert_eq!(sample_with_logprob(&logits, 1.0, 0.0).token, 1);
         assert_eq!(sample_with_logprob(&logits, 1.0, 1.0).token, 3);
@@ -579,7 +601,13 @@ mod tests {
         let u = draw_u(&s, &m, 3, 4, 5);
         assert_eq!(u, draw_u(&s, &m, 3, 4, 5));
         assert!((0.0..1.0).contains(&u));
-        let others = [draw_u(&Seed([0; 32]), &m, 3, 4, 5), draw_u(&s, &[0; 32], 3, 4, 5), draw_u(&s, &m, 0, 4, 5), draw_u(&s, &m, 3, 0, 5), draw_u(&s, &m, 3, 4, 0)];
+        let others = [
+            draw_u(&Seed([0; 32]), &m, 3, 4, 5),
+            draw_u(&s, &[0; 32], 3, 4, 5),
+            draw_u(&s, &m, 0, 4, 5),
+            draw_u(&s, &m, 3, 0, 5),
+            draw_u(&s, &m, 3, 4, 0),
+        ];
         assert!(others.iter().all(|&o| o != u));
         assert_eq!(format!("{u:.17}"), PINNED_U);
     }

@@ -188,7 +188,13 @@ pub fn bucket(x: f32, buckets: u8) -> i32 {
     }
     let scale = f64::from(buckets) / 10.0;
     let b = ((a + 1.0).log2() * scale).floor();
-    let b = if b < 0.0 { 0 } else if b >= f64::from(top) { top } else { b as i32 };
+    let b = if b < 0.0 {
+        0
+    } else if b >= f64::from(top) {
+        top
+    } else {
+        b as i32
+    };
     if x >= 0.0 { b } else { -b }
 }
 

@@ -160,11 +160,7 @@ impl Tokenizer {
             return Err(TokenizerError::TokenTypeCount { tokens: n, types: spec.token_types.len() });
         }
         let check_id = |id: u32| {
-            if (id as usize) < n {
-                Ok(id)
-            } else {
-                Err(TokenizerError::IdOutOfRange { id: u64::from(id), vocab: n })
-            }
+            if (id as usize) < n { Ok(id) } else { Err(TokenizerError::IdOutOfRange { id: u64::from(id), vocab: n }) }
         };
         let eos_id = check_id(spec.eos_id)?;
         let eot_id = spec.eot_id.map(check_id).transpose()?;
@@ -224,9 +220,8 @@ impl Tokenizer {
         let str_key = |key: &str| header.get_str(key).ok_or_else(|| missing(key));
         let tokens = header.get_str_array("tokenizer.ggml.tokens").ok_or_else(|| missing("tokenizer.ggml.tokens"))?;
         let merges = header.get_str_array("tokenizer.ggml.merges").ok_or_else(|| missing("tokenizer.ggml.merges"))?;
-        let token_types = header
-            .get_i32_array("tokenizer.ggml.token_type")
-            .ok_or_else(|| missing("tokenizer.ggml.token_type"))?;
+        let token_types =
+            header.get_i32_array("tokenizer.ggml.token_type").ok_or_else(|| missing("tokenizer.ggml.token_type"))?;
         let eos_id =
             header.get_u32("tokenizer.ggml.eos_token_id").ok_or_else(|| missing("tokenizer.ggml.eos_token_id"))?;
         Self::from_spec(TokenizerSpec {
@@ -349,10 +344,7 @@ mod tests {
             Tokenizer::from_spec(TokenizerSpec { pre: "llama3", ..spec(&t, &ty, &m) }),
             Err(TokenizerError::UnsupportedPreTokenizer(_))
         ));
-        assert!(matches!(
-            Tokenizer::from_spec(spec(&t, &ty[1..], &m)),
-            Err(TokenizerError::TokenTypeCount { .. })
-        ));
+        assert!(matches!(Tokenizer::from_spec(spec(&t, &ty[1..], &m)), Err(TokenizerError::TokenTypeCount { .. })));
         let bad = vec!["hе".to_string()];
         assert!(matches!(Tokenizer::from_spec(spec(&t, &ty, &bad)), Err(TokenizerError::BadMerge { .. })));
         let mut dup = t.clone();

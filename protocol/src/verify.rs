@@ -63,8 +63,13 @@ pub struct DistributionParams {
 
 impl DistributionParams {
     /// grail's constants.
-    pub const GRAIL: DistributionParams =
-        DistributionParams { min_steps: 30, median_low_max: 0.30, min_token_prob: 1e-5, q10_max: 0.025, initial_window: 50 };
+    pub const GRAIL: DistributionParams = DistributionParams {
+        min_steps: 30,
+        median_low_max: 0.30,
+        min_token_prob: 1e-5,
+        q10_max: 0.025,
+        initial_window: 50,
+    };
 }
 
 /// Every verification constant, in one place.
@@ -518,8 +523,7 @@ fn structure(r: &Rollout, a: &Assignment<'_>, p: &VerifyParams) -> Result<(), Fa
     if let Some((position, &token)) = r.tokens.iter().enumerate().find(|(_, t)| **t >= a.vocab_size) {
         return Err(Failure::TokenOutOfVocab { position, token, vocab: a.vocab_size });
     }
-    if let Some((index, &value)) =
-        r.logprobs.iter().enumerate().find(|(_, v)| !(v.is_finite() && **v <= p.max_logprob))
+    if let Some((index, &value)) = r.logprobs.iter().enumerate().find(|(_, v)| !(v.is_finite() && **v <= p.max_logprob))
     {
         return Err(Failure::BadLogprob { index, value });
     }
@@ -616,17 +620,14 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
 pub fn check_logprobs(r: &Rollout, ev: &[PositionEvidence], p: &VerifyParams) -> CheckOutcome {
     let deltas: Vec<f64> =
         r.logprobs.iter().zip(ev).map(|(&m, e)| (f64::from(m) - f64::from(e.logprob_t1)).abs()).collect();
-    let devs = sorted(deltas.iter().map(|d| d.exp() - 1.0).map(|d| if d.is_nan() { f64::INFINITY } else { d }).collect());
+    let devs =
+        sorted(deltas.iter().map(|d| d.exp() - 1.0).map(|d| if d.is_nan() { f64::INFINITY } else { d }).collect());
     let median = median_sorted(&devs);
     let res = if median <= p.logprob_is_eps {
         Ok(())
     } else {
-        let (worst_index, worst_delta) = deltas
-            .iter()
-            .copied()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or((0, f64::NAN));
+        let (worst_index, worst_delta) =
+            deltas.iter().copied().enumerate().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((0, f64::NAN));
         Err(Failure::LogprobDeviation { median, threshold: p.logprob_is_eps, worst_index, worst_delta })
     };
     CheckOutcome::of(CheckKind::Logprob, res)
@@ -683,7 +684,8 @@ pub fn check_distribution(ev: &[PositionEvidence], p: &VerifyParams) -> CheckOut
     let min = all[0];
     let q10 = quantile_sorted(&all, 0.10);
     let q10_initial = quantile_sorted(&init, 0.10);
-    let suspicious = !(median > d.median_low_max && min > d.min_token_prob && q10 > d.q10_max && q10_initial > d.q10_max);
+    let suspicious =
+        !(median > d.median_low_max && min > d.min_token_prob && q10 > d.q10_max && q10_initial > d.q10_max);
     let res = if suspicious { Err(Failure::Distribution { median, min, q10, q10_initial }) } else { Ok(()) };
     CheckOutcome::of(CheckKind::Distribution, res)
 }

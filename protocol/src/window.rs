@@ -100,9 +100,7 @@ impl Schedule {
 
     /// When `window` opens (saturating at `u64::MAX`).
     pub fn opens_at(&self, window: WindowId) -> u64 {
-        window
-            .saturating_mul(self.length_ms)
-            .saturating_add(self.genesis_ms)
+        window.saturating_mul(self.length_ms).saturating_add(self.genesis_ms)
     }
 
     /// When `window`'s submissions close (its end plus the grace).
@@ -142,10 +140,7 @@ pub struct WindowSecrets {
 
 impl std::fmt::Debug for WindowSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WindowSecrets")
-            .field("window", &self.window)
-            .field("seed", &self.seed)
-            .finish_non_exhaustive()
+        f.debug_struct("WindowSecrets").field("window", &self.window).field("seed", &self.seed).finish_non_exhaustive()
     }
 }
 
@@ -158,11 +153,7 @@ impl WindowSecrets {
             h.update(&window.to_le_bytes());
             Seed(*h.finalize().as_bytes())
         };
-        Self {
-            window,
-            seed: derive(SEED_DOMAIN),
-            challenge: derive(CHALLENGE_SECRET_DOMAIN),
-        }
+        Self { window, seed: derive(SEED_DOMAIN), challenge: derive(CHALLENGE_SECRET_DOMAIN) }
     }
 
     /// The commitment to the challenge secret, published at open.

@@ -509,9 +509,7 @@ impl Verdict {
 
     /// Checks the signature against `body.validator`.
     pub fn verify(&self) -> Result<(), identity::IdentityError> {
-        self.body
-            .validator
-            .verify(identity::domain::VERDICT, &canonical(&self.body), &self.signature)
+        self.body.validator.verify(identity::domain::VERDICT, &canonical(&self.body), &self.signature)
     }
 }
 
@@ -586,9 +584,7 @@ impl WeightsDoc {
 
     /// Checks the signature against `body.coordinator`.
     pub fn verify(&self) -> Result<(), identity::IdentityError> {
-        self.body
-            .coordinator
-            .verify(identity::domain::WEIGHTS, &canonical(&self.body), &self.signature)
+        self.body.coordinator.verify(identity::domain::WEIGHTS, &canonical(&self.body), &self.signature)
     }
 
     /// Checks that the document is signed by `coordinator` (the key a peer
@@ -682,9 +678,7 @@ impl PublishCheckpoint {
 
     /// Checks the signature against `body.trainer`.
     pub fn verify(&self) -> Result<(), identity::IdentityError> {
-        self.body
-            .trainer
-            .verify(identity::domain::CHECKPOINT, &canonical(&self.body), &self.signature)
+        self.body.trainer.verify(identity::domain::CHECKPOINT, &canonical(&self.body), &self.signature)
     }
 }
 
@@ -893,9 +887,7 @@ impl TrainerStats {
 
     /// Checks the signature against `body.trainer`.
     pub fn verify(&self) -> Result<(), identity::IdentityError> {
-        self.body
-            .trainer
-            .verify(identity::domain::TRAINER_STATS, &canonical(&self.body), &self.signature)
+        self.body.trainer.verify(identity::domain::TRAINER_STATS, &canonical(&self.body), &self.signature)
     }
 }
 
@@ -1041,10 +1033,8 @@ macro_rules! frames {
 }
 
 fn take<'a, T: Deserialize<'a>>(tag: Tag, body: &'a [u8]) -> Result<T, WireError> {
-    let (value, rest) = postcard::take_from_bytes::<T>(body).map_err(|e| WireError::Malformed {
-        tag,
-        reason: e.to_string(),
-    })?;
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(body).map_err(|e| WireError::Malformed { tag, reason: e.to_string() })?;
     if !rest.is_empty() {
         return Err(WireError::TrailingBytes { tag, extra: rest.len() });
     }
@@ -1351,10 +1341,14 @@ mod tests {
         let answer = BatchAnswer {
             seq: 9,
             outcomes: (0..MAX_BATCH_ROLLOUTS)
-                .map(|i| if i % 2 == 0 { Outcome::Stored([i as u8; 32]) } else { Outcome::Refused(RejectReason::Duplicate) })
+                .map(|i| {
+                    if i % 2 == 0 { Outcome::Stored([i as u8; 32]) } else { Outcome::Refused(RejectReason::Duplicate) }
+                })
                 .collect(),
         };
-        for f in [Frame::SubmitBatch(SubmitBatch { seq: 7, rollouts: rollouts.clone() }), Frame::BatchAnswer(answer.clone())] {
+        for f in
+            [Frame::SubmitBatch(SubmitBatch { seq: 7, rollouts: rollouts.clone() }), Frame::BatchAnswer(answer.clone())]
+        {
             let bytes = f.encode();
             assert!(bytes.len() - HEADER_LEN <= f.tag().max_body_len() as usize);
             assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));

@@ -100,7 +100,11 @@ proptest! {
 }
 
 /// Wrap a raw body in a valid header and zstd payload.
-fn envelope(base: tributary_protocol::checkpoint::ContentId, result: tributary_protocol::checkpoint::ContentId, body: &[u8]) -> Vec<u8> {
+fn envelope(
+    base: tributary_protocol::checkpoint::ContentId,
+    result: tributary_protocol::checkpoint::ContentId,
+    body: &[u8],
+) -> Vec<u8> {
     let payload = zstd::bulk::compress(body, 1).unwrap();
     let mut out = Vec::new();
     out.extend_from_slice(&delta::MAGIC);
@@ -277,9 +281,20 @@ fn mismatched_tensors_are_refused_before_writing() {
     let entry = |name: &str, elem: ElemKind, n: u64| Delta {
         base: b,
         result: r,
-        tensors: vec![TensorDelta { name: name.into(), elem, n_elements: n, indices: vec![0], values: vec![0; elem.size()] }],
+        tensors: vec![TensorDelta {
+            name: name.into(),
+            elem,
+            n_elements: n,
+            indices: vec![0],
+            values: vec![0; elem.size()],
+        }],
     };
-    for d in [entry("nope", ElemKind::U16, 16), entry("a.matrix", ElemKind::U32, 16), entry("a.matrix", ElemKind::U16, 17), entry("c.quant", ElemKind::U16, 32)] {
+    for d in [
+        entry("nope", ElemKind::U16, 16),
+        entry("a.matrix", ElemKind::U32, 16),
+        entry("a.matrix", ElemKind::U16, 17),
+        entry("c.quant", ElemKind::U16, 32),
+    ] {
         let mut t = base.clone();
         assert!(matches!(delta::apply_in_place(&d, &mut t), Err(DeltaError::TensorMismatch { .. })), "{d:?}");
         assert_eq!(t, base);

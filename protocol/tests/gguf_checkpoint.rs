@@ -14,7 +14,10 @@ fn q4_1() -> Checkpoint {
 fn real_file_config() {
     let c = q4_1();
     let cfg = c.config();
-    assert_eq!((cfg.n_layer, cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_ff, cfg.vocab_size), (30, 576, 9, 3, 1536, 49152));
+    assert_eq!(
+        (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_ff, cfg.vocab_size),
+        (30, 576, 9, 3, 1536, 49152)
+    );
     assert_eq!(cfg.rope_theta, 100_000.0);
     assert_eq!(cfg.context_length, 8192);
     assert!(c.tied_embeddings());
@@ -101,7 +104,13 @@ fn content_id_ignores_order_padding_and_irrelevant_keys() {
     };
     // Reordered metadata and tensors, other alignment, renamed model: same id.
     assert_eq!(rebuild(&|_, _| {}), id);
-    assert_eq!(rebuild(&|m, o| { m.reverse(); o.reverse(); }), id);
+    assert_eq!(
+        rebuild(&|m, o| {
+            m.reverse();
+            o.reverse();
+        }),
+        id
+    );
     assert_eq!(rebuild(&|m, _| m.push(("general.alignment".into(), MetaValue::U32(64)))), id);
     assert_eq!(rebuild(&|m, _| m[1].1 = MetaValue::Str("renamed".into())), id);
     // Hyperparameters, tokenizer and chat template matter.
@@ -130,10 +139,19 @@ fn tiny_model_is_deterministic_and_well_formed() {
     let (ca, cc) = (Checkpoint::from_bytes(a).unwrap(), Checkpoint::from_bytes(c).unwrap());
     assert_ne!(ca.content_id(), cc.content_id());
     let cfg = ca.config();
-    assert_eq!((cfg.n_layer, cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_ff, cfg.vocab_size), (2, 64, 4, 2, 128, 49152));
+    assert_eq!(
+        (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_ff, cfg.vocab_size),
+        (2, 64, 4, 2, 128, 49152)
+    );
     assert_eq!((cfg.rope_theta, cfg.context_length), (100_000.0, 2048));
     assert!(ca.tied_embeddings());
-    for k in ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.chat_template", "tokenizer.ggml.pre"] {
+    for k in [
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
+        "tokenizer.chat_template",
+        "tokenizer.ggml.pre",
+    ] {
         assert_eq!(ca.header().get(k), src.header().get(k), "{k}");
     }
     for t in &ca.header().tensors {

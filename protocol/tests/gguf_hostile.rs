@@ -183,10 +183,16 @@ fn bad_values() {
 fn bad_tensors() {
     assert!(parse_header(&one_tensor("t", &[8], 0, 0, 32)).is_ok());
     // Unknown type.
-    assert!(matches!(parse_header(&one_tensor("t", &[8], 99, 0, 32)), Err(GgufError::UnknownTensorType { id: 99, .. })));
+    assert!(matches!(
+        parse_header(&one_tensor("t", &[8], 99, 0, 32)),
+        Err(GgufError::UnknownTensorType { id: 99, .. })
+    ));
     // Offset past the end / data running past the end.
     assert!(matches!(parse_header(&one_tensor("t", &[8], 0, 1 << 40, 32)), Err(GgufError::TensorOutOfBounds { .. })));
-    assert!(matches!(parse_header(&one_tensor("t", &[8], 0, u64::MAX - 30, 32)), Err(GgufError::MisalignedTensor { .. })));
+    assert!(matches!(
+        parse_header(&one_tensor("t", &[8], 0, u64::MAX - 30, 32)),
+        Err(GgufError::MisalignedTensor { .. })
+    ));
     assert!(matches!(parse_header(&one_tensor("t", &[8], 0, !31, 32)), Err(GgufError::TensorOutOfBounds { .. })));
     assert!(matches!(parse_header(&one_tensor("t", &[16], 0, 0, 32)), Err(GgufError::TensorOutOfBounds { .. })));
     // Misaligned.
@@ -227,7 +233,10 @@ fn overlapping_and_duplicate_tensors() {
 #[test]
 fn checkpoint_refuses_non_llama_and_bad_shapes() {
     // A valid GGUF that is not a llama checkpoint.
-    assert!(matches!(Checkpoint::from_bytes(small_file()), Err(CheckpointError::MissingTensor(_) | CheckpointError::MissingKey(_))));
+    assert!(matches!(
+        Checkpoint::from_bytes(small_file()),
+        Err(CheckpointError::MissingTensor(_) | CheckpointError::MissingKey(_))
+    ));
     // The tiny model with one tensor's dims changed in the header bytes is
     // refused as a shape error (or out of bounds), not accepted.
     let src = Checkpoint::open(&assets::smollm2_q4_1()).unwrap();

@@ -36,7 +36,8 @@ fn arb_array(depth: u32) -> BoxedStrategy<MetaArray> {
     if depth == 0 {
         leaf.boxed()
     } else {
-        prop_oneof![4 => leaf, 1 => prop::collection::vec(arb_array(depth - 1), 0..3).prop_map(MetaArray::Array)].boxed()
+        prop_oneof![4 => leaf, 1 => prop::collection::vec(arb_array(depth - 1), 0..3).prop_map(MetaArray::Array)]
+            .boxed()
     }
 }
 
@@ -66,7 +67,15 @@ struct TensorSpec {
 }
 
 fn arb_tensor() -> impl Strategy<Value = TensorSpec> {
-    let ty = prop::sample::select(vec![GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::I8]);
+    let ty = prop::sample::select(vec![
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::I8,
+    ]);
     (ty, prop::collection::vec(1u64..4, 0..3), 1u64..3, any::<u8>()).prop_map(|(ty, mut rest, row_blocks, fill)| {
         let mut dims = vec![row_blocks * ty.block_size()];
         dims.append(&mut rest);

@@ -18,7 +18,12 @@ fn gsm8k_file_loads_and_gold_solutions_score_one() {
     for (item, line) in env.items().iter().zip(raw.lines()) {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         let solution = v["answer"].as_str().unwrap();
-        let task = Task { env: EnvId::Gsm8k, id: 0, prompt: item.question.clone(), answer: TaskAnswer::Number(item.answer.clone()) };
+        let task = Task {
+            env: EnvId::Gsm8k,
+            id: 0,
+            prompt: item.question.clone(),
+            answer: TaskAnswer::Number(item.answer.clone()),
+        };
         if task.answer.reward(solution) == 1.0 {
             ok += 1;
         }

@@ -168,22 +168,38 @@ fn structural_problems_are_rejected_with_reasons() {
     let ev = w.evidence(&r, 0.0);
     type Case = (Box<dyn Fn(&mut Rollout)>, fn(&Failure) -> bool);
     let cases: Vec<Case> = vec![
-        (Box::new(|r| r.tokens[9] = V as u32), |f| matches!(f, Failure::TokenOutOfVocab { position: 9, token: 512, vocab: 512 })),
+        (Box::new(|r| r.tokens[9] = V as u32), |f| {
+            matches!(f, Failure::TokenOutOfVocab { position: 9, token: 512, vocab: 512 })
+        }),
         (Box::new(|r| r.logprobs[3] = f32::NAN), |f| matches!(f, Failure::BadLogprob { index: 3, .. })),
         (Box::new(|r| r.logprobs[0] = f32::NEG_INFINITY), |f| matches!(f, Failure::BadLogprob { index: 0, .. })),
         (Box::new(|r| r.logprobs[0] = 0.5), |f| matches!(f, Failure::BadLogprob { index: 0, .. })),
-        (Box::new(|r| { r.logprobs.pop(); }), |f| matches!(f, Failure::LengthMismatch { what: "logprobs", .. })),
-        (Box::new(|r| { r.sketches.pop(); }), |f| matches!(f, Failure::LengthMismatch { what: "sketches", .. })),
+        (
+            Box::new(|r| {
+                r.logprobs.pop();
+            }),
+            |f| matches!(f, Failure::LengthMismatch { what: "logprobs", .. }),
+        ),
+        (
+            Box::new(|r| {
+                r.sketches.pop();
+            }),
+            |f| matches!(f, Failure::LengthMismatch { what: "sketches", .. }),
+        ),
         (Box::new(|r| r.sketches[2] = sketch::Q), |f| matches!(f, Failure::SketchOutOfField { position: 2, .. })),
         (Box::new(|r| r.prompt_len = 0), |f| matches!(f, Failure::BadPromptLen { .. })),
         (Box::new(|r| r.prompt_len = r.tokens.len() as u32), |f| matches!(f, Failure::BadPromptLen { .. })),
         (Box::new(|r| r.prompt_len = u32::MAX), |f| matches!(f, Failure::BadPromptLen { .. })),
         (Box::new(|r| r.window = 6), |f| matches!(f, Failure::AssignmentMismatch { field: "window" })),
-        (Box::new(|r| r.checkpoint = ContentId([0; 32])), |f| matches!(f, Failure::AssignmentMismatch { field: "checkpoint" })),
+        (Box::new(|r| r.checkpoint = ContentId([0; 32])), |f| {
+            matches!(f, Failure::AssignmentMismatch { field: "checkpoint" })
+        }),
         (Box::new(|r| r.env = EnvId::Sat), |f| matches!(f, Failure::AssignmentMismatch { field: "env" })),
         (Box::new(|r| r.miner = [8; 32]), |f| matches!(f, Failure::AssignmentMismatch { field: "miner" })),
         (Box::new(|r| r.task_id = 78), |f| matches!(f, Failure::AssignmentMismatch { field: "task_id" })),
-        (Box::new(|r| r.sampling.temperature = 0.7), |f| matches!(f, Failure::AssignmentMismatch { field: "sampling" })),
+        (Box::new(|r| r.sampling.temperature = 0.7), |f| {
+            matches!(f, Failure::AssignmentMismatch { field: "sampling" })
+        }),
         (Box::new(|r| r.sampling.temperature = f32::NAN), |f| matches!(f, Failure::BadTemperature { .. })),
         (Box::new(|r| r.sampling.temperature = -1.0), |f| matches!(f, Failure::BadTemperature { .. })),
         (Box::new(|r| r.group = 4), |f| matches!(f, Failure::IndexOutOfRange { field: "group", index: 4, bound: 4 })),
@@ -226,7 +242,10 @@ fn prompt_and_reward_tampering() {
     let mut r = w.mine(0);
     r.tokens[3] = 99; // prompt edit: same length
     let v = w.verify(&r, &w.evidence(&r, 0.0));
-    assert!(matches!(failure(&v, CheckKind::Prompt), Failure::PromptMismatch { first_diff: 3, expected_len: 8, got_len: 8 }));
+    assert!(matches!(
+        failure(&v, CheckKind::Prompt),
+        Failure::PromptMismatch { first_diff: 3, expected_len: 8, got_len: 8 }
+    ));
 
     let r = w.mine(0);
     let v = verify_rollout(&r, &w.assignment(), 0.0, &w.evidence(&r, 0.0), &VerifyParams::DEFAULT).unwrap();
@@ -313,7 +332,9 @@ fn edited_and_greedy_completions_fail_the_exact_sampling_check() {
     let mut g = w.mine(0);
     g.tokens = tokens;
     g.logprobs = logprobs;
-    g.sketches = (0..g.tokens.len()).map(|p| sketch::sketch(&model(&g.tokens[..=p], 0.0).1, &w.key, &sketch::SketchParams::DEFAULT).unwrap()).collect();
+    g.sketches = (0..g.tokens.len())
+        .map(|p| sketch::sketch(&model(&g.tokens[..=p], 0.0).1, &w.key, &sketch::SketchParams::DEFAULT).unwrap())
+        .collect();
     let v = w.verify(&g, &w.evidence(&g, 0.0));
     assert!(!v.accepted());
     assert!(v.sampling_counts.outside >= 1, "{:?}", v.sampling_counts);
@@ -386,7 +407,10 @@ fn termination_rules() {
     // Over the limit; and exactly at the limit without EOS is fine.
     let mut long = r.clone();
     long.sampling.max_new_tokens = (r.completion().len() - 1) as u32;
-    assert!(matches!(check_termination(&long, &ev.positions, &[EOS], &w.seed, &p).status, Status::Fail(Failure::TooLong { .. })));
+    assert!(matches!(
+        check_termination(&long, &ev.positions, &[EOS], &w.seed, &p).status,
+        Status::Fail(Failure::TooLong { .. })
+    ));
     let mut exact = cut.clone();
     exact.sampling.max_new_tokens = cut.completion().len() as u32;
     assert_eq!(check_termination(&exact, &ev_cut.positions, &[EOS], &w.seed, &p).status, Status::Pass);

@@ -6,8 +6,8 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::{PublicKey, Signature};
 use tributary_protocol::prf::Seed;
-use tributary_protocol::wire::*;
 use tributary_protocol::window::Schedule;
+use tributary_protocol::wire::*;
 
 fn key() -> impl Strategy<Value = PublicKey> {
     any::<[u8; 32]>().prop_map(PublicKey)
@@ -45,8 +45,14 @@ fn frame() -> impl Strategy<Value = Frame> {
         })),
         ".{0,40}".prop_map(|detail| Frame::Error(ErrorFrame { code: ErrorCode::NotYet, detail })),
         any::<Option<u64>>().prop_map(|window| Frame::GetWindow(GetWindow { window })),
-        (any::<u64>(), any::<[u8; 32]>(), any::<[u8; 32]>(), proptest::sample::select(vec![EnvId::Arith, EnvId::Sat, EnvId::Gsm8k]), any::<u32>()).prop_map(
-            |(window, seed, commitment, env, groups)| Frame::WindowInfo(WindowInfo {
+        (
+            any::<u64>(),
+            any::<[u8; 32]>(),
+            any::<[u8; 32]>(),
+            proptest::sample::select(vec![EnvId::Arith, EnvId::Sat, EnvId::Gsm8k]),
+            any::<u32>()
+        )
+            .prop_map(|(window, seed, commitment, env, groups)| Frame::WindowInfo(WindowInfo {
                 window,
                 opens_at_ms: window,
                 closes_at_ms: window.wrapping_add(1),
@@ -59,8 +65,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                 sampling: tributary_protocol::rollout::SamplingParams { temperature: 0.7, max_new_tokens: groups },
                 difficulty: groups % 7,
                 dataset: Some(seed),
-            })
-        ),
+            })),
         any::<u64>().prop_map(|window| Frame::GetReveal(GetReveal { window })),
         (any::<u64>(), any::<[u8; 32]>()).prop_map(|(window, secret)| Frame::Reveal(Reveal { window, secret })),
         (any::<u64>(), blob(4096)).prop_map(|(seq, rollout)| Frame::Submit(Submit { seq, rollout })),
@@ -74,22 +79,24 @@ fn frame() -> impl Strategy<Value = Frame> {
         ),
         (any::<u64>(), proptest::collection::vec(blob(256), 0..8), any::<Option<[u8; 32]>>())
             .prop_map(|(window, items, next)| Frame::Rollouts(Rollouts { window, items, next })),
-        (any::<u64>(), key(), key(), any::<[u32; 4]>(), any::<bool>(), sig()).prop_map(|(window, miner, validator, n, hard, signature)| {
-            Frame::PostVerdict(Verdict {
-                body: VerdictBody {
-                    window,
-                    miner,
-                    validator,
-                    checked: n[0],
-                    valid: n[1],
-                    estimated_valid: n[2],
-                    hard_failure: hard,
-                    soft_failures: n[3],
-                    reasons: vec![format!("Sketch: {}", n[0])],
-                },
-                signature,
-            })
-        }),
+        (any::<u64>(), key(), key(), any::<[u32; 4]>(), any::<bool>(), sig()).prop_map(
+            |(window, miner, validator, n, hard, signature)| {
+                Frame::PostVerdict(Verdict {
+                    body: VerdictBody {
+                        window,
+                        miner,
+                        validator,
+                        checked: n[0],
+                        valid: n[1],
+                        estimated_valid: n[2],
+                        hard_failure: hard,
+                        soft_failures: n[3],
+                        reasons: vec![format!("Sketch: {}", n[0])],
+                    },
+                    signature,
+                })
+            }
+        ),
         (any::<u64>(), key()).prop_map(|(window, miner)| Frame::VerdictAck(VerdictAck { window, miner })),
         Just(Frame::GetWeights(GetWeights)),
         (any::<u64>(), proptest::collection::vec((key(), 0.0f64..1.0), 0..10), key(), sig()).prop_map(
@@ -98,38 +105,58 @@ fn frame() -> impl Strategy<Value = Frame> {
                 signature,
             })
         ),
-        (any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>(), key(), sig()).prop_map(|(id, base, len, trainer, signature)| {
-            Frame::PublishCheckpoint(PublishCheckpoint {
-                body: CheckpointBody {
-                    id: ContentId(id),
-                    kind: base.map_or(CheckpointKind::Full, |base| CheckpointKind::Delta { base: ContentId(base) }),
-                    len,
-                    payload_hash: id,
-                    window: len,
-                    trainer,
-                },
-                signature,
-            })
-        }),
+        (any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>(), key(), sig()).prop_map(
+            |(id, base, len, trainer, signature)| {
+                Frame::PublishCheckpoint(PublishCheckpoint {
+                    body: CheckpointBody {
+                        id: ContentId(id),
+                        kind: base.map_or(CheckpointKind::Full, |base| CheckpointKind::Delta { base: ContentId(base) }),
+                        len,
+                        payload_hash: id,
+                        window: len,
+                        trainer,
+                    },
+                    signature,
+                })
+            }
+        ),
         (any::<[u8; 32]>(), any::<u64>(), blob(2048))
             .prop_map(|(id, offset, data)| Frame::CheckpointChunk(CheckpointChunk { id: ContentId(id), offset, data })),
-        (any::<[u8; 32]>(), any::<u64>()).prop_map(|(id, offset)| Frame::GetCheckpoint(GetCheckpoint { id: ContentId(id), offset })),
+        (any::<[u8; 32]>(), any::<u64>())
+            .prop_map(|(id, offset)| Frame::GetCheckpoint(GetCheckpoint { id: ContentId(id), offset })),
         any::<[u8; 32]>().prop_map(|id| Frame::CheckpointStored(CheckpointStored { id: ContentId(id) })),
-        (any::<Option<[u8; 32]>>(), any::<Option<[u8; 32]>>())
-            .prop_map(|(have, want)| Frame::GetCheckpointPath(GetCheckpointPath { have: have.map(ContentId), want: want.map(ContentId) })),
-        (any::<[u8; 32]>(), any::<u64>(), proptest::collection::vec((any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>()), 0..MAX_PATH_STEPS))
+        (any::<Option<[u8; 32]>>(), any::<Option<[u8; 32]>>()).prop_map(|(have, want)| Frame::GetCheckpointPath(
+            GetCheckpointPath { have: have.map(ContentId), want: want.map(ContentId) }
+        )),
+        (
+            any::<[u8; 32]>(),
+            any::<u64>(),
+            proptest::collection::vec((any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>()), 0..MAX_PATH_STEPS)
+        )
             .prop_map(|(target, from_window, steps)| Frame::CheckpointPath(CheckpointPath {
                 target: ContentId(target),
                 from_window,
-                steps: steps.into_iter().map(|(id, base, len)| PathStep { id: ContentId(id), base: base.map(ContentId), len, payload_hash: id }).collect(),
+                steps: steps
+                    .into_iter()
+                    .map(|(id, base, len)| PathStep {
+                        id: ContentId(id),
+                        base: base.map(ContentId),
+                        len,
+                        payload_hash: id
+                    })
+                    .collect(),
             })),
-        (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>())
-            .prop_map(|(base, id, offset)| Frame::GetDelta(GetDelta { base: ContentId(base), id: ContentId(id), offset })),
+        (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(base, id, offset)| Frame::GetDelta(GetDelta {
+            base: ContentId(base),
+            id: ContentId(id),
+            offset
+        })),
         (any::<u64>(), proptest::collection::vec(blob(512), 0..8))
             .prop_map(|(seq, rollouts)| Frame::SubmitBatch(SubmitBatch { seq, rollouts })),
         (any::<u64>(), proptest::collection::vec(outcome(), 0..16))
             .prop_map(|(seq, outcomes)| Frame::BatchAnswer(BatchAnswer { seq, outcomes })),
-        (trainer_stats_body(), sig()).prop_map(|(body, signature)| Frame::PostTrainerStats(TrainerStats { body, signature })),
+        (trainer_stats_body(), sig())
+            .prop_map(|(body, signature)| Frame::PostTrainerStats(TrainerStats { body, signature })),
         any::<u64>().prop_map(|window| Frame::TrainerStatsAck(TrainerStatsAck { window })),
     ]
 }

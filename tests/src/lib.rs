@@ -31,10 +31,10 @@ use tributary_net::Session;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId, content_id_of};
 use tributary_protocol::gguf::{self, GgmlType};
 use tributary_protocol::identity::{Keypair, PublicKey};
+use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{
     Blob, CheckpointBody, CheckpointChunk, CheckpointKind, Frame, MAX_CHUNK_LEN, PublishCheckpoint, RejectReason, Role,
 };
-use tributary_protocol::window::WindowId;
 
 /// Every await in these tests is bounded: panics after `secs` seconds.
 pub async fn within<T>(secs: u64, f: impl Future<Output = T>) -> T {
@@ -74,7 +74,16 @@ impl NetConfig {
     /// Short windows for the tiny model.
     pub fn new(window_ms: u64, grace_ms: u64, groups_per_miner: u32, group_size: u32) -> Self {
         let difficulty = Config::dev(PathBuf::new()).difficulty;
-        Self { window_ms, grace_ms, groups_per_miner, group_size, rollouts_per_sec: 20_000, seed: 0, max_new_tokens: 24, difficulty }
+        Self {
+            window_ms,
+            grace_ms,
+            groups_per_miner,
+            group_size,
+            rollouts_per_sec: 20_000,
+            seed: 0,
+            max_new_tokens: 24,
+            difficulty,
+        }
     }
 
     fn coordinator(&self, data: PathBuf) -> Config {
@@ -540,7 +549,12 @@ impl TrainerHandle {
 }
 
 /// The dev trainer's service configuration for a coordinator (state in `dir`).
-pub fn trainer_config(quic: SocketAddr, fingerprint: &str, dir: &Path, genesis_bytes: &[u8]) -> trainer::service::ServiceConfig {
+pub fn trainer_config(
+    quic: SocketAddr,
+    fingerprint: &str,
+    dir: &Path,
+    genesis_bytes: &[u8],
+) -> trainer::service::ServiceConfig {
     std::fs::create_dir_all(dir).expect("trainer folder");
     let genesis = dir.join("genesis.gguf");
     if !genesis.exists() {
@@ -593,7 +607,12 @@ impl Mesh {
         }
         let validator = cfg.validator.then(|| ValidatorHandle::spawn(validator_config(&net, net.window())));
         let trainer = cfg.trainer.then(|| {
-            let mut t = trainer_config(net.node.quic, &net.node.fingerprint, &net.dir.path().join("trainer"), &net.genesis_bytes);
+            let mut t = trainer_config(
+                net.node.quic,
+                &net.node.fingerprint,
+                &net.dir.path().join("trainer"),
+                &net.genesis_bytes,
+            );
             t.trust_unjudged = !cfg.validator;
             TrainerHandle::spawn(t)
         });
@@ -728,7 +747,9 @@ pub fn perturbed(base: &[u8], salt: u32, n: usize) -> Vec<u8> {
 /// The dev trainer's connection.
 pub async fn trainer_session(net: &Net) -> Session {
     let key = node::dev_key(Role::Trainer);
-    within(30, Session::connect(net.node.quic, &net.node.fingerprint, &key, Role::Trainer)).await.expect("trainer connects")
+    within(30, Session::connect(net.node.quic, &net.node.fingerprint, &key, Role::Trainer))
+        .await
+        .expect("trainer connects")
 }
 
 /// Publishes `payload` (full or delta) as the dev trainer for `window`;
@@ -751,7 +772,11 @@ pub async fn publish(
     };
     within(30, s.send(&Frame::PublishCheckpoint(PublishCheckpoint::sign(body, &key)))).await?;
     for (i, c) in payload.chunks(MAX_CHUNK_LEN as usize).enumerate() {
-        let f = Frame::CheckpointChunk(CheckpointChunk { id, offset: (i * MAX_CHUNK_LEN as usize) as u64, data: Blob(c.to_vec()) });
+        let f = Frame::CheckpointChunk(CheckpointChunk {
+            id,
+            offset: (i * MAX_CHUNK_LEN as usize) as u64,
+            data: Blob(c.to_vec()),
+        });
         within(30, s.send(&f)).await?;
     }
     within(60, s.recv()).await

@@ -15,8 +15,8 @@ use std::time::Duration;
 use edge_miner::adversary::{self, Attack, AttackOptions, CopyPool, Recorder};
 use edge_miner::run::RunEvent;
 use tributary_protocol::identity::PublicKey;
-use tributary_protocol::wire::{MinerStanding, RejectReason};
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{MinerStanding, RejectReason};
 use tributary_tests::{Miner, Net, NetConfig, id_of, perturbed, publish, trainer_session, validator_config, within};
 use validator::service::{Service, WindowReport};
 
@@ -75,7 +75,13 @@ impl Scenario {
                 match self.validator.step().await.expect("validator step") {
                     Some(r) => {
                         for (m, rep) in &r.miners {
-                            eprintln!("window {} miner {}: {:?} {:?}", r.window, m.short(), rep.failed, rep.body.reasons);
+                            eprintln!(
+                                "window {} miner {}: {:?} {:?}",
+                                r.window,
+                                m.short(),
+                                rep.failed,
+                                rep.body.reasons
+                            );
                         }
                         if done(&r) {
                             return r;
@@ -95,7 +101,10 @@ impl Scenario {
     /// Every honest miner has rollouts in the window and passes every check.
     fn assert_honest_pass(&self, r: &WindowReport) {
         for k in self.honest_keys() {
-            let m = r.miners.get(&k).unwrap_or_else(|| panic!("honest miner {} absent from window {}", k.short(), r.window));
+            let m = r
+                .miners
+                .get(&k)
+                .unwrap_or_else(|| panic!("honest miner {} absent from window {}", k.short(), r.window));
             assert!(!m.body.hard_failure && m.body.soft_failures == 0, "honest miner failed: {:?}", m.body.reasons);
             assert!(m.body.checked > 0 && m.body.valid == m.body.checked, "{:?}", m.body);
         }
@@ -108,9 +117,17 @@ impl Scenario {
         assert!(core.is_banned(&a, w + 1), "attacker not banned after window {w}");
         assert!(core.standing(w).contains(&(a, MinerStanding::Failed)));
         let weights = core.weights(w, self.net.node.shared.key.public());
-        assert!(weights.weights.iter().all(|(k, x)| *k != a || *x == 0.0), "attacker has weight: {:?}", weights.weights);
+        assert!(
+            weights.weights.iter().all(|(k, x)| *k != a || *x == 0.0),
+            "attacker has weight: {:?}",
+            weights.weights
+        );
         for k in self.honest_keys() {
-            assert!(weights.weights.iter().any(|(h, x)| *h == k && *x > 0.0), "honest miner without weight: {:?}", weights.weights);
+            assert!(
+                weights.weights.iter().any(|(h, x)| *h == k && *x > 0.0),
+                "honest miner without weight: {:?}",
+                weights.weights
+            );
         }
     }
 
@@ -137,7 +154,11 @@ async fn caught_by_validator(attack: Attack, opts: AttackOptions, checks: &[&str
     let m = &r.miners[&a];
     let hit: Vec<&str> = checks.iter().copied().filter(|c| m.failed(c)).collect();
     assert!(!hit.is_empty(), "{attack}: expected a failure of {checks:?}, got {:?}: {:?}", m.failed, m.body.reasons);
-    assert!(m.body.reasons.iter().any(|x| hit.iter().any(|c| x.contains(c))), "reasons name the check: {:?}", m.body.reasons);
+    assert!(
+        m.body.reasons.iter().any(|x| hit.iter().any(|c| x.contains(c))),
+        "reasons name the check: {:?}",
+        m.body.reasons
+    );
     assert_eq!(m.body.estimated_valid, 0);
     eprintln!("{attack}: caught in window {} by {:?}", r.window, m.failed);
     s.assert_honest_pass(&r);

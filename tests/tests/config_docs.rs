@@ -73,7 +73,11 @@ fn every_config_doc_parses_and_documents_every_key() {
         let on = tmp.path().join(&name);
         std::fs::write(&on, all_on.join("\n")).unwrap();
         let out = check(&name, &on);
-        assert!(out.status.success(), "{name} with its {switched} commented-out keys switched on does not parse:\n{}", text(&out));
+        assert!(
+            out.status.success(),
+            "{name} with its {switched} commented-out keys switched on does not parse:\n{}",
+            text(&out)
+        );
 
         // A typo is refused, and the refusal lists every key the parser
         // knows: each one must be documented.
@@ -82,8 +86,10 @@ fn every_config_doc_parses_and_documents_every_key() {
         let t = text(&out);
         assert!(!out.status.success(), "{name}: an unknown key was accepted");
         assert!(t.contains("unknown field `zz_not_a_key`"), "{name}: {t}");
-        let expected = t.split_once("expected one of ").map(|(_, r)| r).unwrap_or_else(|| panic!("{name}: no key list in\n{t}"));
-        let keys: Vec<&str> = expected.lines().next().unwrap().split(", ").map(|k| k.trim().trim_matches('`')).collect();
+        let expected =
+            t.split_once("expected one of ").map(|(_, r)| r).unwrap_or_else(|| panic!("{name}: no key list in\n{t}"));
+        let keys: Vec<&str> =
+            expected.lines().next().unwrap().split(", ").map(|k| k.trim().trim_matches('`')).collect();
         assert!(keys.len() >= 5, "{name}: {keys:?}");
         let documented: Vec<&str> = doc.lines().filter_map(|l| key_of(l.strip_prefix("# ").unwrap_or(l))).collect();
         for k in &keys {

@@ -78,7 +78,10 @@ async fn status_page_renders_a_running_mesh() {
     let training = http_json(mesh.net.node.http, "/api/training").await;
     let steps = training.as_array().expect("training reports");
     assert!(steps.len() >= 2, "{training}");
-    let last = steps.iter().find(|s| s["window"] == last_window).unwrap_or_else(|| panic!("no report for {last_window}: {training}"));
+    let last = steps
+        .iter()
+        .find(|s| s["window"] == last_window)
+        .unwrap_or_else(|| panic!("no report for {last_window}: {training}"));
     assert_eq!(last["checkpoint"], last_id.to_string());
     let loss = last["loss"].as_f64().expect("loss");
     assert!(loss.is_finite() && last["groups_kept"].as_u64() > Some(0), "{last}");
@@ -106,7 +109,11 @@ async fn status_page_renders_a_running_mesh() {
     assert!(dom.contains("time left"));
     // The window number the page shows is the coordinator's.
     let w = mesh.net.window();
-    assert!(dom.contains(&format!("<b id=\"window\">{w}</b>")) || dom.contains(&format!("<b id=\"window\">{}</b>", w.saturating_sub(1))), "{dom}");
+    assert!(
+        dom.contains(&format!("<b id=\"window\">{w}</b>"))
+            || dom.contains(&format!("<b id=\"window\">{}</b>", w.saturating_sub(1))),
+        "{dom}"
+    );
     if let Ok(path) = std::env::var("DASHBOARD_SCREENSHOT") {
         let shot = format!("--screenshot={path}");
         within(120, tokio::task::spawn_blocking(move || chromium(&url, 3_000, &["--window-size=1280,1750", &shot])))
@@ -120,7 +127,8 @@ async fn status_page_renders_a_running_mesh() {
     assert_eq!(status["coordinator"], coordinator.to_string());
     let doc_json = http_json(mesh.net.node.http, "/api/weights/signed").await;
     let hex = doc_json["document"].as_str().expect("document");
-    let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect();
+    let bytes: Vec<u8> =
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect();
     let doc = WeightsDoc::decode_verified(&bytes, &coordinator).expect("the fetched document verifies");
     assert_eq!(doc_json["window"], doc.body.window);
     assert_eq!(doc_json["signature"], doc.signature.to_string());

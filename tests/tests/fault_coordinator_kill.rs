@@ -9,11 +9,16 @@ use std::path::Path;
 use edge_miner::run::RunEvent;
 use edge_miner::uplink::UplinkConfig;
 use tributary_protocol::env::PRACTICE_LEVEL;
-use tributary_tests::{CoordinatorProcess, Miner, NetConfig, TrainerHandle, http_json, miner_config, seeded_key, trainer_config};
+use tributary_tests::{
+    CoordinatorProcess, Miner, NetConfig, TrainerHandle, http_json, miner_config, seeded_key, trainer_config,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_killed_mid_window_loses_nothing() {
-    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let exe = Path::new(env!("CARGO_BIN_EXE_mesh-coordinator"));
     let dir = tempfile::tempdir().expect("temporary folder");
     let data = dir.path().join("coordinator");
@@ -23,9 +28,11 @@ async fn coordinator_killed_mid_window_loses_nothing() {
     let (quic, fingerprint, genesis) = (first.quic, first.fingerprint.clone(), first.genesis);
     let genesis_bytes = coordinator::node::dev_tiny_bytes().expect("tiny model");
     let key = seeded_key(0, "m");
-    let rc = miner_config(dir.path(), UplinkConfig::new(quic, fingerprint.clone()), "m", key.clone(), Some(&genesis_bytes));
+    let rc =
+        miner_config(dir.path(), UplinkConfig::new(quic, fingerprint.clone()), "m", key.clone(), Some(&genesis_bytes));
     let mut miner = Miner::spawn(rc);
-    let mut trainer = TrainerHandle::spawn(trainer_config(quic, &fingerprint, &dir.path().join("trainer"), &genesis_bytes));
+    let mut trainer =
+        TrainerHandle::spawn(trainer_config(quic, &fingerprint, &dir.path().join("trainer"), &genesis_bytes));
     let (mut trained, _, _) = trainer.next_published(120).await;
     // Mid-window: the miner is streaming this window's groups, generated with
     // a trained checkpoint (the first publication or a newer one).
@@ -43,7 +50,8 @@ async fn coordinator_killed_mid_window_loses_nothing() {
     assert!(acked_before > 0);
     assert!(restored >= acked_before, "{acked_before} acknowledged, {restored} restored");
     let status = http_json(second.http, "/api/status").await;
-    let stored: u64 = status["windows"].as_array().expect("windows").iter().map(|w| w["rollouts"].as_u64().unwrap_or(0)).sum();
+    let stored: u64 =
+        status["windows"].as_array().expect("windows").iter().map(|w| w["rollouts"].as_u64().unwrap_or(0)).sum();
     assert_eq!(stored, restored, "the database holds exactly the counted rollouts");
 
     // Both carry on: the trainer publishes again and the miner follows (to
@@ -52,15 +60,24 @@ async fn coordinator_killed_mid_window_loses_nothing() {
     let mut windows = BTreeSet::new();
     windows.extend(trained.drain(..));
     // Every checkpoint published before the kill (restored by the coordinator).
-    let mut older: BTreeSet<String> =
-        status["checkpoints"].as_array().expect("checkpoints").iter().filter_map(|c| c["id"].as_str().map(str::to_string)).collect();
+    let mut older: BTreeSet<String> = status["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .filter_map(|c| c["id"].as_str().map(str::to_string))
+        .collect();
     assert!(older.contains(&genesis.to_string()) && older.len() >= 2, "{older:?}");
     for _ in 0..2 {
         let (t, _, id) = trainer.next_published(180).await;
         for w in t {
             assert!(windows.insert(w), "window {w} trained twice");
         }
-        miner.wait_for(120, |e| matches!(e, RunEvent::Submitted { checkpoint, .. } if !older.contains(&checkpoint.to_string()))).await;
+        miner
+            .wait_for(
+                120,
+                |e| matches!(e, RunEvent::Submitted { checkpoint, .. } if !older.contains(&checkpoint.to_string())),
+            )
+            .await;
         older.insert(id.to_string());
     }
     let status = http_json(second.http, "/api/status").await;

@@ -14,14 +14,17 @@ async fn flood_from_one_miner_does_not_hurt_the_others() {
     let mut cfg = NetConfig::new(3_000, 500, 1, 4);
     cfg.rollouts_per_sec = 40;
     let net = Net::with(cfg).await;
-    let mut honest: Vec<Miner> = ["a", "b"].iter().map(|n| Miner::spawn(net.miner_with_key(n, seeded_key(0, n), true))).collect();
+    let mut honest: Vec<Miner> =
+        ["a", "b"].iter().map(|n| Miner::spawn(net.miner_with_key(n, seeded_key(0, n), true))).collect();
     for m in &mut honest {
         m.wait_for(60, |e| matches!(e, RunEvent::Submitted { .. })).await;
     }
     let start_window = net.window();
     // The flood: 4 KiB submissions as fast as the connection takes them, for two windows.
     let flooder = seeded_key(0, "flood");
-    let mut s = within(30, Session::connect(net.node.quic, &net.node.fingerprint, &flooder, Role::Miner)).await.expect("connect");
+    let mut s = within(30, Session::connect(net.node.quic, &net.node.fingerprint, &flooder, Role::Miner))
+        .await
+        .expect("connect");
     let flood = tokio::spawn(async move {
         let until = tokio::time::Instant::now() + Duration::from_secs(6);
         let mut sent = 0u64;

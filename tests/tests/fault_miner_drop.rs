@@ -31,7 +31,10 @@ async fn miner_dropped_mid_upload_resumes_without_duplicates() {
     let mut again = Miner::spawn(net.miner_with_key("m", key.clone(), true));
     net.wait_window(60, w + 2).await;
     let events = again.drain();
-    assert!(events.iter().any(|e| matches!(e, RunEvent::Submitted { window, .. } if *window == w)), "restarted miner resumed window {w}");
+    assert!(
+        events.iter().any(|e| matches!(e, RunEvent::Submitted { window, .. } if *window == w)),
+        "restarted miner resumed window {w}"
+    );
     let after = net.node.shared.core().progress(w, &key.public());
     // Nothing acknowledged was lost; every group of the window has rollouts stored.
     for s in &before {

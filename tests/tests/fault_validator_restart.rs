@@ -27,7 +27,11 @@ async fn fault_validator_restart() {
     let (cfg, unread) = mesh.validator.take().expect("validator").kill().await;
     verified.extend(unread);
     let saved = Progress::load(&cfg.dir).expect("progress.json").expect("progress saved");
-    eprintln!("killed; saved progress: next window {}, {} verdicts of it posted", saved.next_window, saved.posted.len());
+    eprintln!(
+        "killed; saved progress: next window {}, {} verdicts of it posted",
+        saved.next_window,
+        saved.posted.len()
+    );
     let killed_in = mesh.net.window();
 
     let mut v = ValidatorHandle::spawn(cfg);

@@ -189,7 +189,8 @@ fn cpu_install_into_prefix_ends_with_doctor_passing() {
     assert!(text(&out).contains("FAIL coordinator"), "{}", text(&out));
     assert!(text(&out).contains("fingerprint"), "{}", text(&out));
     let empty = tmp.path().join("no-key");
-    let out = doctor(&["--coordinator", &coord.quic, "--fingerprint", &coord.fingerprint, "--data", empty.to_str().unwrap()]);
+    let out =
+        doctor(&["--coordinator", &coord.quic, "--fingerprint", &coord.fingerprint, "--data", empty.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("FAIL key"), "{}", text(&out));
     assert!(text(&out).contains("edge-miner init"), "{}", text(&out));
@@ -215,12 +216,16 @@ fn openssl_ca(dir: &Path, name: &str, coordinator_data: Option<&Path>) -> PathBu
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
     };
-    sh(r#"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj "/CN=test CA" -keyout "$CA/ca.key" -out "$CA/ca.pem" 2>&1"#);
+    sh(
+        r#"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj "/CN=test CA" -keyout "$CA/ca.key" -out "$CA/ca.pem" 2>&1"#,
+    );
     if coordinator_data.is_some() {
-        sh(r#"openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=coordinator" -keyout "$CA/c.key" -out "$CA/c.csr" 2>&1
+        sh(
+            r#"openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=coordinator" -keyout "$CA/c.key" -out "$CA/c.csr" 2>&1
 printf 'basicConstraints=CA:FALSE\n' > "$CA/c.ext"
 openssl x509 -req -in "$CA/c.csr" -CA "$CA/ca.pem" -CAkey "$CA/ca.key" -CAcreateserial -days 30 -extfile "$CA/c.ext" -out "$CA/c.pem" 2>&1
-"$COORDINATOR" install-cert --data "$DATA" --cert "$CA/c.pem" --key "$CA/c.key""#);
+"$COORDINATOR" install-cert --data "$DATA" --cert "$CA/c.pem" --key "$CA/c.key""#,
+        );
     }
     ca.join("ca.pem")
 }
@@ -300,7 +305,16 @@ fn release_script_packages_binaries_with_checksums() {
     check(tmp.path());
     let stage = Path::new(&archive).with_extension("").with_extension("");
     let listed = check(&stage);
-    for f in ["bin/edge-miner", "bin/coordinator", "bin/validator", "bin/trainer", "systemd/tributary-coordinator.service", "config/coordinator.toml", "runbook.md", "installers/install-miner.sh"] {
+    for f in [
+        "bin/edge-miner",
+        "bin/coordinator",
+        "bin/validator",
+        "bin/trainer",
+        "systemd/tributary-coordinator.service",
+        "config/coordinator.toml",
+        "runbook.md",
+        "installers/install-miner.sh",
+    ] {
         assert!(listed.contains(&format!("{f}: OK")), "{f} not in SHA256SUMS:\n{listed}");
     }
     // A tampered file fails the check.

@@ -32,7 +32,9 @@ async fn mesh_attacker_banned_zero_weight() {
     // The first window the attacker is judged in, with both honest miners in it.
     let r = mesh
         .validator()
-        .until(120, |r| r.miners.get(&a).is_some_and(|m| m.body.hard_failure) && honest.iter().all(|h| r.miners.contains_key(h)))
+        .until(120, |r| {
+            r.miners.get(&a).is_some_and(|m| m.body.hard_failure) && honest.iter().all(|h| r.miners.contains_key(h))
+        })
         .await;
     let w = r.window;
     let caught = &r.miners[&a];
@@ -41,7 +43,11 @@ async fn mesh_attacker_banned_zero_weight() {
     assert_eq!(caught.body.estimated_valid, 0);
     for h in &honest {
         let m = &r.miners[h];
-        assert!(m.body.checked > 0 && m.body.valid == m.body.checked, "honest miner failed in window {w}: {:?}", m.body);
+        assert!(
+            m.body.checked > 0 && m.body.valid == m.body.checked,
+            "honest miner failed in window {w}: {:?}",
+            m.body
+        );
         assert!(!m.body.hard_failure && m.body.soft_failures == 0, "{:?}", m.body.reasons);
     }
     {
@@ -49,11 +55,19 @@ async fn mesh_attacker_banned_zero_weight() {
         assert!(core.is_banned(&a, w + 1), "attacker not banned after window {w}");
         assert!(core.standing(w).contains(&(a, MinerStanding::Failed)));
         let weights = core.weights(w, mesh.net.node.shared.key.public());
-        assert!(weights.weights.iter().all(|(k, x)| *k != a || *x == 0.0), "attacker has weight: {:?}", weights.weights);
+        assert!(
+            weights.weights.iter().all(|(k, x)| *k != a || *x == 0.0),
+            "attacker has weight: {:?}",
+            weights.weights
+        );
         let total: f64 = weights.weights.iter().map(|(_, x)| x).sum();
         assert!((total - 1.0).abs() < 1e-9, "{:?}", weights.weights);
         for h in &honest {
-            assert!(weights.weights.iter().any(|(k, x)| k == h && *x > 0.0), "honest miner without weight: {:?}", weights.weights);
+            assert!(
+                weights.weights.iter().any(|(k, x)| k == h && *x > 0.0),
+                "honest miner without weight: {:?}",
+                weights.weights
+            );
         }
     }
     // Banned: the attacker's next submissions are refused at the door.

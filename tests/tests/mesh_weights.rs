@@ -23,19 +23,26 @@ async fn mesh_weights_superlinear() {
         let r = mesh
             .validator()
             .until(120, |r| {
-                r.miners.get(&full).is_some_and(|m| m.body.checked >= 7) && r.miners.get(&half).is_some_and(|m| m.body.checked >= 3)
+                r.miners.get(&full).is_some_and(|m| m.body.checked >= 7)
+                    && r.miners.get(&half).is_some_and(|m| m.body.checked >= 3)
             })
             .await;
         for k in [&full, &half] {
             let m = &r.miners[k];
-            assert!(!m.body.hard_failure && m.body.soft_failures == 0 && m.body.valid == m.body.checked, "{:?}", m.body);
+            assert!(
+                !m.body.hard_failure && m.body.soft_failures == 0 && m.body.valid == m.body.checked,
+                "{:?}",
+                m.body
+            );
         }
         windows.push(r.window);
     }
     let last = *windows.last().expect("windows");
     let core = mesh.net.node.shared.core();
     // U: valid rollouts over the windows the weights look back on.
-    let u = |k| -> f64 { (0..=last).flat_map(|w| core.verdicts_on(w, k)).map(|v| f64::from(v.estimated_valid.max(v.valid))).sum() };
+    let u = |k| -> f64 {
+        (0..=last).flat_map(|w| core.verdicts_on(w, k)).map(|v| f64::from(v.estimated_valid.max(v.valid))).sum()
+    };
     let (uf, uh) = (u(&full), u(&half));
     let ratio = uf / uh;
     assert!((1.5..=2.7).contains(&ratio), "the full miner produced {uf} valid rollouts, the half miner {uh}");

@@ -65,7 +65,11 @@ async fn checkpoint_advances_every_window_and_miners_follow() {
                 if core.progress(*w, k).is_empty() {
                     continue;
                 }
-                assert!(core.standing(*w).contains(&(*k, MinerStanding::Passed)), "window {w} miner {} not passed", k.short());
+                assert!(
+                    core.standing(*w).contains(&(*k, MinerStanding::Passed)),
+                    "window {w} miner {} not passed",
+                    k.short()
+                );
                 judged += 1;
             }
         }
@@ -73,13 +77,22 @@ async fn checkpoint_advances_every_window_and_miners_follow() {
     }
     // The coordinator relays genesis and every publication; the status API shows them.
     let status = http_json(mesh.net.node.http, "/api/status").await;
-    let ids: Vec<String> = status["checkpoints"].as_array().expect("checkpoints").iter().map(|c| c["id"].as_str().unwrap_or("").to_string()).collect();
+    let ids: Vec<String> = status["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .map(|c| c["id"].as_str().unwrap_or("").to_string())
+        .collect();
     for (_, id) in &published {
         assert!(ids.contains(&id.to_string()), "{id} not in {ids:?}");
     }
     assert_eq!(status["miners"].as_array().expect("miners").len(), 2);
-    let closed: Vec<&serde_json::Value> =
-        status["windows"].as_array().expect("windows").iter().filter(|w| w["closed"] == true && w["rollouts"].as_u64() > Some(0)).collect();
+    let closed: Vec<&serde_json::Value> = status["windows"]
+        .as_array()
+        .expect("windows")
+        .iter()
+        .filter(|w| w["closed"] == true && w["rollouts"].as_u64() > Some(0))
+        .collect();
     assert!(closed.len() >= 3, "{closed:?}");
     for w in closed {
         // The practice reward: a credit in (0, 1/2] for every wrong answer, 1 for a right one.

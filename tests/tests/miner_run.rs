@@ -15,7 +15,9 @@ async fn miner_mines_several_windows() {
     let mut m = Miner::spawn(net.miner("m1", true));
     let mut windows = BTreeSet::new();
     while windows.len() < 3 {
-        if let RunEvent::Submitted { window, checkpoint, stored, refused } = m.wait_for(30, |e| matches!(e, RunEvent::Submitted { .. })).await {
+        if let RunEvent::Submitted { window, checkpoint, stored, refused } =
+            m.wait_for(30, |e| matches!(e, RunEvent::Submitted { .. })).await
+        {
             assert_eq!(checkpoint, net.genesis);
             assert!(common::honest_refusals(&refused), "{refused:?}");
             assert_eq!(stored + refused.len(), 4);

@@ -75,9 +75,14 @@ fn llama_cpp_rollouts_match_the_reference_on_smollm2() {
             worst_sketch = worst_sketch.max(d);
         }
     }
-    eprintln!("{positions} completion positions: max |Δ logprob| {worst_lp:.2e}, max sketch distance ÷ τ {worst_sketch:.3}, {outside} draws outside");
+    eprintln!(
+        "{positions} completion positions: max |Δ logprob| {worst_lp:.2e}, max sketch distance ÷ τ {worst_sketch:.3}, {outside} draws outside"
+    );
     assert!(positions >= 4 * 20, "too few positions to judge: {positions}");
-    assert!(worst_lp < 5e-4, "llama.cpp drifts from the reference: |Δ logprob| {worst_lp:.2e} (plain f32 gives < 1e-4)");
+    assert!(
+        worst_lp < 5e-4,
+        "llama.cpp drifts from the reference: |Δ logprob| {worst_lp:.2e} (plain f32 gives < 1e-4)"
+    );
     assert!(worst_sketch <= 0.5, "sketch distance {worst_sketch:.3} × τ");
     assert_eq!(outside, 0, "honest draws outside their reference interval");
 }

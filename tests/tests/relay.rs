@@ -46,7 +46,11 @@ async fn three_miners_follow_three_checkpoints() {
         assert!(matches!(publish(&mut t, window, id, Some(prev_id), &d).await, Ok(Frame::CheckpointStored(_))));
         for m in &mut miners {
             // Staged by delta before the window uses it, then generating on it.
-            m.wait_for(60, |e| matches!(e, RunEvent::Sync(SyncEvent::Staged { id: s, by_delta: true, .. }) if *s == id)).await;
+            m.wait_for(
+                60,
+                |e| matches!(e, RunEvent::Sync(SyncEvent::Staged { id: s, by_delta: true, .. }) if *s == id),
+            )
+            .await;
             generates_on(m, id).await;
         }
         published.push((id, d.len() as u64));

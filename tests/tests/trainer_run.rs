@@ -13,7 +13,11 @@ use trainer::service::{Service, ServiceConfig};
 struct Alternate;
 
 impl edge_miner::run::Tamper for Alternate {
-    fn tamper(&mut self, _: &tributary_protocol::wire::WindowInfo, group: &mut Vec<tributary_protocol::rollout::Rollout>) {
+    fn tamper(
+        &mut self,
+        _: &tributary_protocol::wire::WindowInfo,
+        group: &mut Vec<tributary_protocol::rollout::Rollout>,
+    ) {
         for r in group {
             r.reward = (r.rollout % 2) as f32;
         }

@@ -289,7 +289,8 @@ mod tests {
             entropy: Some(&e2),
             ..full
         };
-        let parts = grpo_loss(&cfg, &a).unwrap().loss.double_value(&[]) + grpo_loss(&cfg, &b).unwrap().loss.double_value(&[]);
+        let parts =
+            grpo_loss(&cfg, &a).unwrap().loss.double_value(&[]) + grpo_loss(&cfg, &b).unwrap().loss.double_value(&[]);
         assert!(close(whole, parts), "{whole} vs {parts}");
         // By hand: ρ0 = e^0.015 (unclipped), ρ1 = e^0.1 (A<0, unclipped):
         // pg = (−0.7·e^0.015·2 + 0.3·e^0.1·1)/3; entropy mean = (1.5 + 3)/2.

@@ -136,7 +136,9 @@ pub fn export(ckpt: &Checkpoint, dir: &Path) -> Result<(), HfError> {
     write(dir.join("config.json"), &serde_json::to_vec_pretty(&config)?)?;
     write(
         dir.join("generation_config.json"),
-        &serde_json::to_vec_pretty(&json!({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}))?,
+        &serde_json::to_vec_pretty(
+            &json!({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}),
+        )?,
     )?;
     write_tokenizer(ckpt, dir)
 }

@@ -13,8 +13,8 @@
 
 pub mod grpo;
 pub mod hf;
-pub mod select;
 pub mod publish;
+pub mod select;
 pub mod service;
 pub mod state;
 pub mod train;

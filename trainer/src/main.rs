@@ -182,7 +182,11 @@ impl RunArgs {
 impl RunConfig {
     /// The coordinator's address and pin spec.
     fn coordinator(&self) -> Result<(std::net::SocketAddr, String)> {
-        Ok(tributary_net::coordinator_target(self.coordinator.as_deref(), self.fingerprint.as_deref(), self.ca.as_deref())?)
+        Ok(tributary_net::coordinator_target(
+            self.coordinator.as_deref(),
+            self.fingerprint.as_deref(),
+            self.ca.as_deref(),
+        )?)
     }
 }
 

@@ -111,7 +111,8 @@ impl Publisher {
     /// Opens (or creates) a publisher folder; a full payload every
     /// `full_every` publications (at least 1).
     pub fn open(dir: &Path, key: Keypair, full_every: u64) -> Result<Self, PublishError> {
-        let mk = |p: PathBuf| std::fs::create_dir_all(&p).map_err(|source| PublishError::Io { path: p.clone(), source });
+        let mk =
+            |p: PathBuf| std::fs::create_dir_all(&p).map_err(|source| PublishError::Io { path: p.clone(), source });
         mk(dir.join("checkpoints"))?;
         mk(dir.join("windows"))?;
         let path = dir.join("published.json");

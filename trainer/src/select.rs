@@ -242,10 +242,13 @@ pub fn select(
             continue;
         }
         let first = &rs[0];
-        let consistent = rs.iter().all(|r| r.checkpoint == first.checkpoint && r.task_id == first.task_id && r.env == first.env)
-            && rs.windows(2).all(|w| w[0].rollout != w[1].rollout)
-            && rs.len() >= 2
-            && cfg.group_size.is_none_or(|n| rs.len() == n && rs.iter().enumerate().all(|(i, r)| r.rollout as usize == i));
+        let consistent =
+            rs.iter().all(|r| r.checkpoint == first.checkpoint && r.task_id == first.task_id && r.env == first.env)
+                && rs.windows(2).all(|w| w[0].rollout != w[1].rollout)
+                && rs.len() >= 2
+                && cfg
+                    .group_size
+                    .is_none_or(|n| rs.len() == n && rs.iter().enumerate().all(|(i, r)| r.rollout as usize == i));
         if !consistent {
             drop(&mut out, DropReason::InconsistentGroup);
             continue;
@@ -364,7 +367,12 @@ mod tests {
         assert_eq!(case(&|r| r.logprobs[1] = f32::NAN), vec![DropReason::BadLogprobs]);
         assert_eq!(case(&|r| r.logprobs[1] = f32::NEG_INFINITY), vec![DropReason::BadLogprobs]);
         assert_eq!(case(&|r| r.logprobs[1] = 0.5), vec![DropReason::BadLogprobs]);
-        assert_eq!(case(&|r| { r.logprobs.pop(); }), vec![DropReason::InconsistentLengths]);
+        assert_eq!(
+            case(&|r| {
+                r.logprobs.pop();
+            }),
+            vec![DropReason::InconsistentLengths]
+        );
         assert_eq!(case(&|r| r.prompt_len = 100), vec![DropReason::InconsistentLengths]);
         assert_eq!(case(&|r| r.tokens[0] = 1000), vec![DropReason::TokenOutOfRange]);
         assert_eq!(case(&|r| r.reward = f32::INFINITY), vec![DropReason::BadReward]);
@@ -455,7 +463,8 @@ mod tests {
         assert!((s.kept[1].score - 0.1625).abs() < 1e-12);
         // Longer completions lower the per-token reward.
         let mut a = group(1, 5, 0, &[1.0, 1.0, 0.0, 0.0]);
-        let b: Vec<Rollout> = [1.0, 1.0, 0.0, 0.0].iter().enumerate().map(|(i, &r)| ro(1, 5, 1, i as u32, r, 40)).collect();
+        let b: Vec<Rollout> =
+            [1.0, 1.0, 0.0, 0.0].iter().enumerate().map(|(i, &r)| ro(1, 5, 1, i as u32, r, 40)).collect();
         a.extend(b);
         let c1 = SelectConfig { max_groups_per_window: 1, ..cfg() };
         let s = select(a, &CK, passed, &c1);

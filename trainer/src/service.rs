@@ -28,11 +28,11 @@ use tributary_net::{NetError, Session};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
+use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
     Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, MAX_CHUNK_LEN, MinerStanding, Role,
     TrainerStats, TrainerStatsBody,
 };
-use tributary_protocol::window::{Schedule, WindowId};
 
 use crate::publish::{Publication, PublishError, Publisher};
 use crate::select::{SelectConfig, Selection, Standing, select};
@@ -297,7 +297,10 @@ impl Service {
 
     /// What the validators' verdicts say about `window`'s miners (miners not
     /// listed are unjudged and in good standing).
-    async fn standing(&mut self, window: WindowId) -> Result<Vec<(tributary_protocol::identity::PublicKey, MinerStanding)>, ServiceError> {
+    async fn standing(
+        &mut self,
+        window: WindowId,
+    ) -> Result<Vec<(tributary_protocol::identity::PublicKey, MinerStanding)>, ServiceError> {
         match self.session.request(&Frame::GetStanding(GetStanding { window })).await? {
             Frame::Standing(s) if s.window == window => Ok(s.miners),
             f => Err(ServiceError::Unexpected(f.tag())),
@@ -332,7 +335,8 @@ impl Service {
         published.extend(self.publisher.published_ids());
         let trust = self.cfg.trust_unjudged;
         let windows: std::collections::BTreeSet<WindowId> = rollouts.iter().map(|r| r.window).collect();
-        let mut known: std::collections::HashMap<([u8; 32], WindowId), MinerStanding> = std::collections::HashMap::new();
+        let mut known: std::collections::HashMap<([u8; 32], WindowId), MinerStanding> =
+            std::collections::HashMap::new();
         for w in windows {
             for (miner, st) in self.standing(w).await? {
                 known.insert((miner.0, w), st);
@@ -391,7 +395,8 @@ pub fn dev_genesis(dir: &Path) -> Result<PathBuf, ServiceError> {
     std::fs::create_dir_all(dir)?;
     let p = dir.join(format!("dev-tiny-{}.gguf", coordinator::node::DEV_TINY_SEED));
     if !p.exists() {
-        let bytes = coordinator::node::dev_tiny_bytes().map_err(|e| ServiceError::Io(std::io::Error::other(e.to_string())))?;
+        let bytes =
+            coordinator::node::dev_tiny_bytes().map_err(|e| ServiceError::Io(std::io::Error::other(e.to_string())))?;
         write_atomic(&p, &bytes)?;
     }
     Ok(p)

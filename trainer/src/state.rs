@@ -86,12 +86,11 @@ pub fn save(dir: &Path, trainer: &Trainer) -> Result<(), StateError> {
     Tensor::write_safetensors(&vars, &wtmp)?;
     std::fs::rename(&wtmp, dir.join(&weights)).map_err(io(dir))?;
     let st = trainer.adam();
-    let moments: Vec<(String, &Tensor)> = st
-        .m
-        .iter()
-        .map(|(k, t)| (format!("m.{k}"), t))
-        .chain(st.v.iter().map(|(k, t)| (format!("v.{k}"), t)))
-        .collect();
+    let moments: Vec<(String, &Tensor)> =
+        st.m.iter()
+            .map(|(k, t)| (format!("m.{k}"), t))
+            .chain(st.v.iter().map(|(k, t)| (format!("v.{k}"), t)))
+            .collect();
     let atmp = dir.join(format!("{adam}.tmp"));
     if moments.is_empty() {
         // safetensors needs at least one tensor.

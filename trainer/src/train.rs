@@ -236,7 +236,9 @@ fn plan_micro_batches(samples: &[Sample], budget: usize, share: bool) -> Vec<Mic
         rest.extend(samples);
     }
     if !rest.is_empty() {
-        out.extend(pack_by_length(rest, budget).into_iter().map(|samples| MicroBatch { samples, shared_prompt: false }));
+        out.extend(
+            pack_by_length(rest, budget).into_iter().map(|samples| MicroBatch { samples, shared_prompt: false }),
+        );
     }
     out
 }

@@ -294,7 +294,12 @@ impl Context {
     }
 
     /// Turns a record into a protocol rollout plus its task, or a reason to reject it.
-    fn prepare(&mut self, line: usize, rec: RolloutRecord, opts: &CheckOptions) -> Result<Result<Prepared, String>, CheckError> {
+    fn prepare(
+        &mut self,
+        line: usize,
+        rec: RolloutRecord,
+        opts: &CheckOptions,
+    ) -> Result<Result<Prepared, String>, CheckError> {
         let seed: Seed = match rec.window_seed.parse() {
             Ok(s) => s,
             Err(e) => return Ok(Err(format!("window_seed: {e}"))),
@@ -441,7 +446,12 @@ pub fn rollout_evidence(
 /// The reward of a completion as the environment computes it: the text of
 /// the completion without its final end-of-generation token. `Err` when the
 /// ids do not decode (out-of-vocabulary ids are left to the structure check).
-pub fn recompute_reward(tokenizer: &Tokenizer, env: &Environment, task: &Task, completion: &[u32]) -> Result<f32, String> {
+pub fn recompute_reward(
+    tokenizer: &Tokenizer,
+    env: &Environment,
+    task: &Task,
+    completion: &[u32],
+) -> Result<f32, String> {
     let text_ids = match completion.split_last() {
         Some((&last, rest)) if tokenizer.is_eog(last) => rest,
         _ => completion,
@@ -449,7 +459,10 @@ pub fn recompute_reward(tokenizer: &Tokenizer, env: &Environment, task: &Task, c
     if text_ids.iter().any(|&t| t as usize >= tokenizer.vocab_size()) {
         return Ok(f32::NAN);
     }
-    tokenizer.decode(text_ids).map(|text| env.reward(task, &text)).map_err(|e| format!("completion does not decode: {e}"))
+    tokenizer
+        .decode(text_ids)
+        .map(|text| env.reward(task, &text))
+        .map_err(|e| format!("completion does not decode: {e}"))
 }
 
 /// Runs the whole offline check and writes one verdict line per rollout (in
@@ -539,7 +552,12 @@ pub fn run_check(opts: &CheckOptions, out: &mut dyn Write) -> Result<CheckSummar
 
     for (p, v) in prepared.iter().zip(checked) {
         if let Some(verdict) = v {
-            verdicts.push(LineVerdict::Checked { line: p.line, group: p.rollout.group, rollout: p.rollout.rollout, verdict });
+            verdicts.push(LineVerdict::Checked {
+                line: p.line,
+                group: p.rollout.group,
+                rollout: p.rollout.rollout,
+                verdict,
+            });
         }
     }
     verdicts.sort_by_key(|v| match v {

@@ -177,7 +177,11 @@ impl RunArgs {
 impl RunConfig {
     /// The coordinator's address and pin spec.
     fn coordinator(&self) -> Result<(std::net::SocketAddr, String)> {
-        Ok(tributary_net::coordinator_target(self.coordinator.as_deref(), self.fingerprint.as_deref(), self.ca.as_deref())?)
+        Ok(tributary_net::coordinator_target(
+            self.coordinator.as_deref(),
+            self.fingerprint.as_deref(),
+            self.ca.as_deref(),
+        )?)
     }
 }
 
@@ -229,7 +233,8 @@ fn run(args: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         if let Some(addr) = metrics {
-            let bound = tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
+            let bound =
+                tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics=http://{bound}/metrics");
         }
         let stop = Arc::new(AtomicBool::new(false));

@@ -53,11 +53,11 @@ use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::sketch::SketchKey;
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::verify::{self, Assignment, CheckKind, Severity, Status, VerifyParams};
+use tributary_protocol::window::{Schedule, WindowId, verify_reveal};
 use tributary_protocol::wire::{
     FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetReveal, GetWindow, Role, Verdict, VerdictBody,
     WindowInfo,
 };
-use tributary_protocol::window::{Schedule, WindowId, verify_reveal};
 
 use crate::check::{self, CheckError};
 
@@ -297,7 +297,8 @@ struct Client {
 impl Client {
     async fn session(&mut self) -> Result<&mut Session, ServiceError> {
         if self.session.is_none() {
-            let backoff = Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
+            let backoff =
+                Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
             let on_retry = |_: &NetError, _| metrics::counter!("tributary_validator_reconnects_total").increment(1);
             let s = Session::connect_with_backoff(
                 self.cfg.coordinator,
@@ -329,7 +330,9 @@ impl Client {
             match s.request(frame).await {
                 Ok(f) => return Ok(f),
                 Err(e @ NetError::Refused(..)) => return Err(ServiceError::Refused(e)),
-                Err(e) if tries >= self.cfg.max_attempts => return Err(ServiceError::Unreachable { attempts: tries, last: e }),
+                Err(e) if tries >= self.cfg.max_attempts => {
+                    return Err(ServiceError::Unreachable { attempts: tries, last: e });
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "connection lost, reconnecting");
                     self.session = None;
@@ -503,7 +506,11 @@ impl Service {
     }
 
     async fn download(&mut self, id: ContentId) -> Result<Vec<u8>, ServiceError> {
-        let path = match self.client.request(&Frame::GetCheckpointPath(GetCheckpointPath { have: None, want: Some(id) })).await? {
+        let path = match self
+            .client
+            .request(&Frame::GetCheckpointPath(GetCheckpointPath { have: None, want: Some(id) }))
+            .await?
+        {
             Frame::CheckpointPath(p) => p,
             f => return Err(ServiceError::Unexpected(f.tag())),
         };
@@ -540,7 +547,9 @@ impl Service {
             EnvId::Sat => Environment::Sat(SatEnv),
             EnvId::Gsm8k => {
                 if self.gsm8k.is_none() {
-                    let path = self.cfg.gsm8k.as_ref().ok_or_else(|| ServiceError::Env("the window's environment is gsm8k: give --gsm8k FILE".into()))?;
+                    let path = self.cfg.gsm8k.as_ref().ok_or_else(|| {
+                        ServiceError::Env("the window's environment is gsm8k: give --gsm8k FILE".into())
+                    })?;
                     let bytes = std::fs::read(path)?;
                     if info.dataset.is_some_and(|d| &d != blake3::hash(&bytes).as_bytes()) {
                         return Err(ServiceError::Env(format!("{} is not the window's dataset", path.display())));
@@ -687,7 +696,8 @@ impl Judge<'_> {
                             *mr.failed.entry(name.to_owned()).or_default() += 1;
                             metrics::counter!("tributary_validator_check_failures_total", "check" => name).increment(1);
                             let sev = if c.severity == Severity::Hard { "hard" } else { "soft" };
-                            mr.body.add_reason(&format!("{name} ({sev}) group {} rollout {}: {f:?}", r.group, r.rollout));
+                            mr.body
+                                .add_reason(&format!("{name} ({sev}) group {} rollout {}: {f:?}", r.group, r.rollout));
                         }
                     }
                 }
@@ -700,7 +710,8 @@ impl Judge<'_> {
                 None => {}
             }
             let checked = f64::from(mr.body.checked.max(1));
-            mr.body.estimated_valid = ((f64::from(mr.body.valid) * *total as f64 / checked).round() as u64).min(u64::from(u32::MAX)) as u32;
+            mr.body.estimated_valid =
+                ((f64::from(mr.body.valid) * *total as f64 / checked).round() as u64).min(u64::from(u32::MAX)) as u32;
         }
         for mr in report.miners.values_mut() {
             if mr.body.hard_failure {
@@ -798,7 +809,8 @@ impl Judge<'_> {
             if s.failed() {
                 it.outcome = Some(Ok(verify::Verdict { checks: vec![s], sampling_counts: Default::default() }));
             } else if it.rollout.tokens.len() > context {
-                it.outcome = Some(Err(format!("structure: {} tokens exceed the context of {context}", it.rollout.tokens.len())));
+                it.outcome =
+                    Some(Err(format!("structure: {} tokens exceed the context of {context}", it.rollout.tokens.len())));
             } else {
                 to_run.push(k);
             }
@@ -810,7 +822,13 @@ impl Judge<'_> {
         for batch in plan {
             let batch_items: Vec<(&Rollout, Vec<usize>)> =
                 batch.iter().map(|&j| (refs[j], verify::challenged(refs[j], &self.challenge, params))).collect();
-            let evidence = check::rollout_evidence(&self.loaded.model, &key, self.loaded.tokenizer.eos_id(), &batch_items, params)?;
+            let evidence = check::rollout_evidence(
+                &self.loaded.model,
+                &key,
+                self.loaded.tokenizer.eos_id(),
+                &batch_items,
+                params,
+            )?;
             for (&j, ev) in batch.iter().zip(evidence) {
                 let it = &items[to_run[j]].2;
                 let a = self.assignment(it, &eos);
@@ -841,7 +859,11 @@ impl Judge<'_> {
                 let (m, _, it) = &mut items[k];
                 if *m != owner && !passed(it) {
                     let mut detail = String::new();
-                    let _ = write!(detail, "copy: same prompt and completion as miner {} (whose rollout passes)", owner.short());
+                    let _ = write!(
+                        detail,
+                        "copy: same prompt and completion as miner {} (whose rollout passes)",
+                        owner.short()
+                    );
                     if let Some(Ok(v)) = &it.outcome {
                         let failed: Vec<&str> = v.failures().map(|(c, _)| check_name(c)).collect();
                         let _ = write!(detail, "; own checks failed: {}", failed.join(", "));

@@ -209,9 +209,8 @@ async fn run(
         let Frame::WindowInfo(info) = s.request(&Frame::GetWindow(GetWindow { window: None })).await? else {
             anyhow::bail!("no window")
         };
-        let encoded: Vec<Vec<u8>> = (0..per_miner as u32)
-            .map(|i| rollout(&info, &key, i / group_size, i % group_size).encode())
-            .collect();
+        let encoded: Vec<Vec<u8>> =
+            (0..per_miner as u32).map(|i| rollout(&info, &key, i / group_size, i % group_size).encode()).collect();
         window = Some(info);
         let mut wire = Vec::new();
         for (k, chunk) in encoded.chunks(batch).enumerate() {
@@ -273,8 +272,11 @@ async fn run(
         acked += t.await??;
     }
     let secs = start.elapsed().as_secs_f64();
-    let cpu: Vec<f64> =
-        threads_cpu_ns(&GROUPS).iter().zip(&cpu0).map(|(b, a)| b.saturating_sub(*a) as f64 * 1e-3 / acked as f64).collect();
+    let cpu: Vec<f64> = threads_cpu_ns(&GROUPS)
+        .iter()
+        .zip(&cpu0)
+        .map(|(b, a)| b.saturating_sub(*a) as f64 * 1e-3 / acked as f64)
+        .collect();
     let (coord, writer, miner, other) = (cpu[0], cpu[1], cpu[2], cpu[3]);
     let stored = n.shared.store.rollout_count()?;
     anyhow::ensure!(stored == acked as u64, "{acked} acknowledged but {stored} stored");
@@ -304,11 +306,8 @@ fn main() -> anyhow::Result<()> {
     // The coordinator and the miners run on runtimes of their own (threads
     // named "coord" and "miner"), so their shares of the CPU can be told apart.
     let coord_rt = tokio::runtime::Builder::new_multi_thread().thread_name("coord").enable_all().build()?;
-    let miner_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("miner")
-        .enable_all()
-        .build()?;
+    let miner_rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("miner").enable_all().build()?;
     println!(
         "ingest_bench: {} cores, per miner {per_miner} rollouts of 512 tokens, loadavg {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),

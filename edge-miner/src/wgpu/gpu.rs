@@ -54,7 +54,8 @@ fn summary(a: &wgpu::Adapter) -> AdapterSummary {
 /// The native backends we compute on; `WGPU_BACKEND` (wgpu's own variable,
 /// e.g. `vulkan`) narrows them.
 fn instance() -> wgpu::Instance {
-    let backends = wgpu::Backends::from_env().unwrap_or(wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12);
+    let backends =
+        wgpu::Backends::from_env().unwrap_or(wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12);
     wgpu::Instance::new(wgpu::InstanceDescriptor { backends, ..wgpu::InstanceDescriptor::new_without_display_handle() })
 }
 
@@ -137,9 +138,7 @@ impl Gpu {
 
     /// Waits for all submitted work.
     pub(crate) fn wait(&self) -> Result<(), WgpuError> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| WgpuError::Device(e.to_string()))?;
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| WgpuError::Device(e.to_string()))?;
         self.take_error()
     }
 

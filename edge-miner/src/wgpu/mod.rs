@@ -104,7 +104,8 @@ pub struct WgpuBackend {
 impl WgpuBackend {
     /// Opens `cfg.model` and uploads it.
     pub fn load(cfg: &WgpuConfig) -> Result<Self, BackendError> {
-        let ckpt = Checkpoint::open(&cfg.model).map_err(|e| BackendError::Load(format!("{}: {e}", cfg.model.display())))?;
+        let ckpt =
+            Checkpoint::open(&cfg.model).map_err(|e| BackendError::Load(format!("{}: {e}", cfg.model.display())))?;
         Self::from_checkpoint(&ckpt, cfg.adapter.as_deref(), cfg.model.clone())
     }
 
@@ -213,12 +214,16 @@ impl Stepper for WgpuStepper<'_> {
 
     fn hidden(&self, row: usize) -> Result<&[f32], BackendError> {
         let d = self.model.config().d_model;
-        self.out.hidden.get(row * d..(row + 1) * d).ok_or_else(|| BackendError::Decode(format!("no hidden state for row {row}")))
+        self.out
+            .hidden
+            .get(row * d..(row + 1) * d)
+            .ok_or_else(|| BackendError::Decode(format!("no hidden state for row {row}")))
     }
 
     fn logits(&self, row: usize) -> Result<&[f32], BackendError> {
         let v = self.model.config().vocab_size;
-        let i = row.checked_sub(self.lm_start).ok_or_else(|| BackendError::Decode(format!("no logits for row {row}")))?;
+        let i =
+            row.checked_sub(self.lm_start).ok_or_else(|| BackendError::Decode(format!("no logits for row {row}")))?;
         self.out.logits.get(i * v..(i + 1) * v).ok_or_else(|| BackendError::Decode(format!("no logits for row {row}")))
     }
 

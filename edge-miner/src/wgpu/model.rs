@@ -297,7 +297,8 @@ impl WgpuModel {
         let max_binding = gpu.limits.max_storage_buffer_binding_size;
         let mut weights = BTreeMap::new();
         for (name, kind) in names {
-            let info = ckpt.tensor_info(&name).ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} missing")))?;
+            let info =
+                ckpt.tensor_info(&name).ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} missing")))?;
             let dims = info.dims.clone();
             let bytes = tensor_upload_bytes(ckpt, &name, kind)?;
             if bytes.len() as u64 > max_binding {
@@ -343,8 +344,12 @@ impl WgpuModel {
         }
         let mut n = 0;
         for name in names {
-            let w = self.weights.get(name).ok_or_else(|| WgpuError::Unsupported(format!("no tensor {name} on the device")))?;
-            let info = ckpt.tensor_info(name).ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} missing")))?;
+            let w = self
+                .weights
+                .get(name)
+                .ok_or_else(|| WgpuError::Unsupported(format!("no tensor {name} on the device")))?;
+            let info =
+                ckpt.tensor_info(name).ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} missing")))?;
             if info.dims != w.dims {
                 return Err(WgpuError::Unsupported(format!("tensor {name} changed shape")));
             }
@@ -361,7 +366,10 @@ impl WgpuModel {
     }
 
     fn weight(&self, name: &str) -> Result<&wgpu::Buffer, WgpuError> {
-        self.weights.get(name).map(|w| &w.buffer).ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} missing")))
+        self.weights
+            .get(name)
+            .map(|w| &w.buffer)
+            .ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} missing")))
     }
 
     /// Makes sure the workspace holds at least `n_seq` sequences of `cap`
@@ -373,7 +381,10 @@ impl WgpuModel {
             return Err(WgpuError::Request("empty workspace".into()));
         }
         if cap > self.cfg.context_length {
-            return Err(WgpuError::Request(format!("{cap} positions exceed the context of {}", self.cfg.context_length)));
+            return Err(WgpuError::Request(format!(
+                "{cap} positions exceed the context of {}",
+                self.cfg.context_length
+            )));
         }
         if let Some(ws) = &self.ws
             && ws.n_seq >= n_seq
@@ -388,7 +399,13 @@ impl WgpuModel {
         Ok(())
     }
 
-    fn build_workspace(&self, n_seq: usize, cap: usize, rows_cap: usize, lm_cap: usize) -> Result<Workspace, WgpuError> {
+    fn build_workspace(
+        &self,
+        n_seq: usize,
+        cap: usize,
+        rows_cap: usize,
+        lm_cap: usize,
+    ) -> Result<Workspace, WgpuError> {
         let c = &self.cfg;
         let dev = &self.gpu.device;
         let (d, ff, hd) = (c.d_model, c.d_ff, c.head_dim());
@@ -397,7 +414,11 @@ impl WgpuModel {
         let max_buffer = self.gpu.limits.max_buffer_size;
         let buf = |label: &str, elems: usize, extra: wgpu::BufferUsages| -> Result<wgpu::Buffer, WgpuError> {
             let bytes = (elems as u64).checked_mul(4).filter(|&b| b <= max_binding && b <= max_buffer).ok_or(
-                WgpuError::TooLarge { what: label.to_owned(), bytes: (elems as u64).saturating_mul(4), limit: max_binding },
+                WgpuError::TooLarge {
+                    what: label.to_owned(),
+                    bytes: (elems as u64).saturating_mul(4),
+                    limit: max_binding,
+                },
             )?;
             Ok(dev.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -408,7 +429,8 @@ impl WgpuModel {
         };
         let none = wgpu::BufferUsages::empty();
         let src = wgpu::BufferUsages::COPY_SRC;
-        let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(|| WgpuError::Request("workspace size overflow".into()));
+        let mul =
+            |a: usize, b: usize| a.checked_mul(b).ok_or_else(|| WgpuError::Request("workspace size overflow".into()));
         let info = buf("info", 4, none)?;
         let rows = buf("rows", mul(rows_cap, 4)?, none)?;
         let x = buf("x", mul(rows_cap, d)?, none)?;
@@ -463,7 +485,9 @@ impl WgpuModel {
         let rope_p = uniform(shape_p);
         let attn_p = uniform(shape_p);
         let swiglu_p = uniform([u32_of(ff), 0, 0, 0, 0, 0, 0, 0]);
-        let mm_p = |kk: usize, n: usize, acc: bool, lm: bool| uniform([u32_of(kk), u32_of(n), acc as u32, lm as u32, 0, 0, 0, 0]);
+        let mm_p = |kk: usize, n: usize, acc: bool, lm: bool| {
+            uniform([u32_of(kk), u32_of(n), acc as u32, lm as u32, 0, 0, 0, 0])
+        };
         let p_q = mm_p(d, d, false, false);
         let p_kv = mm_p(d, kvd, false, false);
         let p_o = mm_p(d, d, true, false);
@@ -643,7 +667,8 @@ fn tensor_upload_bytes(ckpt: &Checkpoint, name: &str, kind: WeightKind) -> Resul
                     info.ty
                 )));
             }
-            let bytes = ckpt.tensor_bytes(name).ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} truncated")))?;
+            let bytes =
+                ckpt.tensor_bytes(name).ok_or_else(|| WgpuError::Unsupported(format!("tensor {name} truncated")))?;
             if bytes.len() % 4 != 0 {
                 return Err(WgpuError::Unsupported(format!("tensor {name} has an odd row length")));
             }

@@ -24,7 +24,10 @@ pub fn normalize_number(s: &str) -> Option<String> {
         None => (rest, ""),
     };
     let int: String = int.chars().filter(|&c| c != ',').collect();
-    if (int.is_empty() && frac.is_empty()) || !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+    if (int.is_empty() && frac.is_empty())
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     Some(canonical(neg, &int, frac))
@@ -99,10 +102,8 @@ fn numbers(text: &str) -> Vec<(usize, String)> {
 pub fn extract_number(text: &str) -> Option<String> {
     let nums = numbers(text);
     let lower = text.to_ascii_lowercase();
-    let mut marks: Vec<usize> = MARKERS
-        .iter()
-        .flat_map(|m| lower.match_indices(m).map(move |(p, _)| p + m.len()))
-        .collect();
+    let mut marks: Vec<usize> =
+        MARKERS.iter().flat_map(|m| lower.match_indices(m).map(move |(p, _)| p + m.len())).collect();
     marks.sort_unstable();
     for &m in marks.iter().rev() {
         if let Some((_, n)) = nums.iter().find(|(p, _)| *p >= m) {

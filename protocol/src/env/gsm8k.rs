@@ -78,7 +78,12 @@ impl Gsm8kEnv {
     /// The task for `seed`.
     pub fn task(&self, seed: u64) -> Task {
         let item = &self.items[self.index(seed)];
-        Task { env: EnvId::Gsm8k, id: seed, prompt: item.question.clone(), answer: TaskAnswer::Number(item.answer.clone()) }
+        Task {
+            env: EnvId::Gsm8k,
+            id: seed,
+            prompt: item.question.clone(),
+            answer: TaskAnswer::Number(item.answer.clone()),
+        }
     }
 }
 

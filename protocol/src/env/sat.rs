@@ -138,8 +138,7 @@ mod tests {
                 assert_eq!(v.len(), 3);
             }
         }
-        let negs: usize =
-            (0..50).flat_map(|s| SatEnv.problem(s).clauses).flatten().filter(|&l| l < 0).count();
+        let negs: usize = (0..50).flat_map(|s| SatEnv.problem(s).clauses).flatten().filter(|&l| l < 0).count();
         let all: usize = (0..50).map(|s| SatEnv.problem(s).clauses.len() * 3).sum();
         assert!(negs * 10 > all * 4 && negs * 10 < all * 6);
     }

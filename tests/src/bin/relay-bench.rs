@@ -140,7 +140,8 @@ async fn main() -> Result<()> {
     }
 
     let base_path = assets::smollm2_bf16();
-    let genesis_bytes = std::fs::read(&base_path).with_context(|| format!("{} (run `trainer init-base`)", base_path.display()))?;
+    let genesis_bytes =
+        std::fs::read(&base_path).with_context(|| format!("{} (run `trainer init-base`)", base_path.display()))?;
     let dir = tempfile::tempdir()?;
     let mut cfg = Config::dev(dir.path().join("coordinator"));
     cfg.model = Some(base_path.clone());
@@ -205,7 +206,9 @@ async fn main() -> Result<()> {
         let mut rows = Vec::new();
         for (i, m) in ms.iter_mut().enumerate() {
             let e = m.wait_for(120, |e| matches!(e, RunEvent::Sync(SyncEvent::Staged { id: s, .. }) if *s == id)).await;
-            let RunEvent::Sync(SyncEvent::Staged { bytes, at, by_delta, prepare, load, .. }) = e else { unreachable!() };
+            let RunEvent::Sync(SyncEvent::Staged { bytes, at, by_delta, prepare, load, .. }) = e else {
+                unreachable!()
+            };
             if !by_delta {
                 bail!("miner {i} downloaded the full checkpoint instead of the delta");
             }
@@ -258,13 +261,22 @@ async fn main() -> Result<()> {
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!();
-    println!("miners={miners} window_ms={window_ms} model=SmolLM2-135M BF16 ({} bytes) loadavg={}", genesis_bytes.len(), load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
-    println!("| update | changed elems | bytes per miner | upload+store ms | publish→all staged ms | window opens ms | publish→all generating ms | after window open ms | max pause ms |");
+    println!(
+        "miners={miners} window_ms={window_ms} model=SmolLM2-135M BF16 ({} bytes) loadavg={}",
+        genesis_bytes.len(),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    println!(
+        "| update | changed elems | bytes per miner | upload+store ms | publish→all staged ms | window opens ms | publish→all generating ms | after window open ms | max pause ms |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|");
     for (k, changed, dlen, stored, staged, open, swapped, pause, rows) in &report {
         let bytes = rows.iter().map(|r| r.bytes).max().unwrap_or(0);
         debug_assert!(bytes as usize >= *dlen);
-        println!("| {k} | {changed} | {bytes} | {stored:.0} | {staged:.0} | {open:.0} | {swapped:.0} | {:.0} | {pause:.3} |", swapped - open);
+        println!(
+            "| {k} | {changed} | {bytes} | {stored:.0} | {staged:.0} | {open:.0} | {swapped:.0} | {:.0} | {pause:.3} |",
+            swapped - open
+        );
     }
     let mut pauses: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.pause_ms)).collect();
     let mut swaps: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.swap_ms)).collect();
@@ -275,7 +287,12 @@ async fn main() -> Result<()> {
         "pause per swap (ms, update-major, miner-minor): {}",
         pauses.iter().map(|p| format!("{p:.1}")).collect::<Vec<_>>().join(", ")
     );
-    println!("pause: max {:.1} ms, median {:.1} ms over {} swaps", pauses.iter().copied().fold(0.0, f64::max), median(&mut pauses), pauses.len());
+    println!(
+        "pause: max {:.1} ms, median {:.1} ms over {} swaps",
+        pauses.iter().copied().fold(0.0, f64::max),
+        median(&mut pauses),
+        pauses.len()
+    );
     println!(
         "swap part of the pause (ms): {}; max {:.2} ms, median {:.2} ms",
         swaps.iter().map(|p| format!("{p:.2}")).collect::<Vec<_>>().join(", "),

@@ -82,7 +82,14 @@ struct Accuracy {
     secs: f64,
 }
 
-fn evaluate(model: &Path, env: &Environment, opts: &GenerateOptions, seed: u64, threads: usize, out: &Path) -> Result<Accuracy> {
+fn evaluate(
+    model: &Path,
+    env: &Environment,
+    opts: &GenerateOptions,
+    seed: u64,
+    threads: usize,
+    out: &Path,
+) -> Result<Accuracy> {
     let tokenizer = Tokenizer::from_gguf_file(model).context("building the tokenizer")?;
     let model_id = Checkpoint::open(model).ok().map(|c| c.content_id());
     let mut backend = LlamaCppBackend::load(&LlamaConfig { model: model.to_path_buf(), threads, gpu_layers: 0 })?;
@@ -143,7 +150,10 @@ fn eval(o: &Opts) -> Result<()> {
                 s.spawn(move || evaluate(m, env, gen_opts, seed, threads, &out))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("evaluation thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("evaluation thread panicked"))))
+            .collect()
     });
     for (i, (m, r)) in models.iter().zip(results).enumerate() {
         let a = r.with_context(|| format!("evaluating {}", m.display()))?;
@@ -165,8 +175,13 @@ fn read_csv(path: &Path) -> Result<Vec<(u64, f64)>> {
     let mut rows = Vec::new();
     for (n, line) in text.lines().enumerate().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
-        let (Some(w), Some(r)) = (f.first(), f.get(2)) else { bail!("{}:{}: expected window,rollouts,mean_reward", path.display(), n + 1) };
-        rows.push((w.trim().parse().with_context(|| format!("line {}", n + 1))?, r.trim().parse().with_context(|| format!("line {}", n + 1))?));
+        let (Some(w), Some(r)) = (f.first(), f.get(2)) else {
+            bail!("{}:{}: expected window,rollouts,mean_reward", path.display(), n + 1)
+        };
+        rows.push((
+            w.trim().parse().with_context(|| format!("line {}", n + 1))?,
+            r.trim().parse().with_context(|| format!("line {}", n + 1))?,
+        ));
     }
     if rows.is_empty() {
         bail!("{}: no windows", path.display());
@@ -180,10 +195,12 @@ fn plot(o: &Opts) -> Result<()> {
     let out = PathBuf::from(o.get("out").context("--out FILE.png")?);
     let title = o.get("title").unwrap_or("Mean reward per window").to_owned();
     let font_path = PathBuf::from(o.get("font").unwrap_or(DEFAULT_FONT));
-    let font = std::fs::read(&font_path).with_context(|| format!("reading the font {} (Debian: fonts-dejavu-core)", font_path.display()))?;
+    let font = std::fs::read(&font_path)
+        .with_context(|| format!("reading the font {} (Debian: fonts-dejavu-core)", font_path.display()))?;
     // plotters keeps registered fonts for the life of the process.
     let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("{} is not a usable font", font_path.display()))?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("{} is not a usable font", font_path.display()))?;
 
     let rows = read_csv(&csv)?;
     let first = rows.iter().map(|r| r.0).min().unwrap_or(0);

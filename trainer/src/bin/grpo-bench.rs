@@ -149,9 +149,8 @@ fn run_pytorch(
         let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
         cmd.args(["--ref-logits".as_ref(), ref_logits.as_os_str()]).args(["--prompt", &prompt.join(",")]);
     }
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {} (create it with scripts/bench-venv.sh)", python.display()))?;
+    let out =
+        cmd.output().with_context(|| format!("running {} (create it with scripts/bench-venv.sh)", python.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!("PyTorch bench failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -228,7 +227,9 @@ fn main() -> Result<()> {
     let mut py = BTreeMap::new();
     let (mut py_wall, mut py_cpu) = (Vec::new(), Vec::new());
     let mut loads = Vec::new();
-    let loadavg = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("").to_owned();
+    let loadavg = || {
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("").to_owned()
+    };
     if !args.no_pytorch {
         trainer::hf::export(&base, &args.hf)?;
         let ref_path = args.hf.join("ref_logits.f32");
@@ -277,7 +278,10 @@ fn main() -> Result<()> {
         "batch: {seqs} sequences, {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}, share_prompts={}",
         cfg.micro_batch_tokens, cfg.share_prompts
     );
-    println!("step: lr={:e} loss={:.6} grad_norm={:.4} ratio_mean={:.4} entropy={:.4}", stats.lr, stats.loss, stats.grad_norm, stats.ratio_mean, stats.entropy);
+    println!(
+        "step: lr={:e} loss={:.6} grad_norm={:.4} ratio_mean={:.4} entropy={:.4}",
+        stats.lr, stats.loss, stats.grad_norm, stats.ratio_mean, stats.entropy
+    );
     println!("threads={threads} loadavg={}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
     println!();
     println!("| figure | value |");
@@ -295,8 +299,16 @@ fn main() -> Result<()> {
         let per_round: Vec<f64> = py_wall.iter().zip(&rust_wall).map(|(p, r)| p / r).collect();
         let per_round_cpu: Vec<f64> = py_cpu.iter().zip(&rust_cpu).map(|(p, r)| p / r).collect();
         let list2 = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
-        println!("| PyTorch / Rust per round, wall (goal ≥ 1.0) | median {:.2} ({}) |", median(&per_round), list2(&per_round));
-        println!("| PyTorch / Rust per round, CPU | median {:.2} ({}) |", median(&per_round_cpu), list2(&per_round_cpu));
+        println!(
+            "| PyTorch / Rust per round, wall (goal ≥ 1.0) | median {:.2} ({}) |",
+            median(&per_round),
+            list2(&per_round)
+        );
+        println!(
+            "| PyTorch / Rust per round, CPU | median {:.2} ({}) |",
+            median(&per_round_cpu),
+            list2(&per_round_cpu)
+        );
         println!("| PyTorch / Rust, medians, wall | {:.2} |", p / rust_step);
         println!("| PyTorch / Rust, medians, CPU | {:.2} |", pc / rust_cpu_m);
     }

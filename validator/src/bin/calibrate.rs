@@ -128,7 +128,15 @@ fn main() -> Result<()> {
     let a = &run.args;
     println!(
         "calibration: {} × {} rollouts, ≤ {} new tokens, T = {}, seed {}, {} threads; constants: {:?}, sample_eps {}, logprob_is_eps {}",
-        a.tasks, a.group, a.max_new_tokens, a.temperature, a.seed, threads, run.params.sketch, run.params.sample_eps, run.params.logprob_is_eps
+        a.tasks,
+        a.group,
+        a.max_new_tokens,
+        a.temperature,
+        a.seed,
+        threads,
+        run.params.sketch,
+        run.params.sample_eps,
+        run.params.logprob_is_eps
     );
 
     let ckpt = Checkpoint::open(&a.model)?;
@@ -372,7 +380,10 @@ impl Run {
                     if self.args.challenge_all {
                         (0..r.tokens.len()).collect()
                     } else {
-                        verify::challenged(r, &secrets.challenge, p).into_iter().filter(|&q| q < r.tokens.len()).collect()
+                        verify::challenged(r, &secrets.challenge, p)
+                            .into_iter()
+                            .filter(|&q| q < r.tokens.len())
+                            .collect()
                     }
                 })
                 .collect();
@@ -382,7 +393,10 @@ impl Run {
                 let a = assignment(r, &batch[i].tokens[..batch[i].prompt_len], groups, self, &eos, vocab, miner);
                 let s = verify::check_structure(r, &a, p);
                 if s.failed() {
-                    out.push(Figures { verdict: Verdict { checks: vec![s], sampling_counts: Default::default() }, ..Default::default() });
+                    out.push(Figures {
+                        verdict: Verdict { checks: vec![s], sampling_counts: Default::default() },
+                        ..Default::default()
+                    });
                 } else {
                     runnable.push(i);
                 }
@@ -607,7 +621,10 @@ fn report_honest(title: &str, figs: &[Figures], p: &VerifyParams) {
     println!("### {title}");
     println!("| figure | max | p99 | median |");
     println!("|---|---|---|---|");
-    println!("| sketch distance ÷ tolerance ({} challenged positions) | {rmax:.4} | {r99:.4} | {rmed:.4} |", ratio.len());
+    println!(
+        "| sketch distance ÷ tolerance ({} challenged positions) | {rmax:.4} | {r99:.4} | {rmed:.4} |",
+        ratio.len()
+    );
     println!("| sketch distance (sketch units) | {dmax:.0} | {d99:.0} | {dmed:.0} |");
     println!("| abs Δ logprob ({positions} completion positions) | {lmax:.2e} | {l99:.2e} | {lmed:.2e} |");
     println!(
@@ -664,7 +681,9 @@ fn report_cheater(name: &str, figs: &[Figures]) {
     let get = |k| fails.get(&k).copied().unwrap_or(0);
     let other: usize = fails
         .iter()
-        .filter(|(k, _)| !matches!(k, CheckKind::Sketch | CheckKind::Logprob | CheckKind::Sampling | CheckKind::Termination))
+        .filter(|(k, _)| {
+            !matches!(k, CheckKind::Sketch | CheckKind::Logprob | CheckKind::Sampling | CheckKind::Termination)
+        })
         .map(|(_, v)| v)
         .sum();
     let ratio: Vec<f64> = figs.iter().flat_map(|f| f.sketch_ratio.iter().copied()).collect();
@@ -689,7 +708,8 @@ fn report_cheater(name: &str, figs: &[Figures]) {
 /// schedule) with the reference: relative L2 of the hidden state and the
 /// largest logit difference.
 fn diagnose(run: &Run, model: &ReferenceModel, rec: &RolloutRecord) -> Result<()> {
-    let backend = LlamaCppBackend::load(&LlamaConfig { model: run.args.model.clone(), threads: run.threads, gpu_layers: 0 })?;
+    let backend =
+        LlamaCppBackend::load(&LlamaConfig { model: run.args.model.clone(), threads: run.threads, gpu_layers: 0 })?;
     let mut rows = Vec::new();
     backend.forward_each(&rec.tokens, |_, h, l| {
         rows.push((h.to_vec(), l.to_vec()));

@@ -230,6 +230,21 @@ impl CheckKind {
             _ => Severity::Hard,
         }
     }
+
+    /// The check's name in reports, metrics and verdict reasons.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckKind::Structure => "structure",
+            CheckKind::Prompt => "prompt",
+            CheckKind::Reward => "reward",
+            CheckKind::Sketch => "sketch",
+            CheckKind::Logprob => "logprob",
+            CheckKind::Sampling => "sampling",
+            CheckKind::SamplingCoverage => "sampling_coverage",
+            CheckKind::Distribution => "distribution",
+            CheckKind::Termination => "termination",
+        }
+    }
 }
 
 /// A failed check, with the figures.

@@ -259,6 +259,7 @@ fn block_weights(block: &[f32], m: f32, inv_t: f32, out: &mut [f32; BLOCK]) -> f
 /// polynomial for `exp(r)` (relative error < 3e-7), `2^n` from the exponent
 /// bits. Below −87 (where `exp` leaves f32's normal range) it is 0.
 #[inline(always)]
+#[allow(clippy::excessive_precision)] // Cephes' coefficients as published
 fn exp_nonpositive(x: f32) -> f32 {
     const SHIFTER: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
     let in_range = x >= -87.0;
@@ -352,6 +353,12 @@ pub struct TokenStats {
     pub cdf_lo: f64,
     /// CDF interval end at the sampling temperature.
     pub cdf_hi: f64,
+    /// Start of the interval of the previous token of positive weight (in
+    /// id order; `cdf_lo` if none): the token just below the `cdf_lo` edge.
+    pub prev_lo: f64,
+    /// End of the interval of the next token of positive weight (`cdf_hi`
+    /// if none): the token just above the `cdf_hi` edge.
+    pub next_hi: f64,
 }
 
 /// [`TokenStats`] of `token` under `logits` at `temperature` in two passes.
@@ -365,21 +372,29 @@ pub fn token_stats(logits: &[f32], temperature: f32, token: usize) -> Option<Tok
     let t = if greedy { 1.0 } else { f64::from(temperature) };
     let same = t == 1.0;
     let (mut before, mut z_t, mut z_1) = (0.0f64, 0.0f64, 0.0f64);
+    let (mut prev_start, mut next_end) = (None, None);
     for (i, &l) in logits.iter().enumerate() {
         if i == token {
             before = z_t;
         }
         let w = weight(mode, l, t);
+        if i < token && w > 0.0 {
+            prev_start = Some(z_t);
+        }
         z_t += w;
+        if i > token && w > 0.0 && next_end.is_none() {
+            next_end = Some(z_t);
+        }
         z_1 += if same { w } else { weight(mode, l, 1.0) };
     }
     let w_tok = weight(mode, logits[token], t);
     let lp = log_prob(logits, mode, token, z_1);
-    let (lo, hi, p_t) = if greedy {
+    let (lo, hi, p_t, prev_lo, next_hi) = if greedy {
         let (lo, hi) = greedy_interval(arg, token);
-        (lo, hi, if token == arg { 1.0 } else { 0.0 })
+        (lo, hi, if token == arg { 1.0 } else { 0.0 }, lo, hi)
     } else {
-        (before / z_t, (before + w_tok) / z_t, w_tok / z_t)
+        let (lo, hi) = (before / z_t, (before + w_tok) / z_t);
+        (lo, hi, w_tok / z_t, prev_start.map_or(lo, |s| s / z_t), next_end.map_or(hi, |e| e / z_t))
     };
     Some(TokenStats {
         logprob_t1: lp as f32,
@@ -387,6 +402,8 @@ pub fn token_stats(logits: &[f32], temperature: f32, token: usize) -> Option<Tok
         prob_sampling: p_t as f32,
         cdf_lo: lo,
         cdf_hi: hi,
+        prev_lo,
+        next_hi,
     })
 }
 
@@ -406,6 +423,32 @@ pub enum SampleCheck {
         /// Interval end.
         hi: f64,
     },
+}
+
+/// Classifies the draw `u` at a position whose claimed token has `stats`
+/// (the validator's [`TokenStats`]) with margin `eps`, admitting at most the
+/// two tokens that border the CDF edge nearest the draw:
+///
+/// - `lo ≤ u < hi` (the claimed token is the one the validator's own
+///   logits draw): inside, or ambiguous if `u` is within `eps` of an edge;
+/// - `u` in the next token's interval and `u − hi ≤ eps`, or in the
+///   previous token's interval and `lo − u ≤ eps` (the claimed token is
+///   the neighbour across the edge the draw sits next to; numeric drift
+///   between two implementations can move that one edge past `u`):
+///   ambiguous;
+/// - anything else is outside, in particular every other token whose
+///   interval merely lies within `eps` of `u` (a run of low-probability
+///   tokens between two likely ones: drift moves their edges together, it
+///   does not reorder them).
+pub fn check_draw(u: f64, stats: &TokenStats, eps: f64) -> SampleCheck {
+    let (lo, hi) = (stats.cdf_lo, stats.cdf_hi);
+    if lo <= u && u < hi {
+        if u - lo <= eps || hi - u <= eps { SampleCheck::Ambiguous } else { SampleCheck::Inside }
+    } else if (hi <= u && u < stats.next_hi && u - hi <= eps) || (stats.prev_lo <= u && u < lo && lo - u <= eps) {
+        SampleCheck::Ambiguous
+    } else {
+        SampleCheck::Outside { u, lo, hi }
+    }
 }
 
 /// Classifies draw `u` against `[lo, hi)` with margin `eps`:
@@ -579,6 +622,54 @@ mod tests {
         }
         assert_eq!(sample_with_logprob(&logits, 1.0, 0.0).token, 1);
         assert_eq!(sample_with_logprob(&logits, 1.0, 1.0).token, 3);
+    }
+
+    #[test]
+    fn check_draw_admits_only_the_neighbours_of_the_nearest_edge() {
+        // Probabilities at T=1 of ln([1,2,3,4]) are 0.1, 0.2, 0.3, 0.4.
+        let logits: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0].iter().map(|x| x.ln()).collect();
+        let s = token_stats(&logits, 1.0, 2).unwrap();
+        assert!((s.prev_lo - 0.1).abs() < 1e-6 && (s.next_hi - 1.0).abs() < 1e-12, "{s:?}");
+        let first = token_stats(&logits, 1.0, 0).unwrap();
+        assert_eq!(first.prev_lo, first.cdf_lo, "no token below the first");
+        let eps = 0.01;
+        assert_eq!(check_draw(0.45, &s, eps), SampleCheck::Inside);
+        assert_eq!(check_draw(0.305, &s, eps), SampleCheck::Ambiguous, "own interval, near its edge");
+        assert_eq!(check_draw(0.295, &s, eps), SampleCheck::Ambiguous, "the previous token's, across the edge");
+        assert_eq!(check_draw(0.605, &s, eps), SampleCheck::Ambiguous, "the next token's, across the edge");
+        assert!(matches!(check_draw(0.28, &s, eps), SampleCheck::Outside { .. }));
+        assert!(matches!(check_draw(0.62, &s, eps), SampleCheck::Outside { .. }));
+
+        // A run of unlikely tokens between two likely ones: every one of them
+        // lies within ε of a draw next to the run, but only the two bordering
+        // the draw's edge are admitted.
+        let mut logits = vec![-12.0f32; 12];
+        logits[0] = 5.0;
+        logits[11] = 5.0;
+        let u = {
+            let t = token_stats(&logits, 1.0, 0).unwrap();
+            t.cdf_hi - 1e-5 // inside token 0, next to its upper edge
+        };
+        let eps = 3e-4;
+        let stats = |t: usize| token_stats(&logits, 1.0, t).unwrap();
+        assert!(stats(10).cdf_hi - u < eps, "the whole run lies within ε of the draw");
+        assert_eq!(check_draw(u, &stats(0), eps), SampleCheck::Ambiguous);
+        assert_eq!(check_draw(u, &stats(1), eps), SampleCheck::Ambiguous);
+        for t in 2..12 {
+            assert!(matches!(check_draw(u, &stats(t), eps), SampleCheck::Outside { .. }), "token {t}");
+            // the edge-distance rule alone admits the whole run
+            assert_eq!(check_sample(u, stats(t).cdf_lo, stats(t).cdf_hi, eps), SampleCheck::Ambiguous, "token {t}");
+        }
+        // Zero-weight tokens are skipped when looking for the neighbour.
+        let logits = [1.0f32, f32::NEG_INFINITY, 1.0];
+        let s = token_stats(&logits, 1.0, 0).unwrap();
+        assert!((s.next_hi - 1.0).abs() < 1e-12, "{s:?}");
+        assert_eq!(check_draw(0.505, &s, 0.01), SampleCheck::Ambiguous);
+        // NaN is outside; greedy admits only the argmax.
+        assert!(matches!(check_draw(f64::NAN, &s, 0.01), SampleCheck::Outside { .. }));
+        let g = token_stats(&[1.0, 5.0, 2.0], 0.0, 0).unwrap();
+        assert!(matches!(check_draw(0.001, &g, 0.01), SampleCheck::Outside { .. }));
+        assert_eq!(check_draw(0.5, &token_stats(&[1.0, 5.0, 2.0], 0.0, 1).unwrap(), 0.01), SampleCheck::Inside);
     }
 
     #[test]

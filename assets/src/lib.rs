@@ -1,9 +1,13 @@
-//! Where the project's model files live on this machine.
+//! Where the project's model files live on this machine: machine layout,
+//! not a protocol rule, so it lives outside `protocol/` (binaries, tests and
+//! benches use it; no role's rules depend on it).
 //!
 //! `scripts/setup.sh` fills a cache folder (default `~/.cache/tributary`) and
 //! links it as `.cache` in the repository; `.cargo/config.toml` exports its
 //! path as `TRIBUTARY_HOME` to every cargo command, so tests and binaries find
 //! the models without anything exported by hand.
+
+#![deny(missing_docs)]
 
 use std::path::PathBuf;
 

@@ -20,20 +20,11 @@ use crate::relay::Relay;
 use crate::server::{self, Limits, Server, Shared};
 use crate::store::Store;
 
-/// Seed of the tiny model every `--dev` role generates, so all agree on its content id.
-pub const DEV_TINY_SEED: u64 = 0;
-
-pub use tributary_protocol::wire::DEV_KEY_CONTEXT;
-
-/// The well-known key of a role in a `--dev` network ([`Role::dev_key`]).
-pub fn dev_key(role: Role) -> Keypair {
-    role.dev_key()
-}
-
-/// The `--dev` tiny model's bytes (deterministic: every `--dev` role builds the same file).
+/// The `--dev` tiny model's bytes (deterministic: every `--dev` role builds the
+/// same file, [`tributary_protocol::dev`]), from the SmolLM2 file in the cache.
 pub fn dev_tiny_bytes() -> anyhow::Result<Vec<u8>> {
-    let src = Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1())?;
-    Ok(tributary_protocol::tiny::tiny_checkpoint_bytes(DEV_TINY_SEED, &src)?)
+    let src = Checkpoint::open(&tributary_assets::smollm2_q4_1())?;
+    Ok(tributary_protocol::dev::genesis_bytes(&src)?)
 }
 
 /// The coordinator's configuration file (TOML). Every field has a default.
@@ -127,11 +118,11 @@ impl Default for Config {
 
 impl Config {
     /// The `--dev` configuration: loopback, 20-second windows, small groups,
-    /// the [`dev_key`] trainer and validator authorised.
+    /// the [`tributary_protocol::dev::key`] trainer and validator authorised.
     pub fn dev(data_dir: PathBuf) -> Self {
         Self {
-            trainer: Some(dev_key(Role::Trainer).public().to_string()),
-            validators: vec![dev_key(Role::Validator).public().to_string()],
+            trainer: Some(tributary_protocol::dev::key(Role::Trainer).public().to_string()),
+            validators: vec![tributary_protocol::dev::key(Role::Validator).public().to_string()],
             listen: ([127, 0, 0, 1], 0).into(),
             http: ([127, 0, 0, 1], 0).into(),
             data_dir,

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
-use tributary_protocol::checkpoint::{ContentId, content_id_of};
+use tributary_protocol::checkpoint::{CheckpointError, ContentId, content_id_of};
 use tributary_protocol::delta::{self, DeltaError};
 use tributary_protocol::gguf;
 use tributary_protocol::identity::PublicKey;
@@ -134,12 +134,10 @@ pub fn hash_file(path: &Path) -> Result<(u64, [u8; 32]), RelayError> {
 
 /// Content id of a GGUF file (memory-mapped, not read into memory).
 pub fn file_content_id(path: &Path) -> Result<ContentId, RelayError> {
-    let f = File::open(path).map_err(io(path))?;
-    // SAFETY: relay files are written once to a temporary name and renamed;
-    // nothing writes them in place while they are mapped.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io(path))?;
-    let header = gguf::parse_header(&map).map_err(|e| RelayError::BadPayload(format!("not a GGUF file: {e}")))?;
-    Ok(content_id_of(&header, &map))
+    tributary_protocol::checkpoint::file_content_id(path).map_err(|e| match e {
+        CheckpointError::Io { source, .. } => io(path)(source),
+        other => RelayError::BadPayload(format!("not a GGUF file: {other}")),
+    })
 }
 
 impl Relay {

@@ -60,12 +60,12 @@ fn error_code(r: Result<Frame, NetError>) -> ErrorCode {
 async fn only_the_trainer_key_reports_training() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(dir.path(), 600_000).await;
-    let trainer = node::dev_key(Role::Trainer);
+    let trainer = tributary_protocol::dev::key(Role::Trainer);
     let mut t = within(Session::connect(node.quic, &node.fingerprint, &trainer, Role::Trainer)).await.unwrap();
     let stored = || node.shared.store.trainer_stats(0, u64::MAX).unwrap();
 
     // Another key (a miner's, the validator's) signing its own report, on the trainer's connection: refused.
-    for other in [Keypair::from_seed([9; 32]), node::dev_key(Role::Validator)] {
+    for other in [Keypair::from_seed([9; 32]), tributary_protocol::dev::key(Role::Validator)] {
         let forged = TrainerStats::sign(body(3, &other), &other);
         forged.verify().unwrap();
         let ans = within(t.request(&Frame::PostTrainerStats(forged))).await;
@@ -107,7 +107,7 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let window_ms = 1_500;
     let node = start(dir.path(), window_ms).await;
-    let validator = node::dev_key(Role::Validator);
+    let validator = tributary_protocol::dev::key(Role::Validator);
     let mut v = within(Session::connect(node.quic, &node.fingerprint, &validator, Role::Validator)).await.unwrap();
     let coordinator = v.coordinator;
     assert_eq!(coordinator, node.shared.key.public());

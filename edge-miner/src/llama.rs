@@ -60,16 +60,14 @@ pub const PREFILL_CHUNK: usize = 256;
 
 static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
 
-/// The process-wide llama.cpp backend (initialised once, logs silenced unless
-/// `TRIBUTARY_LLAMA_LOG` is set).
+/// The process-wide llama.cpp backend (initialised once). llama.cpp's own log
+/// goes into `tracing` (target `llama-cpp-2`), so `RUST_LOG` decides what of
+/// it is shown.
 pub fn llama_backend() -> Result<&'static LlamaBackend, BackendError> {
     BACKEND
         .get_or_init(|| {
-            let mut b = LlamaBackend::init().map_err(|e| e.to_string())?;
-            if std::env::var_os("TRIBUTARY_LLAMA_LOG").is_none() {
-                b.void_logs();
-            }
-            Ok(b)
+            llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+            LlamaBackend::init().map_err(|e| e.to_string())
         })
         .as_ref()
         .map_err(|e| BackendError::Init(e.clone()))

@@ -13,7 +13,7 @@ use edge_miner::offline::{self, GenerateOptions, OfflineWindow};
 use edge_miner::quantize::{FileType, quantize};
 use indicatif::{ProgressBar, ProgressStyle};
 use tributary_protocol::checkpoint::Checkpoint;
-use tributary_protocol::env::{ArithEnv, EnvId, Environment, Gsm8kEnv, SatEnv};
+use tributary_protocol::env::{EnvId, EnvSpec, Environment};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::sketch::SketchParams;
 use tributary_protocol::tokenizer::Tokenizer;
@@ -324,14 +324,7 @@ fn run(args: RunArgs) -> Result<()> {
     cfg.progress = true;
     cfg.model = match conf.model {
         Some(m) => Some(m),
-        None if args.dev => {
-            let p = data.join(format!("dev-tiny-{}.gguf", mine::DEV_TINY_SEED));
-            if !p.exists() {
-                let src = Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1())?;
-                tributary_protocol::tiny::write_tiny(mine::DEV_TINY_SEED, &src, &p)?;
-            }
-            Some(p)
-        }
+        None if args.dev => Some(tributary_protocol::dev::ensure_genesis(&data, &tributary_assets::smollm2_q4_1())?),
         None => None,
     };
     let rt = tokio::runtime::Runtime::new()?;
@@ -348,14 +341,8 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 fn environment(args: &GenerateArgs) -> Result<Environment> {
-    Ok(match args.env {
-        EnvId::Arith => Environment::Arith(ArithEnv::new(args.difficulty)),
-        EnvId::Sat => Environment::Sat(SatEnv),
-        EnvId::Gsm8k => {
-            let Some(data) = &args.data else { bail!("--env gsm8k needs --data FILE.jsonl") };
-            Environment::Gsm8k(Gsm8kEnv::load(data).with_context(|| format!("loading {}", data.display()))?)
-        }
-    })
+    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None };
+    Ok(Environment::build(&spec, args.data.as_deref())?)
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
@@ -413,7 +400,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
     match Cli::parse().command {
         Command::Init { data } => {
             let k = init(&data)?;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::{ArithEnv, EnvId, Environment, Gsm8kEnv, SatEnv, task_seed};
+use tributary_protocol::env::{EnvSpec, Environment, completion_reward, task_seed};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
@@ -36,10 +36,6 @@ use crate::backend::{BackendError, DrawKey, GeneratedSeq, GroupRequest};
 use crate::llama::{LlamaConfig, LlamaCppBackend};
 use crate::sync::{self, LoadedBackend, Loader, Models, Retired, SyncConfig, SyncError, SyncEvent};
 use crate::uplink::{Uplink, UplinkConfig, UplinkError};
-
-/// Seed of the `--dev` tiny model; equal to `coordinator::node::DEV_TINY_SEED`
-/// (a test checks it), so every `--dev` role agrees on the genesis id.
-pub const DEV_TINY_SEED: u64 = 0;
 
 /// A hook over each group's rollouts before they are signed: the seam for
 /// adversarial miners (`--attack`, feature `adversary`). Honest miners have none.
@@ -214,7 +210,9 @@ struct Generator {
     current: Option<(ContentId, LoadedBackend)>,
     tokenizer: Option<Tokenizer>,
     key: Keypair,
-    gsm8k: Option<(PathBuf, Option<Gsm8kEnv>)>,
+    gsm8k: Option<PathBuf>,
+    /// The last environment built, and the settings it was built from.
+    env: Option<(EnvSpec, Environment)>,
     tamper: Option<Box<dyn Tamper>>,
     events: Option<mpsc::UnboundedSender<RunEvent>>,
     /// Duration of the last group generated.
@@ -270,29 +268,18 @@ impl Generator {
         Ok(false)
     }
 
+    /// The window's environment ([`Environment::for_window`]), built once per
+    /// distinct setting (a GSM8K file is read and hashed once, not per job).
     fn environment(&mut self, info: &WindowInfo) -> Result<Environment, RunError> {
-        Ok(match info.env {
-            EnvId::Arith => Environment::Arith(ArithEnv::new(info.difficulty)),
-            EnvId::Sat => Environment::Sat(SatEnv),
-            EnvId::Gsm8k => {
-                let Some((path, loaded)) = &mut self.gsm8k else {
-                    return Err(RunError::Config("the window's environment is gsm8k: give --gsm8k FILE".into()));
-                };
-                if loaded.is_none() {
-                    let bytes =
-                        std::fs::read(&*path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?;
-                    if info.dataset.is_some_and(|d| &d != blake3::hash(&bytes).as_bytes()) {
-                        return Err(RunError::Config(format!(
-                            "{} is not the dataset the coordinator names",
-                            path.display()
-                        )));
-                    }
-                    *loaded =
-                        Some(Gsm8kEnv::load(path).map_err(|e| RunError::Config(format!("{}: {e}", path.display())))?);
-                }
-                Environment::Gsm8k(loaded.clone().ok_or_else(|| RunError::Config("gsm8k".into()))?)
+        let spec = info.env_spec();
+        if let Some((have, env)) = &self.env {
+            if *have == spec {
+                return Ok(env.clone());
             }
-        })
+        }
+        let env = Environment::for_window(info, self.gsm8k.as_deref()).map_err(|e| RunError::Config(e.to_string()))?;
+        self.env = Some((spec, env.clone()));
+        Ok(env)
     }
 
     fn run_job(&mut self, job: &Job) -> GenOut {
@@ -373,9 +360,8 @@ impl Generator {
         }
         let mut out = Vec::with_capacity(seqs.len());
         for (i, GeneratedSeq { completion, logprobs, sketches }) in seqs.into_iter().enumerate() {
-            let ended = completion.last().is_some_and(|&t| tok.is_eog(t));
-            let text_ids = if ended { &completion[..completion.len() - 1] } else { &completion[..] };
-            let text = tok.decode(text_ids).map_err(|e| RunError::Generate(e.to_string()))?;
+            let reward =
+                completion_reward(tok, env, &task, &completion).map_err(|e| RunError::Generate(e.to_string()))?;
             let mut tokens = prompt.clone();
             tokens.extend_from_slice(&completion);
             out.push(Rollout {
@@ -390,7 +376,7 @@ impl Generator {
                 prompt_len: prompt.len() as u32,
                 logprobs,
                 sketches,
-                reward: env.reward(&task, &text),
+                reward,
                 miner,
                 signature: [0; 64],
             });
@@ -456,7 +442,8 @@ pub async fn run(
         current: None,
         tokenizer: None,
         key: cfg.key.clone(),
-        gsm8k: cfg.gsm8k.clone().map(|p| (p, None)),
+        gsm8k: cfg.gsm8k.clone(),
+        env: None,
         tamper: cfg.tamper,
         events: events.clone(),
         last_group: None,

@@ -29,9 +29,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tributary_protocol::checkpoint::{ContentId, content_id_of};
+use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::delta::{self, DeltaError, DeltaLimits};
-use tributary_protocol::gguf;
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{CheckpointPath, Frame, GetCheckpoint, GetCheckpointPath, GetDelta, PathStep};
 
@@ -87,12 +86,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SyncError + '_ {
 
 /// Content id of a GGUF file (memory-mapped), or `None` if it is not one.
 pub fn file_content_id(path: &Path) -> Option<ContentId> {
-    let f = std::fs::File::open(path).ok()?;
-    // SAFETY: slot files are only written by this module while no backend
-    // maps them, and this map lives only for the hash.
-    let map = unsafe { memmap2::Mmap::map(&f) }.ok()?;
-    let header = gguf::parse_header(&map).ok()?;
-    Some(content_id_of(&header, &map))
+    tributary_protocol::checkpoint::file_content_id(path).ok()
 }
 
 /// A model staged for the next swap.

@@ -5,7 +5,7 @@
 
 use edge_miner::backend::{Backend, DrawKey, GeneratedSeq, GroupRequest};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::chat::chatml_prompt;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};

@@ -4,7 +4,7 @@
 use edge_miner::backend::Backend;
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
 use edge_miner::offline::{self, GenerateOptions, OfflineWindow, RolloutRecord};
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::env::{ArithEnv, Environment, SatEnv};
 use tributary_protocol::sampling;
@@ -32,7 +32,7 @@ fn tiny_fixture() -> Fixture {
 fn run(f: &mut Fixture, env: &Environment, seed: u64, opts: &GenerateOptions) -> Vec<RolloutRecord> {
     let mut out = Vec::new();
     let window = OfflineWindow::from_seed(seed);
-    let job = offline::Job { tokenizer: &f.tokenizer, env, model: None, window: &window, opts };
+    let job = offline::Job { tokenizer: &f.tokenizer, env, model: None, data: None, window: &window, opts };
     let summary = offline::generate(
         &mut f.backend,
         &job,

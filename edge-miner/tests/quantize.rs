@@ -4,7 +4,7 @@
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
 use edge_miner::quantize::{FileType, quantize};
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::chat::chatml_prompt;
 use tributary_protocol::gguf::parse_header;
 use tributary_protocol::prf::Seed;

@@ -5,11 +5,11 @@
 use std::path::PathBuf;
 
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::tokenizer::Tokenizer;
 
 fn gsm8k_test_file() -> PathBuf {
-    tributary_protocol::assets::gsm8k_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+    tributary_assets::gsm8k_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
         .expect("shared/data/gsm8k beside the repository (or TRIBUTARY_GSM8K_DIR)")
         .join("test.jsonl")
 }

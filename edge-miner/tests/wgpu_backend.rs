@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::offline::{self, GenerateOptions, Job, OfflineWindow, RolloutRecord};
 use edge_miner::wgpu::{WgpuBackend, WgpuConfig, list_adapters};
+use tributary_assets as assets;
 use tributary_policy::ReferenceModel;
-use tributary_protocol::assets;
 use tributary_protocol::checkpoint::{Checkpoint, ModelConfig};
 use tributary_protocol::env::{ArithEnv, Environment};
 use tributary_protocol::sketch::{self, SketchKey, SketchParams};
@@ -301,7 +301,7 @@ fn rollouts_pass_the_reference_validator() {
         sketch_params: SketchParams::DEFAULT,
     };
     let model_id = Checkpoint::open(&path).unwrap().content_id();
-    let job = Job { tokenizer: &tokenizer, env: &env, model: Some(model_id), window: &window, opts: &opts };
+    let job = Job { tokenizer: &tokenizer, env: &env, model: Some(model_id), data: None, window: &window, opts: &opts };
     let out = dir.path().join("rollouts.jsonl");
     let mut recs: Vec<RolloutRecord> = Vec::new();
     {

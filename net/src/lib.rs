@@ -8,6 +8,9 @@
 //! one string, the *pin spec*: 64 hex digits, or the PEM text of the CA
 //! ([`read_ca`] reads a CA file into it).
 
+pub mod logging;
+pub use logging::{init_tracing, now_ms};
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -398,7 +401,7 @@ impl quinn::ConnectionIdGenerator for RandomCid {
 /// packets of its predecessor's connections with stateless resets the
 /// clients accept, so they learn at once that the connection is gone.
 pub fn endpoint_config(secret: &[u8]) -> quinn::EndpointConfig {
-    let key = ResetKey(blake3::derive_key("tributary 2025 quic stateless reset v1", secret));
+    let key = ResetKey(blake3::derive_key(tributary_protocol::domain::context::QUIC_STATELESS_RESET, secret));
     let mut cfg = quinn::EndpointConfig::new(Arc::new(key));
     cfg.cid_generator(|| Box::new(RandomCid));
     cfg

@@ -4,8 +4,9 @@
 //! the speed goal (verify ÷ generate ≤ 0.5).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use tributary_assets as assets;
 use tributary_policy::{EvidenceRequest, ReferenceModel};
-use tributary_protocol::{assets, tokenizer::Tokenizer};
+use tributary_protocol::tokenizer::Tokenizer;
 
 const GROUP: usize = 8;
 

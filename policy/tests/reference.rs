@@ -6,10 +6,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
+use tributary_assets as assets;
 use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel, pad_batch};
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::gguf::GgmlType;
-use tributary_protocol::{assets, sampling, tiny, tokenizer::Tokenizer};
+use tributary_protocol::{sampling, tiny, tokenizer::Tokenizer};
 
 struct Smol {
     model: ReferenceModel,

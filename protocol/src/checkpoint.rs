@@ -15,7 +15,7 @@ use crate::quant::{self, QuantError};
 /// `general.file_type` value for "mostly BF16" (`LLAMA_FTYPE_MOSTLY_BF16`).
 pub const FILE_TYPE_MOSTLY_BF16: u32 = 32;
 /// Domain string that starts the content-id serialisation.
-pub const CONTENT_ID_DOMAIN: &[u8] = b"tributary/checkpoint/v1";
+pub const CONTENT_ID_DOMAIN: &[u8] = crate::domain::context::CONTENT_ID.as_bytes();
 
 /// Errors from opening, reading or writing checkpoints.
 #[derive(Debug, thiserror::Error)]
@@ -237,6 +237,18 @@ impl FromStr for ContentId {
 /// Whether a metadata key takes part in the [`ContentId`].
 pub fn key_in_content_id(key: &str) -> bool {
     key == "general.architecture" || key.starts_with("llama.") || key.starts_with("tokenizer.")
+}
+
+/// Content id of a GGUF file, memory-mapped rather than read into memory
+/// (any well-formed GGUF; the model's configuration is not checked).
+pub fn file_content_id(path: &Path) -> Result<ContentId, CheckpointError> {
+    let f = std::fs::File::open(path).map_err(|e| CheckpointError::io(path, e))?;
+    // SAFETY: the project never writes checkpoint files in place (writers
+    // create a temporary file and rename it), and this map lives only for
+    // the hash.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| CheckpointError::io(path, e))?;
+    let header = gguf::parse_header(&map)?;
+    Ok(content_id_of(&header, &map))
 }
 
 /// Compute the [`ContentId`] of a parsed GGUF held in `bytes` (see

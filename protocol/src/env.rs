@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::chat::chatml_prompt;
 use crate::prf::{Seed, labels, prf_u64};
+use crate::tokenizer::{Tokenizer, TokenizerError};
 
 mod answer;
 mod arith;
@@ -89,6 +90,19 @@ pub enum EnvError {
     /// The data file holds no items.
     #[error("dataset is empty")]
     Empty,
+    /// The environment draws from a data file and none was given.
+    #[error("the {0} environment needs its data file (--gsm8k / --data FILE.jsonl)")]
+    MissingData(EnvId),
+    /// The data file given is not the one the window names (blake3 differs).
+    #[error("{path} is not the dataset the window names (blake3 {found}, expected {expected})")]
+    WrongData {
+        /// The file given.
+        path: String,
+        /// Its blake3, hex.
+        found: String,
+        /// The blake3 the window names, hex.
+        expected: String,
+    },
 }
 
 impl FromStr for EnvId {
@@ -185,7 +199,52 @@ pub enum Environment {
     Gsm8k(Gsm8kEnv),
 }
 
+/// What picks an environment: the settings a window announces
+/// ([`crate::wire::WindowInfo`]) and an offline record carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EnvSpec {
+    /// Which environment.
+    pub env: EnvId,
+    /// Difficulty of the procedural environments (arith).
+    pub difficulty: u32,
+    /// blake3 of the data file the environment draws from (gsm8k), when it is pinned.
+    pub dataset: Option<[u8; 32]>,
+}
+
 impl Environment {
+    /// The one way every role builds an environment: from the settings a
+    /// window (or an offline record) names, plus the local data file for an
+    /// environment that draws from one. When `spec.dataset` is set, the file's
+    /// blake3 must be that hash, so miner and validator score the same problems.
+    pub fn build(spec: &EnvSpec, data: Option<&std::path::Path>) -> Result<Self, EnvError> {
+        Ok(match spec.env {
+            EnvId::Arith => Environment::Arith(ArithEnv::new(spec.difficulty)),
+            EnvId::Sat => Environment::Sat(SatEnv),
+            EnvId::Gsm8k => {
+                let path = data.ok_or(EnvError::MissingData(EnvId::Gsm8k))?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| EnvError::Io { path: path.display().to_string(), source })?;
+                if let Some(expected) = spec.dataset {
+                    let found = blake3::hash(text.as_bytes());
+                    if found.as_bytes() != &expected {
+                        return Err(EnvError::WrongData {
+                            path: path.display().to_string(),
+                            found: found.to_hex().to_string(),
+                            expected: hex::encode(expected),
+                        });
+                    }
+                }
+                Environment::Gsm8k(Gsm8kEnv::from_jsonl(&text)?)
+            }
+        })
+    }
+
+    /// The environment of a window: [`Environment::build`] with the settings
+    /// the window announces.
+    pub fn for_window(info: &crate::wire::WindowInfo, data: Option<&std::path::Path>) -> Result<Self, EnvError> {
+        Self::build(&info.env_spec(), data)
+    }
+
     /// Which environment this is.
     pub fn id(&self) -> EnvId {
         match self {
@@ -221,6 +280,28 @@ impl Environment {
     pub fn reward(&self, task: &Task, completion: &str) -> f32 {
         task.answer.reward(completion)
     }
+}
+
+/// The completion's text ids: the completion without its final
+/// end-of-generation token (the text a reward is computed on).
+pub fn completion_text_ids<'a>(tokenizer: &Tokenizer, completion: &'a [u32]) -> &'a [u32] {
+    match completion.split_last() {
+        Some((&last, rest)) if tokenizer.is_eog(last) => rest,
+        _ => completion,
+    }
+}
+
+/// The reward of a completion, as miner, validator and trainer all compute
+/// it: [`completion_text_ids`] decoded, then [`Environment::reward`]. `Err`
+/// when an id is outside the vocabulary.
+pub fn completion_reward(
+    tokenizer: &Tokenizer,
+    env: &Environment,
+    task: &Task,
+    completion: &[u32],
+) -> Result<f32, TokenizerError> {
+    let text = tokenizer.decode(completion_text_ids(tokenizer, completion))?;
+    Ok(env.reward(task, &text))
 }
 
 #[cfg(test)]

@@ -13,20 +13,7 @@ use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 /// Signature domains, one per kind of signed message. Never reuse one.
-pub mod domain {
-    /// A miner's signature over `Rollout::signing_bytes()`.
-    pub const ROLLOUT: &str = "tributary/rollout/v1";
-    /// A peer's proof of key possession in the connection handshake.
-    pub const HANDSHAKE: &str = "tributary/handshake/v1";
-    /// A validator's verdict on one miner's rollouts in one window.
-    pub const VERDICT: &str = "tributary/verdict/v1";
-    /// The coordinator's weights document.
-    pub const WEIGHTS: &str = "tributary/weights/v1";
-    /// The trainer's announcement of a checkpoint.
-    pub const CHECKPOINT: &str = "tributary/checkpoint/v1";
-    /// The trainer's report of one training step (loss, reward, delta figures).
-    pub const TRAINER_STATS: &str = "tributary/trainer-stats/v1";
-}
+pub use crate::domain::sign as domain;
 
 /// Errors from keys, key files and signatures.
 #[derive(Debug, thiserror::Error)]

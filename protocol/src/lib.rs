@@ -4,10 +4,11 @@
 //! returns a typed error on bad input and never panics.
 #![deny(missing_docs)]
 
-pub mod assets;
 pub mod chat;
 pub mod checkpoint;
 pub mod delta;
+pub mod dev;
+pub mod domain;
 pub mod env;
 pub mod gguf;
 pub mod identity;

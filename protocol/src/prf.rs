@@ -17,7 +17,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// BLAKE3 key-derivation context shared by every PRF call in the protocol.
-pub const PRF_CONTEXT: &str = "tributary 2025 prf v1";
+pub const PRF_CONTEXT: &str = crate::domain::context::PRF;
 
 /// The labels (domains) used by the protocol. One label per purpose; never
 /// reuse a label for a new purpose.

@@ -26,7 +26,7 @@ use crate::identity::{self, IdentityError, Keypair};
 use crate::sketch::{self, SketchWireError};
 
 /// Domain of the signed bytes (equal to [`identity::domain::ROLLOUT`]).
-pub const ROLLOUT_DOMAIN: &str = "tributary/rollout/v1";
+pub const ROLLOUT_DOMAIN: &str = crate::domain::sign::ROLLOUT;
 
 /// First byte of every encoded rollout.
 pub const FORMAT_VERSION: u8 = 1;

@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 use crate::prf::Seed;
 
 /// blake3 key-derivation context for a window's public seed.
-pub const SEED_DOMAIN: &str = "tributary 2025 window seed v1";
+pub const SEED_DOMAIN: &str = crate::domain::context::WINDOW_SEED;
 /// blake3 key-derivation context for a window's challenge secret.
-pub const CHALLENGE_SECRET_DOMAIN: &str = "tributary 2025 window challenge secret v1";
+pub const CHALLENGE_SECRET_DOMAIN: &str = crate::domain::context::CHALLENGE_SECRET;
 /// blake3 key-derivation context for the commitment to a challenge secret.
-pub const CHALLENGE_COMMIT_DOMAIN: &str = "tributary 2025 window challenge commitment v1";
+pub const CHALLENGE_COMMIT_DOMAIN: &str = crate::domain::context::CHALLENGE_COMMIT;
 
 /// A window's index (0 at genesis).
 pub type WindowId = u64;

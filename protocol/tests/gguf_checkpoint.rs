@@ -1,7 +1,7 @@
 //! Checkpoints: base BF16 conversion of the real SmolLM2 Q4_1 file, content
 //! ids, and the tiny model.
 
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId, FILE_TYPE_MOSTLY_BF16, convert_to_bf16};
 use tributary_protocol::gguf::{GgmlType, GgufWriter, MetaValue, parse_header};
 use tributary_protocol::tiny;

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use proptest::prelude::*;
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::gguf::{GgmlType, GgufWriter, MetaArray, MetaValue, parse_header};
 use tributary_protocol::tiny;

@@ -7,7 +7,7 @@ use tributary_protocol::prf::Seed;
 
 #[test]
 fn gsm8k_file_loads_and_gold_solutions_score_one() {
-    let dir = tributary_protocol::assets::gsm8k_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+    let dir = tributary_assets::gsm8k_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
         .expect("shared/data/gsm8k beside the repository (or TRIBUTARY_GSM8K_DIR)");
     let path = &dir.join("test.jsonl");
     let env = Gsm8kEnv::load(path).unwrap();

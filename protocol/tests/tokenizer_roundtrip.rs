@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerSpec};
 
 fn smollm2() -> &'static Tokenizer {

@@ -198,7 +198,7 @@ async fn refused_at_door(net: Net, attack: Attack, opts: AttackOptions, reason: 
 const MODEL_CHECKS: &[&str] = &["sketch", "logprob", "sampling"];
 
 fn other_model(dir: &std::path::Path, seed: u64) -> std::path::PathBuf {
-    let src = tributary_protocol::checkpoint::Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1()).unwrap();
+    let src = tributary_protocol::checkpoint::Checkpoint::open(&tributary_assets::smollm2_q4_1()).unwrap();
     let p = dir.join(format!("other-{seed}.gguf"));
     tributary_protocol::tiny::write_tiny(seed, &src, &p).unwrap();
     p

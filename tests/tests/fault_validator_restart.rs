@@ -44,7 +44,7 @@ async fn fault_validator_restart() {
     let first = windows[0];
     assert_eq!(windows, (first..first + windows.len() as u64).collect::<Vec<_>>(), "windows verified: {windows:?}");
     let last = *windows.last().expect("windows");
-    let validator_key = coordinator::node::dev_key(tributary_protocol::wire::Role::Validator).public();
+    let validator_key = tributary_protocol::dev::key(tributary_protocol::wire::Role::Validator).public();
     {
         let core = mesh.net.node.shared.core();
         for w in first..=last {

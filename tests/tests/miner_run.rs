@@ -10,7 +10,6 @@ use edge_miner::run::RunEvent;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn miner_mines_several_windows() {
-    assert_eq!(edge_miner::run::DEV_TINY_SEED, coordinator::node::DEV_TINY_SEED);
     let net = Net::start(2_500, 500, 2, 4).await;
     let mut m = Miner::spawn(net.miner("m1", true));
     let mut windows = BTreeSet::new();

@@ -10,8 +10,8 @@
 
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
+use tributary_assets as assets;
 use tributary_policy::{EvidenceRequest, ReferenceModel};
-use tributary_protocol::assets;
 use tributary_protocol::chat::chatml_prompt;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sampling::{DEFAULT_SAMPLE_EPS, SampleCheck, check_sample};

@@ -156,7 +156,7 @@ async fn runbook_commands_work_as_written() {
     Command::new("chmod").arg("+x").arg(shim.join("systemctl")).status().unwrap();
     // The genesis model: the tiny test model (the real one takes minutes to prepare).
     let genesis = t.join("genesis.gguf");
-    let src = tributary_protocol::checkpoint::Checkpoint::open(&tributary_protocol::assets::smollm2_q4_1()).unwrap();
+    let src = tributary_protocol::checkpoint::Checkpoint::open(&tributary_assets::smollm2_q4_1()).unwrap();
     tributary_protocol::tiny::write_tiny(3, &src, &genesis).unwrap();
     let miner = Keypair::generate();
     let (quic_port, http_port) = (free_port(true), free_port(false));

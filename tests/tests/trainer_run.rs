@@ -38,7 +38,7 @@ async fn trainer_publishes_and_miners_follow() {
     let cfg = ServiceConfig {
         coordinator: net.node.quic,
         fingerprint: net.node.fingerprint.clone(),
-        key: coordinator::node::dev_key(tributary_protocol::wire::Role::Trainer),
+        key: tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer),
         dir: net.dir.path().join("trainer"),
         genesis,
         train: trainer::train::TrainConfig { lr: 1e-3, warmup_steps: 1, ..Default::default() },

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use tributary_protocol::assets;
+use tributary_assets as assets;
 
 mod init;
 
@@ -201,7 +201,7 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let key = match (&conf.key, dev) {
         (Some(p), _) => tributary_protocol::identity::Keypair::load(p)?,
-        (None, true) => coordinator::node::dev_key(tributary_protocol::wire::Role::Trainer),
+        (None, true) => tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer),
         (None, false) => anyhow::bail!("give the trainer key (`key` or --key FILE), or --dev"),
     };
     let genesis = match (&conf.model, dev) {

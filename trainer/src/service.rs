@@ -390,14 +390,8 @@ impl Service {
 
 pub use tributary_net::serve_metrics;
 
-/// The `--dev` trainer folder's genesis file: the dev tiny model, written once.
+/// The `--dev` trainer folder's genesis file: the dev tiny model
+/// ([`tributary_protocol::dev::ensure_genesis`]), written once.
 pub fn dev_genesis(dir: &Path) -> Result<PathBuf, ServiceError> {
-    std::fs::create_dir_all(dir)?;
-    let p = dir.join(format!("dev-tiny-{}.gguf", coordinator::node::DEV_TINY_SEED));
-    if !p.exists() {
-        let bytes =
-            coordinator::node::dev_tiny_bytes().map_err(|e| ServiceError::Io(std::io::Error::other(e.to_string())))?;
-        write_atomic(&p, &bytes)?;
-    }
-    Ok(p)
+    Ok(tributary_protocol::dev::ensure_genesis(dir, &tributary_assets::smollm2_q4_1())?)
 }

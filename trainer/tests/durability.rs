@@ -4,11 +4,12 @@ use tch::Device;
 use trainer::publish::{PublishError, Publisher};
 use trainer::state;
 use trainer::train::{Sample, TrainConfig, Trainer};
+use tributary_assets as assets;
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::delta;
 use tributary_protocol::identity::Keypair;
+use tributary_protocol::tiny;
 use tributary_protocol::wire::CheckpointKind;
-use tributary_protocol::{assets, tiny};
 
 fn tiny_ckpt(dir: &std::path::Path) -> Checkpoint {
     let src = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 GGUF (run scripts/setup.sh)");

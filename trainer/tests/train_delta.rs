@@ -3,10 +3,11 @@
 
 use tch::{Device, Kind};
 use trainer::train::{Sample, TrainConfig, Trainer};
+use tributary_assets as assets;
 use tributary_policy::{ReferenceModel, pad_batch};
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::delta::{self, DeltaError, DeltaLimits};
-use tributary_protocol::{assets, tiny};
+use tributary_protocol::tiny;
 
 fn tiny_ckpt(dir: &std::path::Path, seed: u64) -> Checkpoint {
     let src = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 GGUF (run scripts/setup.sh)");

@@ -198,7 +198,7 @@ fn run(args: RunArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&conf.data)?;
     let key = if args.dev {
-        coordinator_dev_key()
+        tributary_protocol::dev::key(tributary_protocol::wire::Role::Validator)
     } else {
         let path = conf.data.join("validator.key");
         if path.exists() {
@@ -250,10 +250,6 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 /// The `--dev` validator key (a `--dev` coordinator authorises it).
-fn coordinator_dev_key() -> tributary_protocol::identity::Keypair {
-    tributary_protocol::wire::Role::Validator.dev_key()
-}
-
 #[derive(clap::Args, Debug)]
 struct CheckArgs {
     /// Checkpoint (GGUF) the reference model runs.

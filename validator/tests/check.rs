@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tch::Device;
+use tributary_assets as assets;
 use tributary_policy::{ReferenceModel, pad_batch};
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::env::{ArithEnv, Environment, task_seed};
@@ -17,7 +18,7 @@ use tributary_protocol::offline::OfflineWindow;
 use tributary_protocol::sketch::{self, SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::verify::{CheckKind, VerifyParams};
-use tributary_protocol::{assets, sampling, tiny};
+use tributary_protocol::{sampling, tiny};
 use validator::check::{CheckOptions, CheckSummary, LineVerdict, read_records, run_check};
 
 const SEED: u64 = 42;

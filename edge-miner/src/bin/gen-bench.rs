@@ -36,7 +36,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::chat::chatml_prompt;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};

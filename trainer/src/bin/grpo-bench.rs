@@ -26,7 +26,7 @@ use clap::Parser;
 use tch::{Device, Kind, Tensor};
 use trainer::grpo::group_advantages;
 use trainer::train::{Sample, TrainConfig, Trainer};
-use tributary_protocol::assets;
+use tributary_assets as assets;
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::delta::{self, DeltaLimits};
 

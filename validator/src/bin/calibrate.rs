@@ -312,7 +312,7 @@ impl Run {
                 let path = self.derived(name, |p| Ok(quantize(&a.model, p, ft, threads)?))?;
                 make(&path, name)
             }
-            "q4_1" => make(&tributary_protocol::assets::smollm2_q4_1(), name),
+            "q4_1" => make(&tributary_assets::smollm2_q4_1(), name),
             "edit" => {
                 // The first two completion tokens replaced; everything else as generated.
                 let vocab = self.tokenizer.vocab_size() as u32;

@@ -1,0 +1,43 @@
+//! One logging set-up for every role's binary: `tracing` to **stderr**
+//! (stdout is for results scripts parse, such as `miner=<key>`), filtered by
+//! `RUST_LOG` or, when it is unset, by the role's default directives.
+
+use tracing_subscriber::EnvFilter;
+
+/// The default filter when `RUST_LOG` is unset: our own crates at `info`;
+/// llama.cpp's own log (routed into `tracing` under the target
+/// `llama-cpp-2`) only from `warn`, since it prints every tensor at load.
+pub const DEFAULT_FILTER: &str = "info,llama-cpp-2=warn";
+
+/// Installs the process's subscriber: stderr, `RUST_LOG` or `default`.
+/// Calling it twice keeps the first (tests may start several roles in one
+/// process).
+pub fn init_tracing(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Milliseconds since the Unix epoch: the clock every role reads for window
+/// times (0 if the system clock is before 1970).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_filter_parses() {
+        let f: EnvFilter = DEFAULT_FILTER.parse().expect("valid directives");
+        assert!(f.to_string().contains("llama-cpp-2=warn"), "{f}");
+    }
+
+    #[test]
+    fn the_clock_is_past_2025() {
+        assert!(now_ms() > 1_735_689_600_000);
+    }
+}

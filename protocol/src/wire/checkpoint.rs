@@ -1,0 +1,128 @@
+//! Checkpoints on the wire: the trainer's signed announcement, chunked
+//! payloads, and the relay's paths of deltas.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Signed, SignedBody, frame::Blob};
+use crate::checkpoint::ContentId;
+use crate::identity::{self, PublicKey};
+use crate::window::WindowId;
+
+/// Whether a checkpoint is stored whole or as a sparse delta.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CheckpointKind {
+    /// A full checkpoint.
+    Full,
+    /// A sparse delta against `base`.
+    Delta {
+        /// Content id of the checkpoint the delta applies to.
+        base: ContentId,
+    },
+}
+
+/// The trainer's announcement of a checkpoint (signed part).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointBody {
+    /// Content id of the checkpoint the payload reconstructs.
+    pub id: ContentId,
+    /// Full or delta.
+    pub kind: CheckpointKind,
+    /// Total payload bytes.
+    pub len: u64,
+    /// blake3 of the payload bytes.
+    pub payload_hash: [u8; 32],
+    /// Miners use it from the window after this one.
+    pub window: WindowId,
+    /// The trainer.
+    pub trainer: PublicKey,
+}
+
+/// A signed checkpoint announcement; its payload follows as [`CheckpointChunk`]s.
+pub type PublishCheckpoint = Signed<CheckpointBody>;
+
+impl SignedBody for CheckpointBody {
+    const DOMAIN: &'static str = identity::domain::CHECKPOINT;
+
+    fn signer(&self) -> &PublicKey {
+        &self.trainer
+    }
+}
+
+/// A piece of a checkpoint payload (either direction).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointChunk {
+    /// The checkpoint's content id.
+    pub id: ContentId,
+    /// Byte offset of `data` in the payload.
+    pub offset: u64,
+    /// At most [`MAX_CHUNK_LEN`] bytes.
+    pub data: Blob,
+}
+
+/// Asks for part of a stored **full** checkpoint (the GGUF file whose
+/// content id is `id`), from `offset`: resumable by asking again from the
+/// bytes already held. Answered with one [`CheckpointChunk`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetCheckpoint {
+    /// The checkpoint's content id.
+    pub id: ContentId,
+    /// Start offset.
+    pub offset: u64,
+}
+
+/// The most steps a [`CheckpointPath`] has (longer chains are answered with a full checkpoint).
+pub const MAX_PATH_STEPS: usize = 16;
+
+/// Asks the way from the checkpoint a peer holds to another one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetCheckpointPath {
+    /// The checkpoint the peer holds, if any.
+    pub have: Option<ContentId>,
+    /// The checkpoint wanted; `None`: the latest published one.
+    pub want: Option<ContentId>,
+}
+
+/// One download of a [`CheckpointPath`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathStep {
+    /// The checkpoint this step produces.
+    pub id: ContentId,
+    /// `Some(base)`: a delta from `base` (fetch with [`GetDelta`]); `None`: the
+    /// full checkpoint (fetch with [`GetCheckpoint`]).
+    pub base: Option<ContentId>,
+    /// Payload bytes.
+    pub len: u64,
+    /// blake3 of the payload.
+    pub payload_hash: [u8; 32],
+}
+
+/// Coordinator → peer: how to get from `have` to `target`, in order (empty
+/// when `have` is already `target`). At most [`MAX_PATH_STEPS`] steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointPath {
+    /// The checkpoint the path ends at.
+    pub target: ContentId,
+    /// The first window that uses `target`.
+    pub from_window: WindowId,
+    /// Downloads, applied in order.
+    pub steps: Vec<PathStep>,
+}
+
+/// Asks for part of a stored delta payload (from `base` to `id`), from `offset`.
+/// Answered with one [`CheckpointChunk`] whose `id` is the delta's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetDelta {
+    /// The delta's base checkpoint.
+    pub base: ContentId,
+    /// The checkpoint the delta produces.
+    pub id: ContentId,
+    /// Start offset.
+    pub offset: u64,
+}
+
+/// Coordinator → trainer: the checkpoint payload is stored and verified.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointStored {
+    /// The checkpoint's content id.
+    pub id: ContentId,
+}

@@ -1,0 +1,225 @@
+//! Round trips, limits and signatures of every frame.
+
+use super::*;
+use crate::checkpoint::ContentId;
+use crate::env::EnvId;
+use crate::identity::{self, PublicKey};
+use crate::prf::Seed;
+use crate::rollout::SamplingParams;
+
+#[test]
+fn tags_are_unique_and_limits_bounded() {
+    let mut seen = std::collections::HashSet::new();
+    for t in Tag::ALL {
+        assert!(seen.insert(*t as u16), "duplicate tag {t:?}");
+        assert_eq!(Tag::from_u16(*t as u16), Some(*t));
+        assert!(t.max_body_len() <= MAX_BODY_LEN);
+    }
+}
+
+#[test]
+fn header_checks() {
+    let f = Frame::GetReveal(GetReveal { window: 7 });
+    let bytes = f.encode();
+    assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+    assert_eq!(Frame::decode(&bytes[..3]), Err(WireError::Incomplete { needed: HEADER_LEN }));
+    let mut unknown = bytes.clone();
+    unknown[4] = 0xEE;
+    assert!(matches!(Frame::decode(&unknown), Err(WireError::UnknownTag(_))));
+    let mut big = bytes.clone();
+    big[..4].copy_from_slice(&(SMALL + 1).to_le_bytes());
+    assert!(matches!(Frame::decode(&big), Err(WireError::Oversized { .. })));
+    let mut trailing = bytes.clone();
+    trailing[0] += 1;
+    trailing.push(0);
+    assert!(matches!(Frame::decode(&trailing), Err(WireError::TrailingBytes { .. })));
+}
+
+#[test]
+fn signed_documents_verify_and_detect_tampering() {
+    let v = identity::Keypair::from_seed([2; 32]);
+    let mut verdict = Verdict::sign(
+        VerdictBody {
+            window: 3,
+            miner: identity::Keypair::from_seed([3; 32]).public(),
+            validator: v.public(),
+            checked: 10,
+            valid: 9,
+            estimated_valid: 90,
+            hard_failure: false,
+            soft_failures: 1,
+            reasons: vec!["Distribution: median 0.2".into()],
+        },
+        &v,
+    );
+    verdict.verify().unwrap();
+    verdict.body.valid = 10;
+    assert!(verdict.verify().is_err());
+}
+
+#[test]
+fn weights_document_verifies_by_coordinator_and_detects_tampering() {
+    let c = identity::Keypair::from_seed([4; 32]);
+    let other = identity::Keypair::from_seed([5; 32]);
+    let m = identity::Keypair::from_seed([6; 32]).public();
+    let doc = WeightsDoc::sign(WeightsBody { window: 7, weights: vec![(m, 1.0)], coordinator: c.public() }, &c);
+    let bytes = doc.encode();
+    assert_eq!(WeightsDoc::decode_verified(&bytes, &c.public()), Ok(doc.clone()));
+    // Another expected key, a re-signed copy naming another coordinator, a flipped byte, junk.
+    assert_eq!(WeightsDoc::decode_verified(&bytes, &other.public()), Err(WeightsDocError::WrongCoordinator));
+    let mut tampered = doc.clone();
+    tampered.body.weights[0].1 = 0.5;
+    assert_eq!(WeightsDoc::decode_verified(&tampered.encode(), &c.public()), Err(WeightsDocError::BadSignature));
+    let mut flipped = bytes.clone();
+    flipped[1] ^= 1;
+    assert!(WeightsDoc::decode_verified(&flipped, &c.public()).is_err());
+    let mut trailing = bytes.clone();
+    trailing.push(0);
+    assert!(matches!(WeightsDoc::decode_verified(&trailing, &c.public()), Err(WeightsDocError::Wire(_))));
+}
+
+#[test]
+fn trainer_stats_sign_check_and_round_trip() {
+    let t = identity::Keypair::from_seed([7; 32]);
+    let body = TrainerStatsBody {
+        window: 9,
+        checkpoint: ContentId([1; 32]),
+        first_trained: 7,
+        last_trained: 8,
+        step: 3,
+        lr: 1e-3,
+        loss: -0.25,
+        pg_loss: -0.3,
+        kl: 0.05,
+        entropy: 2.5,
+        clip_low_frac: 0.0,
+        clip_high_frac: 0.1,
+        grad_norm: 1.5,
+        reward_mean: 0.4,
+        reward_std: 0.2,
+        seqs: 8,
+        tokens: 128,
+        groups_kept: 2,
+        groups_dropped: 1,
+        groups_held: 0,
+        payload_bytes: 1000,
+        checkpoint_bytes: 10_000,
+        delta: true,
+        change_fraction: Some(0.3),
+        trainer: t.public(),
+    };
+    assert_eq!(body.check(), Ok(()));
+    let s = TrainerStats::sign(body.clone(), &t);
+    s.verify().unwrap();
+    let f = Frame::PostTrainerStats(s.clone());
+    let bytes = f.encode();
+    assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+    let mut tampered = s.clone();
+    tampered.body.loss = 0.0;
+    assert!(tampered.verify().is_err());
+    let mut b = body.clone();
+    b.loss = f64::NAN;
+    assert_eq!(b.check(), Err(TrainerStatsError::NotFinite("loss")));
+    let mut b = body.clone();
+    b.clip_high_frac = 1.5;
+    assert_eq!(b.check(), Err(TrainerStatsError::NotAFraction("clip_high_frac")));
+    let mut b = body;
+    b.last_trained = 10;
+    assert_eq!(b.check(), Err(TrainerStatsError::Windows));
+}
+
+proptest::proptest! {
+    #[test]
+    fn contract_standing_and_verdict_frames_round_trip(
+        window in proptest::prelude::any::<u64>(),
+        temp in 0.0f32..4.0,
+        max_new in proptest::prelude::any::<u32>(),
+        difficulty in proptest::prelude::any::<u32>(),
+        dataset in proptest::option::of(proptest::prelude::any::<[u8; 32]>()),
+        standings in proptest::collection::vec((proptest::prelude::any::<[u8; 32]>(), 0u8..3), 0..8),
+        reasons in proptest::collection::vec(".{0,400}", 0..10),
+        junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+    ) {
+        let info = WindowInfo {
+            window,
+            opens_at_ms: 1,
+            closes_at_ms: 2,
+            seed: Seed([3; 32]),
+            commitment: [4; 32],
+            checkpoint: ContentId([5; 32]),
+            env: EnvId::Gsm8k,
+            groups_per_miner: 2,
+            group_size: 4,
+            sampling: SamplingParams { temperature: temp, max_new_tokens: max_new },
+            difficulty,
+            dataset,
+        };
+        let miners = standings
+            .iter()
+            .map(|(k, s)| (PublicKey(*k), [MinerStanding::Passed, MinerStanding::Failed, MinerStanding::Suspect][*s as usize]))
+            .collect();
+        let mut body = VerdictBody {
+            window,
+            miner: PublicKey([1; 32]),
+            validator: PublicKey([2; 32]),
+            checked: 3,
+            valid: 1,
+            estimated_valid: 1,
+            hard_failure: true,
+            soft_failures: 0,
+            reasons: vec![],
+        };
+        for r in &reasons {
+            body.add_reason(r);
+        }
+        proptest::prop_assert!(body.reasons.len() <= MAX_VERDICT_REASONS);
+        proptest::prop_assert!(body.reasons.iter().all(|r| r.len() <= MAX_REASON_LEN));
+        let key = identity::Keypair::from_seed([9; 32]);
+        for f in [
+            Frame::WindowInfo(info),
+            Frame::GetStanding(GetStanding { window }),
+            Frame::Standing(Standing { window, miners }),
+            Frame::PostVerdict(Verdict::sign(body, &key)),
+        ] {
+            let bytes = f.encode();
+            proptest::prop_assert!(bytes.len() - HEADER_LEN <= f.tag().max_body_len() as usize);
+            proptest::prop_assert_eq!(Frame::decode(&bytes).unwrap(), (f.clone(), bytes.len()));
+            // Garbage bodies under the same tag are an error, never a panic.
+            let _ = Frame::decode_body(f.tag(), &junk);
+        }
+    }
+}
+
+#[test]
+fn batch_frames_round_trip_and_are_bounded() {
+    let rollouts: Vec<Blob> = (0..MAX_BATCH_ROLLOUTS).map(|i| Blob(vec![i as u8; 40])).collect();
+    let answer =
+        BatchAnswer {
+            seq: 9,
+            outcomes: (0..MAX_BATCH_ROLLOUTS)
+                .map(|i| {
+                    if i % 2 == 0 { Outcome::Stored([i as u8; 32]) } else { Outcome::Refused(RejectReason::Duplicate) }
+                })
+                .collect(),
+        };
+    for f in
+        [Frame::SubmitBatch(SubmitBatch { seq: 7, rollouts: rollouts.clone() }), Frame::BatchAnswer(answer.clone())]
+    {
+        let bytes = f.encode();
+        assert!(bytes.len() - HEADER_LEN <= f.tag().max_body_len() as usize);
+        assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+    }
+    // One element more than allowed is refused, for both frames.
+    let mut more = rollouts;
+    more.push(Blob(vec![]));
+    let f = Frame::SubmitBatch(SubmitBatch { seq: 7, rollouts: more });
+    assert!(matches!(Frame::decode(&f.encode()), Err(WireError::Malformed { tag: Tag::SubmitBatch, .. })));
+    let mut more = answer;
+    more.outcomes.push(Outcome::Refused(RejectReason::Schema));
+    let f = Frame::BatchAnswer(more);
+    assert!(matches!(Frame::decode(&f.encode()), Err(WireError::Malformed { tag: Tag::BatchAnswer, .. })));
+    // A claimed count far beyond the bound fails before any allocation.
+    let mut huge = vec![7u8]; // seq
+    huge.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]); // u32::MAX elements
+    assert!(Frame::decode_body(Tag::SubmitBatch, &huge).is_err());
+}

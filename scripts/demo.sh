@@ -38,7 +38,11 @@ mkdir -p "$dir"
 echo "== setup"
 bash scripts/setup.sh
 echo "== build"
-cargo build -q -p coordinator -p edge-miner -p trainer -p validator
+if [ ! -x "$root/target/debug/trainer" ]; then
+  echo "   first build: llama.cpp, libtorch's glue and ~400 crates compile once;"
+  echo "   about 15-20 minutes on 2 cores (later builds take seconds). Cargo shows its progress below."
+fi
+cargo build -p coordinator -p edge-miner -p trainer -p validator
 bin="$root/target/debug"
 
 echo "== base checkpoint (SmolLM2-135M-Instruct Q4_1 -> BF16)"

@@ -421,7 +421,7 @@ impl ValidatorHandle {
 /// The dev validator's configuration for the coordinator of `net` (folder
 /// `validator` in the mesh folder): every rollout of every miner, from window `start`.
 pub fn validator_config(net: &Net, start: WindowId) -> validator::service::ServiceConfig {
-    let key = node::dev_key(Role::Validator);
+    let key = tributary_protocol::dev::key(Role::Validator);
     let mut cfg = validator::service::ServiceConfig::new(
         net.node.quic,
         net.node.fingerprint.clone(),
@@ -563,7 +563,7 @@ pub fn trainer_config(
     trainer::service::ServiceConfig {
         coordinator: quic,
         fingerprint: fingerprint.to_string(),
-        key: node::dev_key(Role::Trainer),
+        key: tributary_protocol::dev::key(Role::Trainer),
         dir: dir.join("state"),
         genesis,
         train: trainer::train::TrainConfig { lr: 1e-3, warmup_steps: 1, ..Default::default() },
@@ -746,7 +746,7 @@ pub fn perturbed(base: &[u8], salt: u32, n: usize) -> Vec<u8> {
 
 /// The dev trainer's connection.
 pub async fn trainer_session(net: &Net) -> Session {
-    let key = node::dev_key(Role::Trainer);
+    let key = tributary_protocol::dev::key(Role::Trainer);
     within(30, Session::connect(net.node.quic, &net.node.fingerprint, &key, Role::Trainer))
         .await
         .expect("trainer connects")
@@ -761,7 +761,7 @@ pub async fn publish(
     base: Option<ContentId>,
     payload: &[u8],
 ) -> Result<Frame, tributary_net::NetError> {
-    let key = node::dev_key(Role::Trainer);
+    let key = tributary_protocol::dev::key(Role::Trainer);
     let body = CheckpointBody {
         id,
         kind: base.map_or(CheckpointKind::Full, |base| CheckpointKind::Delta { base }),

@@ -168,7 +168,7 @@ async fn main() -> Result<()> {
     }
     eprintln!("relay-bench: {miners} miners generating on the SmolLM2 BF16 genesis {genesis}");
 
-    let trainer_key = node::dev_key(Role::Trainer);
+    let trainer_key = tributary_protocol::dev::key(Role::Trainer);
     let mut session = within(30, Session::connect(net.quic, &net.fingerprint, &trainer_key, Role::Trainer)).await?;
     let mut prev = genesis_bytes.clone();
     let mut prev_id: ContentId = genesis;

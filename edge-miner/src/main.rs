@@ -382,7 +382,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let start = std::time::Instant::now();
-    let job = offline::Job { tokenizer: &tokenizer, env: &env, model: model_id, window: &window, opts: &opts };
+    let job = offline::Job {
+        tokenizer: &tokenizer,
+        env: &env,
+        model: model_id,
+        data: args.data.as_deref(),
+        window: &window,
+        opts: &opts,
+    };
     let summary = offline::generate(&mut *backend, &job, offline::jsonl_sink(BufWriter::new(out)), |done| {
         bar.set_position(done as u64)
     })?;

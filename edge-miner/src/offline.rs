@@ -6,12 +6,17 @@
 //! same): window 0's seed drives tasks ([`task_seed`]), the uniform draws and
 //! the sketch coefficients ([`SketchKey::derive`]); the miner key is derived
 //! from `S` too. Task `t` (0-based) of the run is group `t` of that miner.
+//!
+//! Every record carries the run's settings ([`GenerateSettings`]: environment,
+//! difficulty, data file, temperature, `max_new_tokens`, seed), so `validator
+//! check` needs only the model, the file and the seed.
 
 use std::io::Write;
+use std::path::Path;
 
 use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::{Environment, task_seed};
-pub use tributary_protocol::offline::{OfflineWindow, RolloutRecord};
+use tributary_protocol::env::{Environment, completion_reward, completion_text_ids, task_seed};
+pub use tributary_protocol::offline::{GenerateSettings, OfflineWindow, RolloutRecord};
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
 
@@ -76,6 +81,8 @@ pub struct Job<'a> {
     pub env: &'a Environment,
     /// Content id of the model, recorded in every rollout when known.
     pub model: Option<ContentId>,
+    /// The data file `env` was loaded from, if any (recorded with its blake3).
+    pub data: Option<&'a Path>,
     /// Window randomness and miner identity.
     pub window: &'a OfflineWindow,
     /// Counts and sampling settings.
@@ -90,7 +97,20 @@ pub fn generate<B: Backend + ?Sized>(
     mut sink: impl FnMut(RolloutRecord) -> Result<(), OfflineError>,
     mut on_group: impl FnMut(usize),
 ) -> Result<GenerateSummary, OfflineError> {
-    let Job { tokenizer, env, model, window, opts } = *job;
+    let Job { tokenizer, env, model, data, window, opts } = *job;
+    let settings = GenerateSettings {
+        env: env.id(),
+        difficulty: match env {
+            Environment::Arith(a) => a.difficulty(),
+            Environment::Sat(_) | Environment::Gsm8k(_) => 0,
+        },
+        data: data.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
+        dataset: data.map(|p| std::fs::read(p).map(|b| *blake3::hash(&b).as_bytes())).transpose()?,
+        temperature: opts.temperature,
+        max_new_tokens: u32::try_from(opts.max_new_tokens)
+            .map_err(|_| OfflineError::Options(format!("max_new_tokens {}", opts.max_new_tokens)))?,
+        seed: window.seed,
+    };
     let miner = *window.miner.public().as_bytes();
     let seed = window.secrets.seed;
     let key = SketchKey::derive(&seed, backend.hidden_size());
@@ -114,10 +134,10 @@ pub fn generate<B: Backend + ?Sized>(
         };
         let seqs = backend.generate_group(&req)?;
         for (r, GeneratedSeq { completion, logprobs, sketches }) in seqs.into_iter().enumerate() {
-            let ended = completion.last().is_some_and(|&t| tokenizer.is_eog(t));
-            let text_ids = if ended { &completion[..completion.len() - 1] } else { &completion[..] };
+            let reward = completion_reward(tokenizer, env, &task, &completion)?;
+            let text_ids = completion_text_ids(tokenizer, &completion);
+            let ended = text_ids.len() < completion.len();
             let text = tokenizer.decode(text_ids)?;
-            let reward = env.reward(&task, &text);
             reward_sum += f64::from(reward);
             summary.rollouts += 1;
             summary.completion_tokens += completion.len();
@@ -140,6 +160,7 @@ pub fn generate<B: Backend + ?Sized>(
                 eog: ended,
                 completion: text,
                 reward,
+                settings: Some(settings.clone()),
             })?;
         }
         on_group(t + 1);

@@ -97,7 +97,7 @@ fn evaluate(
         bail!("tokenizer has {} tokens, model {}", tokenizer.vocab_size(), backend.vocab_size());
     }
     let window = OfflineWindow::from_seed(seed);
-    let job = Job { tokenizer: &tokenizer, env, model: model_id, window: &window, opts };
+    let job = Job { tokenizer: &tokenizer, env, model: model_id, data: None, window: &window, opts };
     let file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
     let start = std::time::Instant::now();
     let mut solved = 0;

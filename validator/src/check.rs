@@ -4,33 +4,39 @@
 //! The seed `S` stands in for the coordinator: window 0 of
 //! [`OfflineWindow::from_seed`] gives the sampling seed, the challenge secret
 //! and the miner key the rollouts must match. Each record is turned into a
-//! protocol [`Rollout`] and an [`Assignment`] (task re-derived from the seed,
-//! prompt re-tokenized, reward recomputed), the reference model computes the
-//! evidence in length-sorted batches, and [`verify::verify_rollout`] gives the
-//! verdict. A rejected rollout is data; only I/O and setup problems are errors.
+//! protocol [`Rollout`] and a [`Contract`], and judged exactly as `validator
+//! run` judges a window's rollouts ([`crate::judge`]: the checks that need no
+//! model first, then the reference model in length-sorted batches). A
+//! rejected rollout is data; only I/O and setup problems are errors.
 //!
-//! Offline stand-ins for what a coordinator would fix: `groups_per_miner`
-//! and `group_size` are the largest indices in the file plus one; unless
-//! given, `max_new_tokens` is the longest completion in the file and the
-//! temperature is the record's own. The record's `model` content id (when
-//! present) is taken as the assigned checkpoint, since a miner may run a
-//! quantization of the validator's file; the model checks tell them apart.
+//! Each record carries the settings it was generated with
+//! ([`GenerateSettings`]: environment, difficulty, data file, temperature,
+//! `max_new_tokens`, seed); a flag given here overrides them, and records
+//! without settings fall back to the flags' defaults. Offline stand-ins for
+//! what a coordinator would fix: `groups_per_miner` and `group_size` are the
+//! largest indices in the file plus one; `max_new_tokens`, when neither a
+//! flag nor the record gives it, is the longest completion in the file. The
+//! record's `model` content id (when present) is taken as the assigned
+//! checkpoint, since a miner may run a quantization of the validator's file;
+//! the model checks tell them apart. Records are unsigned: no signature check.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel};
+use tributary_policy::{PolicyError, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
-use tributary_protocol::env::{ArithEnv, EnvError, EnvId, Environment, Gsm8kEnv, SatEnv, Task, task_seed};
+use tributary_protocol::env::{EnvError, EnvSpec, Environment};
+pub use tributary_protocol::offline::GenerateSettings;
 use tributary_protocol::offline::OfflineWindow;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::{Rollout, RolloutLimits, SamplingParams};
-use tributary_protocol::sketch::{self, SketchError, SketchKey};
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
-use tributary_protocol::verify::{self, Assignment, Evidence, Status, Verdict, VerifyError, VerifyParams};
+use tributary_protocol::verify::{Status, Verdict, VerifyParams};
+
+use crate::judge::{self, Case, Contract, Judge, JudgeConfig, JudgeError, RolloutFailure};
 
 /// Longest JSONL line read (a record of 16 384 tokens is well under 1 MiB).
 pub const MAX_LINE_BYTES: usize = 8 << 20;
@@ -48,11 +54,12 @@ pub struct CheckOptions {
     pub batch: usize,
     /// Most tokens (rows × longest sequence) per forward pass.
     pub batch_tokens: usize,
-    /// GSM8K JSONL file (for gsm8k rollouts).
+    /// GSM8K JSONL file (for gsm8k rollouts; default: each record's own).
     pub data: Option<PathBuf>,
-    /// Difficulty of the arith environment (as given to the miner).
-    pub difficulty: u32,
-    /// The assigned `max_new_tokens` (default: longest completion in the file).
+    /// Difficulty of the arith environment (default: each record's own, else 3).
+    pub difficulty: Option<u32>,
+    /// The assigned `max_new_tokens` (default: each record's own, else the
+    /// longest completion in the file).
     pub max_new_tokens: Option<u32>,
     /// The assigned temperature (default: each record's own).
     pub temperature: Option<f32>,
@@ -72,7 +79,7 @@ impl CheckOptions {
             batch: 8,
             batch_tokens: 8192,
             data: None,
-            difficulty: 3,
+            difficulty: None,
             max_new_tokens: None,
             temperature: None,
             threads: None,
@@ -105,12 +112,9 @@ pub enum CheckError {
     /// The reference model failed (load, shapes, out of memory).
     #[error("reference model: {0}")]
     Policy(#[from] PolicyError),
-    /// The evidence did not fit a rollout (a validator bug).
-    #[error("evidence: {0}")]
-    Verify(#[from] VerifyError),
-    /// Sketching the reference hidden state failed.
-    #[error("sketch: {0}")]
-    Sketch(#[from] SketchError),
+    /// The judge failed (a validator bug or the model).
+    #[error("{0}")]
+    Judge(#[from] JudgeError),
     /// Unusable options.
     #[error("{0}")]
     Options(String),
@@ -145,6 +149,18 @@ pub enum LineVerdict {
         /// The checks' outcomes.
         verdict: Verdict,
     },
+    /// Rejected before any check could give a verdict (the completion does
+    /// not decode, the rollout exceeds the model's context...).
+    Rejected {
+        /// 1-based line number.
+        line: usize,
+        /// Group index.
+        group: u32,
+        /// Rollout index.
+        rollout: u32,
+        /// Why.
+        failure: RolloutFailure,
+    },
 }
 
 impl LineVerdict {
@@ -157,6 +173,9 @@ impl LineVerdict {
     pub fn render(&self) -> String {
         match self {
             LineVerdict::Malformed { line, reason } => format!("line {line}: rejected: malformed: {reason}"),
+            LineVerdict::Rejected { line, group, rollout, failure } => {
+                format!("line {line} (group {group}, rollout {rollout}): rejected; {failure}")
+            }
             LineVerdict::Checked { line, group, rollout, verdict } => {
                 let mut s = format!("line {line} (group {group}, rollout {rollout}): ");
                 let c = verdict.sampling_counts;
@@ -253,85 +272,56 @@ pub fn read_records<R: Read>(input: R) -> std::io::Result<Vec<(usize, Result<Rol
     Ok(out)
 }
 
-/// A record that passed the offline pre-checks, with its assignment data.
+/// The difficulty of a record with neither a flag nor settings (the miner's default).
+const DEFAULT_DIFFICULTY: u32 = 3;
+
+/// A record turned into a protocol rollout, with what its contract needs.
 struct Prepared {
     line: usize,
     rollout: Rollout,
-    task_id: u64,
-    prompt: Vec<u32>,
-    reward: f32,
+    spec: EnvSpec,
+    data: Option<PathBuf>,
+    max_new_tokens: Option<u32>,
 }
 
 /// Everything shared by all rollouts of the run.
 struct Context {
     window: OfflineWindow,
-    miner: [u8; 32],
     checkpoint: ContentId,
-    tokenizer: Tokenizer,
-    eos: Vec<u32>,
-    vocab: usize,
-    context_length: usize,
-    envs: BTreeMap<EnvId, Environment>,
 }
 
 impl Context {
-    fn ensure_env(&mut self, id: EnvId, opts: &CheckOptions) -> Result<(), CheckError> {
-        if let std::collections::btree_map::Entry::Vacant(slot) = self.envs.entry(id) {
-            let env = match id {
-                EnvId::Arith => Environment::Arith(ArithEnv::new(opts.difficulty)),
-                EnvId::Sat => Environment::Sat(SatEnv),
-                EnvId::Gsm8k => {
-                    let data = opts
-                        .data
-                        .as_deref()
-                        .ok_or_else(|| CheckError::Options("gsm8k rollouts need --data FILE.jsonl".to_owned()))?;
-                    Environment::Gsm8k(Gsm8kEnv::load(data)?)
-                }
-            };
-            slot.insert(env);
+    /// Turns a record into a protocol rollout, or a reason to reject it.
+    fn prepare(&self, line: usize, rec: RolloutRecord, opts: &CheckOptions) -> Result<Prepared, String> {
+        let seed: Seed = rec.window_seed.parse().map_err(|e| format!("window_seed: {e}"))?;
+        if let Some(s) = rec.settings.as_ref().filter(|s| s.seed != opts.seed) {
+            return Err(format!("generated with seed {}, not the one of --seed {}", s.seed, opts.seed));
         }
-        Ok(())
-    }
-
-    /// Turns a record into a protocol rollout plus its task, or a reason to reject it.
-    fn prepare(
-        &mut self,
-        line: usize,
-        rec: RolloutRecord,
-        opts: &CheckOptions,
-    ) -> Result<Result<Prepared, String>, CheckError> {
-        let seed: Seed = match rec.window_seed.parse() {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(format!("window_seed: {e}"))),
-        };
         if seed != self.window.secrets.seed {
-            return Ok(Err(format!("window seed {seed} is not the one of --seed {}", opts.seed)));
+            return Err(format!("window seed {seed} is not the one of --seed {}", opts.seed));
         }
-        let miner = match tributary_protocol::identity::decode_hex::<32>(&rec.miner) {
-            Ok(m) => m,
-            Err(e) => return Ok(Err(format!("miner: {e}"))),
-        };
+        let miner = tributary_protocol::identity::decode_hex::<32>(&rec.miner).map_err(|e| format!("miner: {e}"))?;
         let checkpoint = match rec.model.as_deref().map(str::parse::<ContentId>) {
             None => self.checkpoint,
             Some(Ok(id)) => id,
-            Some(Err(e)) => return Ok(Err(format!("model: {e}"))),
+            Some(Err(e)) => return Err(format!("model: {e}")),
         };
-        let limit = RolloutLimits::DEFAULT.max_tokens.min(self.context_length);
+        let limit = RolloutLimits::DEFAULT.max_tokens;
         if rec.tokens.len() > limit {
-            return Ok(Err(format!("{} tokens, limit {limit}", rec.tokens.len())));
+            return Err(format!("{} tokens, limit {limit}", rec.tokens.len()));
         }
-        let Ok(prompt_len) = u32::try_from(rec.prompt_len) else {
-            return Ok(Err(format!("prompt_len {}", rec.prompt_len)));
+        let prompt_len = u32::try_from(rec.prompt_len).map_err(|_| format!("prompt_len {}", rec.prompt_len))?;
+        let settings = rec.settings.as_ref();
+        if let Some(s) = settings.filter(|s| s.env != rec.env) {
+            return Err(format!("settings name environment {}, the rollout {}", s.env, rec.env));
+        }
+        let spec = EnvSpec {
+            env: rec.env,
+            difficulty: opts.difficulty.or(settings.map(|s| s.difficulty)).unwrap_or(DEFAULT_DIFFICULTY),
+            dataset: settings.and_then(|s| s.dataset),
         };
-        self.ensure_env(rec.env, opts)?;
-        let env = self.envs.get(&rec.env).ok_or_else(|| CheckError::Env(format!("environment {} missing", rec.env)))?;
-        let task = env.task(task_seed(&self.window.secrets.seed, &self.miner, rec.group));
-        let prompt = self.tokenizer.encode(&env.prompt_text(&task))?;
-        let completion = rec.tokens.get(rec.prompt_len.min(rec.tokens.len())..).unwrap_or(&[]);
-        let reward = match recompute_reward(&self.tokenizer, env, &task, completion) {
-            Ok(r) => r,
-            Err(e) => return Ok(Err(e)),
-        };
+        let data = opts.data.clone().or_else(|| settings.and_then(|s| s.data.clone()));
+        let max_new_tokens = opts.max_new_tokens.or(settings.map(|s| s.max_new_tokens));
         let rollout = Rollout {
             window: 0,
             checkpoint,
@@ -348,121 +338,8 @@ impl Context {
             miner,
             signature: [0; 64],
         };
-        Ok(Ok(Prepared { line, rollout, task_id: task.id, prompt, reward }))
+        Ok(Prepared { line, rollout, spec, data, max_new_tokens })
     }
-}
-
-/// The assignment a coordinator would have given for `p` (offline stand-ins, module docs).
-fn make_assignment<'a>(
-    p: &'a Prepared,
-    cx: &'a Context,
-    opts: &CheckOptions,
-    groups_per_miner: u32,
-    group_size: u32,
-    vocab_size: u32,
-) -> Assignment<'a> {
-    Assignment {
-        window: 0,
-        checkpoint: p.rollout.checkpoint,
-        env: p.rollout.env,
-        miner: cx.miner,
-        task_id: p.task_id,
-        sampling: SamplingParams {
-            temperature: opts.temperature.unwrap_or(p.rollout.sampling.temperature),
-            max_new_tokens: p.rollout.sampling.max_new_tokens,
-        },
-        prompt_tokens: &p.prompt,
-        groups_per_miner,
-        group_size,
-        vocab_size,
-        eos_tokens: &cx.eos,
-        sampling_seed: cx.window.secrets.seed,
-        challenge_secret: cx.window.secrets.challenge,
-    }
-}
-
-/// Groups rollouts into forward passes: one prompt per batch (the reference
-/// runs a group's prompt once), length-sorted, at most `max_rows` rollouts and
-/// `max_tokens` padded tokens each (a longer rollout runs alone). Returns
-/// indices into `rollouts`; every index appears exactly once.
-pub fn plan_batches(rollouts: &[&Rollout], max_rows: usize, max_tokens: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..rollouts.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (ra, rb) = (rollouts[a], rollouts[b]);
-        ra.prompt().cmp(rb.prompt()).then(ra.tokens.len().cmp(&rb.tokens.len()))
-    });
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at < order.len() {
-        let mut end = at + 1;
-        while end < order.len()
-            && end - at < max_rows
-            && (end - at + 1) * rollouts[order[end]].tokens.len() <= max_tokens
-            && rollouts[order[end]].prompt() == rollouts[order[at]].prompt()
-        {
-            end += 1;
-        }
-        out.push(order[at..end].to_vec());
-        at = end;
-    }
-    out
-}
-
-/// The reference model's [`Evidence`] for a batch of structurally valid
-/// rollouts, each with its challenged positions: the validator's sketch at
-/// those positions (zero elsewhere) and every completion token's figures.
-pub fn rollout_evidence(
-    model: &ReferenceModel,
-    key: &SketchKey,
-    eos: u32,
-    items: &[(&Rollout, Vec<usize>)],
-    params: &VerifyParams,
-) -> Result<Vec<Evidence>, CheckError> {
-    let reqs: Vec<EvidenceRequest<'_>> = items
-        .iter()
-        .map(|(r, ch)| EvidenceRequest {
-            tokens: &r.tokens,
-            prompt_len: r.prompt_len as usize,
-            temperature: r.sampling.temperature,
-            eos,
-            hidden_positions: ch,
-        })
-        .collect();
-    let evidence = model.evidence(&reqs)?;
-    let mut out = Vec::with_capacity(items.len());
-    for ((r, ch), ev) in items.iter().zip(evidence) {
-        let mut sketches = vec![0u32; r.tokens.len()];
-        for (k, &pos) in ch.iter().enumerate() {
-            let h = ev.hidden_row(k).ok_or_else(|| CheckError::Options("missing hidden row".to_owned()))?;
-            if let Some(s) = sketches.get_mut(pos) {
-                *s = sketch::sketch(h, key, &params.sketch)?;
-            }
-        }
-        out.push(Evidence { sketches, positions: ev.positions() });
-    }
-    Ok(out)
-}
-
-/// The reward of a completion as the environment computes it: the text of
-/// the completion without its final end-of-generation token. `Err` when the
-/// ids do not decode (out-of-vocabulary ids are left to the structure check).
-pub fn recompute_reward(
-    tokenizer: &Tokenizer,
-    env: &Environment,
-    task: &Task,
-    completion: &[u32],
-) -> Result<f32, String> {
-    let text_ids = match completion.split_last() {
-        Some((&last, rest)) if tokenizer.is_eog(last) => rest,
-        _ => completion,
-    };
-    if text_ids.iter().any(|&t| t as usize >= tokenizer.vocab_size()) {
-        return Ok(f32::NAN);
-    }
-    tokenizer
-        .decode(text_ids)
-        .map(|text| env.reward(task, &text))
-        .map_err(|e| format!("completion does not decode: {e}"))
 }
 
 /// Runs the whole offline check and writes one verdict line per rollout (in
@@ -482,86 +359,85 @@ pub fn run_check(opts: &CheckOptions, out: &mut dyn Write) -> Result<CheckSummar
     let ckpt = Checkpoint::open(&opts.model)?;
     let tokenizer = Tokenizer::from_gguf_file(&opts.model)?;
     let model = ReferenceModel::load(&ckpt, tributary_policy::default_device())?;
-    let window = OfflineWindow::from_seed(opts.seed);
-    let mut cx = Context {
-        miner: *window.miner.public().as_bytes(),
-        window,
-        checkpoint: ckpt.content_id(),
-        eos: tokenizer.eog_ids().collect(),
-        vocab: model.dims().vocab_size,
-        context_length: model.dims().context_length,
-        tokenizer,
-        envs: BTreeMap::new(),
-    };
+    let cx = Context { window: OfflineWindow::from_seed(opts.seed), checkpoint: ckpt.content_id() };
     drop(ckpt);
 
     let mut verdicts: Vec<LineVerdict> = Vec::with_capacity(records.len());
     let mut prepared = Vec::new();
     for (line, rec) in records {
-        match rec.map(|r| cx.prepare(line, r, opts)) {
+        match rec.and_then(|r| cx.prepare(line, r, opts)) {
             Err(reason) => verdicts.push(LineVerdict::Malformed { line, reason }),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(Err(reason))) => verdicts.push(LineVerdict::Malformed { line, reason }),
-            Ok(Ok(Ok(p))) => prepared.push(p),
+            Ok(p) => prepared.push(p),
+        }
+    }
+    // The environments the records name, each built once.
+    let mut envs: HashMap<(EnvSpec, Option<PathBuf>), Environment> = HashMap::new();
+    for p in &prepared {
+        if let std::collections::hash_map::Entry::Vacant(slot) = envs.entry((p.spec, p.data.clone())) {
+            slot.insert(Environment::build(&p.spec, p.data.as_deref())?);
         }
     }
     // Offline stand-ins for the coordinator's window configuration.
     let groups_per_miner = prepared.iter().map(|p| p.rollout.group.saturating_add(1)).max().unwrap_or(1);
     let group_size = prepared.iter().map(|p| p.rollout.rollout.saturating_add(1)).max().unwrap_or(1);
-    let max_new = opts.max_new_tokens.unwrap_or_else(|| {
-        let longest = prepared.iter().map(|p| p.rollout.completion().len()).max().unwrap_or(0);
-        u32::try_from(longest).unwrap_or(u32::MAX)
-    });
-    for p in &mut prepared {
-        p.rollout.sampling.max_new_tokens = max_new;
-    }
+    let longest = prepared.iter().map(|p| p.rollout.completion().len()).max().unwrap_or(0);
+    let longest = u32::try_from(longest).unwrap_or(u32::MAX);
 
-    let params = &opts.params;
-    let key = SketchKey::derive(&cx.window.secrets.seed, model.dims().d_model);
-    let vocab32 = u32::try_from(cx.vocab).unwrap_or(u32::MAX);
-    let mut summary = CheckSummary::default();
-
-    // Structure first (cheap): only well-formed rollouts reach the model.
-    let mut to_run: Vec<usize> = Vec::new();
-    let mut checked: Vec<Option<Verdict>> = vec![None; prepared.len()];
-    for (i, p) in prepared.iter().enumerate() {
-        let a = make_assignment(p, &cx, opts, groups_per_miner, group_size, vocab32);
-        let s = verify::check_structure(&p.rollout, &a, params);
-        if s.failed() {
-            checked[i] = Some(Verdict { checks: vec![s], sampling_counts: Default::default() });
-        } else {
-            to_run.push(i);
-        }
+    let cfg = JudgeConfig {
+        params: opts.params,
+        batch: opts.batch,
+        batch_tokens: opts.batch_tokens,
+        check_signatures: false,
+        ..JudgeConfig::default()
+    };
+    let judge = Judge::new(&cfg, &tokenizer, &model);
+    let miner = *cx.window.miner.public().as_bytes();
+    let mut lines = Vec::with_capacity(prepared.len());
+    let mut cases: Vec<Case<'_>> = Vec::with_capacity(prepared.len());
+    for mut p in prepared {
+        let env = envs.get(&(p.spec, p.data.clone())).ok_or_else(|| CheckError::Env("environment missing".into()))?;
+        let max_new_tokens = p.max_new_tokens.unwrap_or(longest);
+        p.rollout.sampling.max_new_tokens = max_new_tokens;
+        let contract = Contract {
+            window: 0,
+            checkpoint: p.rollout.checkpoint,
+            env,
+            sampling: SamplingParams {
+                temperature: opts.temperature.unwrap_or(p.rollout.sampling.temperature),
+                max_new_tokens,
+            },
+            groups_per_miner,
+            group_size,
+            miner: Some(miner),
+            seed: cx.window.secrets.seed,
+            challenge: cx.window.secrets.challenge,
+        };
+        lines.push(p.line);
+        cases.push(judge.prepare(p.rollout, contract));
     }
     let started = Instant::now();
-    let refs: Vec<&Rollout> = to_run.iter().map(|&i| &prepared[i].rollout).collect();
-    for batch in plan_batches(&refs, opts.batch, opts.batch_tokens) {
-        let items: Vec<(&Rollout, Vec<usize>)> = batch
-            .iter()
-            .map(|&k| (refs[k], verify::challenged(refs[k], &cx.window.secrets.challenge, params)))
-            .collect();
-        let evidence = rollout_evidence(&model, &key, cx.tokenizer.eos_id(), &items, params)?;
-        for (&k, ev) in batch.iter().zip(evidence) {
-            let p = &prepared[to_run[k]];
-            summary.tokens += p.rollout.tokens.len();
-            let a = make_assignment(p, &cx, opts, groups_per_miner, group_size, vocab32);
-            checked[to_run[k]] = Some(verify::verify_rollout(&p.rollout, &a, p.reward, &ev, params)?);
-        }
-    }
-    summary.model_seconds = started.elapsed().as_secs_f64();
+    let stats = judge.prove(&mut cases)?;
+    let mut summary = CheckSummary {
+        tokens: stats.tokens,
+        model_seconds: started.elapsed().as_secs_f64(),
+        ..CheckSummary::default()
+    };
 
-    for (p, v) in prepared.iter().zip(checked) {
-        if let Some(verdict) = v {
-            verdicts.push(LineVerdict::Checked {
-                line: p.line,
-                group: p.rollout.group,
-                rollout: p.rollout.rollout,
-                verdict,
-            });
-        }
+    for (line, case) in lines.into_iter().zip(cases) {
+        judge::log_outcome(&case);
+        let (group, rollout) = (case.rollout.group, case.rollout.rollout);
+        verdicts.push(match case.outcome {
+            Some(Ok(verdict)) | Some(Err(RolloutFailure::Checked(verdict))) => {
+                LineVerdict::Checked { line, group, rollout, verdict }
+            }
+            Some(Err(failure)) => LineVerdict::Rejected { line, group, rollout, failure },
+            None => return Err(CheckError::Options(format!("line {line} was not judged"))),
+        });
     }
     verdicts.sort_by_key(|v| match v {
-        LineVerdict::Malformed { line, .. } | LineVerdict::Checked { line, .. } => *line,
+        LineVerdict::Malformed { line, .. }
+        | LineVerdict::Checked { line, .. }
+        | LineVerdict::Rejected { line, .. } => *line,
     });
     let out_err = |source| CheckError::Io { path: "output".to_owned(), source };
     for v in &verdicts {

@@ -1,5 +1,7 @@
 //! Tributary validator: re-runs the reference model to prove rollouts.
 //!
+//! - [`judge`]: the judgement of rollouts, pure but for the reference
+//!   model: one pipeline for both commands below.
 //! - [`check`]: `validator check`, every model check offline on a miner's
 //!   JSONL file (the seed stands in for the coordinator's randomness).
 //! - [`service`]: `validator run`, the checks as a service against a
@@ -7,4 +9,5 @@
 #![deny(missing_docs)]
 
 pub mod check;
+pub mod judge;
 pub mod service;

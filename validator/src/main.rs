@@ -244,7 +244,20 @@ fn run(args: RunArgs) -> Result<()> {
             s2.store(true, Ordering::Relaxed);
         });
         let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
-        service.run(stop).await.context("validator run")?;
+        // One line per verified window on stdout, for scripts.
+        let line = |r: &validator::service::WindowReport| {
+            let failed = r.miners.values().filter(|m| m.body.hard_failure).count();
+            println!(
+                "window={} miners={} failed={} rollouts={} proved={} seconds={:.2}",
+                r.window,
+                r.miners.len(),
+                failed,
+                r.fetched,
+                r.proved,
+                r.seconds
+            );
+        };
+        service.run(stop, line).await.context("validator run")?;
         Ok(())
     })
 }
@@ -267,13 +280,15 @@ struct CheckArgs {
     /// Most padded tokens per reference forward pass.
     #[arg(long, default_value_t = 8192)]
     batch_tokens: usize,
-    /// GSM8K JSONL file (for gsm8k rollouts; the one the miner used).
+    /// GSM8K JSONL file (default: the one each record names).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Difficulty of the arith environment (as given to the miner).
-    #[arg(long, default_value_t = 3)]
-    difficulty: u32,
-    /// Assigned max_new_tokens (default: the longest completion in the file).
+    /// Difficulty of the arith environment (default: the one each record
+    /// names, else 3).
+    #[arg(long)]
+    difficulty: Option<u32>,
+    /// Assigned max_new_tokens (default: the one each record names, else the
+    /// longest completion in the file).
     #[arg(long)]
     max_new_tokens: Option<u32>,
     /// Assigned temperature (default: each rollout's own).

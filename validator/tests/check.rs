@@ -43,16 +43,23 @@ fn make_fixture() -> Result<Fixture> {
     let dir = tempfile::tempdir()?;
     let model_path = dir.path().join("tiny.gguf");
     tiny::write_tiny(3, &Checkpoint::open(&assets::smollm2_q4_1())?, &model_path)?;
-    let model = ReferenceModel::open(&model_path, Device::Cpu)?;
-    let tok = Tokenizer::from_gguf_file(&model_path)?;
+    let records = make_records(&model_path, 3, TASKS)?;
+    Ok(Fixture { _dir: dir, model: model_path, records })
+}
+
+/// Honest records of `tasks` groups on the arith environment of `difficulty`,
+/// with the fields `edge-miner generate` writes but without its settings.
+fn make_records(model_path: &Path, difficulty: u32, tasks: u32) -> Result<Vec<Value>> {
+    let model = ReferenceModel::open(model_path, Device::Cpu)?;
+    let tok = Tokenizer::from_gguf_file(model_path)?;
     let w = OfflineWindow::from_seed(SEED);
     let seed = w.secrets.seed;
     let miner = *w.miner.public().as_bytes();
-    let env = Environment::Arith(ArithEnv::new(3));
+    let env = Environment::Arith(ArithEnv::new(difficulty));
     let key = SketchKey::derive(&seed, model.dims().d_model);
     let vocab = model.dims().vocab_size;
     let mut records = Vec::new();
-    for group in 0..TASKS {
+    for group in 0..tasks {
         let task = env.task(task_seed(&seed, &miner, group));
         let prompt = tok.encode(&env.prompt_text(&task))?;
         for rollout in 0..GROUP {
@@ -92,7 +99,7 @@ fn make_fixture() -> Result<Fixture> {
             }));
         }
     }
-    Ok(Fixture { _dir: dir, model: model_path, records })
+    Ok(records)
 }
 
 fn write_jsonl(dir: &Path, lines: &[String]) -> Result<PathBuf> {
@@ -263,6 +270,47 @@ proptest! {
         prop_assert_eq!(rec.reward, reward);
         prop_assert_eq!(rec.sketches.len(), n);
     }
+}
+
+/// Issue 19 item 7: records generated at another difficulty carry it, and
+/// the check reads it without being told (`--difficulty` is not repeated);
+/// a flag still overrides the record.
+#[test]
+fn records_carry_the_settings_they_were_generated_with() -> Result<()> {
+    let f = fixture();
+    let mut records = make_records(&f.model, 102, 1)?;
+    for r in &mut records {
+        r["settings"] = json!({
+            "env": "arith", "difficulty": 102, "data": null, "dataset": null,
+            "temperature": TEMPERATURE, "max_new_tokens": MAX_NEW, "seed": SEED,
+        });
+    }
+    let n = records.len();
+    let dir = tempfile::tempdir()?;
+    let path = write_jsonl(dir.path(), &lines_of(&records))?;
+    let mut opts = CheckOptions::new(f.model.clone(), path, SEED);
+    opts.threads = Some(1);
+    let mut out = Vec::new();
+    let s = run_check(&opts, &mut out)?;
+    let text = String::from_utf8(out)?;
+    assert_eq!((s.accepted, s.rejected), (n, 0), "{text}");
+
+    // The flag overrides the record: difficulty 3 is not what these were generated at.
+    opts.difficulty = Some(3);
+    let mut out = Vec::new();
+    let s = run_check(&opts, &mut out)?;
+    let text = String::from_utf8(out)?;
+    assert_eq!((s.accepted, s.rejected), (0, n), "{text}");
+    assert!(text.contains("Prompt (Hard)"), "{text}");
+
+    // A record generated with another seed says so.
+    records[0]["settings"]["seed"] = json!(SEED + 1);
+    let path = write_jsonl(dir.path(), &lines_of(&records))?;
+    let mut out = Vec::new();
+    run_check(&CheckOptions { rollouts: path, difficulty: None, ..opts }, &mut out)?;
+    let text = String::from_utf8(out)?;
+    assert!(text.lines().next().is_some_and(|l| l.contains("generated with seed 43")), "{text}");
+    Ok(())
 }
 
 #[test]

@@ -1,0 +1,819 @@
+//! The validator's judgement: pure but for the reference model it asks for
+//! evidence, and the one pipeline behind both `validator check` (offline
+//! records) and `validator run` (a coordinator's windows).
+//!
+//! A rollout goes through three stages:
+//! 1. [`Judge::prepare`]: everything that needs no model, cheapest first —
+//!    the signature, the task and prompt re-derived from the window's seed,
+//!    the structure and generation contract ([`verify::check_structure`]),
+//!    the prompt ([`verify::check_prompt`]), the completion length against
+//!    `max_new_tokens`, the model's context, and the reward recomputed from
+//!    the completion. A rollout failing any of these never reaches the model.
+//! 2. [`Judge::prove`]: the rest in length-sorted batches: the reference
+//!    model's [`Evidence`] and [`verify::verify_rollout`].
+//! 3. [`Judge::window`] (the service only): decode, sample miners and whole
+//!    groups by the challenge secret, the two stages above, copies across
+//!    miners, and one [`VerdictBody`] per miner.
+//!
+//! A rejected rollout is data ([`RolloutFailure`]); only the model and the
+//! evidence's shape are errors ([`JudgeError`]). Every failure and every
+//! penalising verdict is logged at `warn` with the rollout's digest, the
+//! check, the position and the figures.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use tributary_policy::{EvidenceRequest, ModelConfig, PolicyError, ReferenceModel, SequenceEvidence};
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::{Environment, completion_reward, task_seed};
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::prf::Seed;
+use tributary_protocol::rollout::{Rollout, RolloutLimits, SamplingParams};
+use tributary_protocol::sketch::{self, SketchError, SketchKey};
+use tributary_protocol::tokenizer::Tokenizer;
+use tributary_protocol::verify::{
+    self, Assignment, CheckKind, CheckOutcome, Evidence, Failure, Severity, Status, Verdict, VerifyError, VerifyParams,
+};
+use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{VerdictBody, WindowInfo};
+
+/// The reference model as the judge sees it: its shape and one batched
+/// evidence pass. [`ReferenceModel`] is the real one; tests wrap it (to count
+/// what reaches the model).
+pub trait Reference {
+    /// The model's hyperparameters (vocabulary, width, context).
+    fn dims(&self) -> &ModelConfig;
+    /// Evidence for a batch of rollouts ([`ReferenceModel::evidence`]).
+    fn evidence(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError>;
+}
+
+impl Reference for ReferenceModel {
+    fn dims(&self) -> &ModelConfig {
+        ReferenceModel::dims(self)
+    }
+
+    fn evidence(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        ReferenceModel::evidence(self, reqs)
+    }
+}
+
+/// Which miners and rollouts of a window are checked (grail §7.3 shape).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleConfig {
+    /// Fraction of the window's miners checked.
+    pub miner_fraction: f64,
+    /// At least this many miners (when there are that many).
+    pub min_miners: usize,
+    /// At most this many miners.
+    pub max_miners: usize,
+    /// Rollouts checked per miner (whole groups, chosen by the challenge secret); 0: all.
+    pub rollouts_per_miner: usize,
+}
+
+impl SampleConfig {
+    /// Every rollout of every miner (tests, small networks).
+    pub const ALL: SampleConfig =
+        SampleConfig { miner_fraction: 1.0, min_miners: usize::MAX, max_miners: usize::MAX, rollouts_per_miner: 0 };
+
+    /// grail's: a quarter of the miners, at least 2, at most 35; 64 rollouts each.
+    pub const GRAIL: SampleConfig =
+        SampleConfig { miner_fraction: 0.25, min_miners: 2, max_miners: 35, rollouts_per_miner: 64 };
+
+    /// How many of `n` miners are checked.
+    pub fn miners_checked(&self, n: usize) -> usize {
+        let by_fraction = (self.miner_fraction.clamp(0.0, 1.0) * n as f64).ceil() as usize;
+        by_fraction.max(self.min_miners).min(self.max_miners).min(n)
+    }
+}
+
+/// How the judge works: constants, sampling, batching.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JudgeConfig {
+    /// Verification constants.
+    pub params: VerifyParams,
+    /// Which rollouts of a window are checked ([`Judge::window`] only).
+    pub sample: SampleConfig,
+    /// Most rollouts per forward pass.
+    pub batch: usize,
+    /// Most padded tokens per forward pass.
+    pub batch_tokens: usize,
+    /// Whether rollouts must carry a valid signature (offline records are unsigned).
+    pub check_signatures: bool,
+}
+
+impl Default for JudgeConfig {
+    /// grail sampling, batches of 8 rollouts / 8192 tokens, signatures checked.
+    fn default() -> Self {
+        Self {
+            params: VerifyParams::DEFAULT,
+            sample: SampleConfig::GRAIL,
+            batch: 8,
+            batch_tokens: 8192,
+            check_signatures: true,
+        }
+    }
+}
+
+/// What a window fixed for the rollouts in it: the coordinator's
+/// [`WindowInfo`] plus its revealed challenge secret, or an offline stand-in.
+#[derive(Debug, Clone, Copy)]
+pub struct Contract<'e> {
+    /// The window.
+    pub window: WindowId,
+    /// The checkpoint miners had to use.
+    pub checkpoint: ContentId,
+    /// The window's environment.
+    pub env: &'e Environment,
+    /// Temperature and `max_new_tokens` every rollout must carry.
+    pub sampling: SamplingParams,
+    /// Groups per miner.
+    pub groups_per_miner: u32,
+    /// Rollouts per group.
+    pub group_size: u32,
+    /// The one miner the window is for (offline runs); `None`: any miner,
+    /// each rollout judged as its signer's.
+    pub miner: Option<[u8; 32]>,
+    /// The window's public seed (tasks, draws, sketch coefficients).
+    pub seed: Seed,
+    /// The revealed challenge secret (challenged positions, sampling of groups).
+    pub challenge: Seed,
+}
+
+impl<'e> Contract<'e> {
+    /// The contract of a coordinator's window.
+    pub fn of_window(info: &WindowInfo, env: &'e Environment, challenge: Seed) -> Self {
+        Self {
+            window: info.window,
+            checkpoint: info.checkpoint,
+            env,
+            sampling: info.sampling,
+            groups_per_miner: info.groups_per_miner,
+            group_size: info.group_size,
+            miner: None,
+            seed: info.seed,
+            challenge,
+        }
+    }
+}
+
+/// Why a rollout is rejected.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RolloutFailure {
+    /// The rollout's signature does not verify.
+    Signature,
+    /// The task's prompt does not tokenize here (the reason).
+    Environment(String),
+    /// Not a rollout the model can judge.
+    Structure(StructureFailure),
+    /// The same prompt and completion as another miner's rollout that passes,
+    /// while this one fails its own checks.
+    CopiedFrom {
+        /// The miner whose copy passes.
+        owner: PublicKey,
+        /// The checks this copy failed itself.
+        own: Vec<CheckKind>,
+    },
+    /// The checks ran and a hard one failed.
+    Checked(Verdict),
+}
+
+/// A rollout the model cannot judge.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StructureFailure {
+    /// The completion does not decode (the reason).
+    Undecodable(String),
+    /// More tokens than the model's context.
+    ExceedsContext {
+        /// Tokens in the rollout.
+        tokens: usize,
+        /// The model's context length.
+        context: usize,
+    },
+}
+
+impl fmt::Display for StructureFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StructureFailure::Undecodable(e) => write!(f, "completion does not decode: {e}"),
+            StructureFailure::ExceedsContext { tokens, context } => {
+                write!(f, "{tokens} tokens exceed the context of {context}")
+            }
+        }
+    }
+}
+
+impl RolloutFailure {
+    /// The name of the failure in reports and metrics: `signature`,
+    /// `environment`, `structure`, `copy`, or the first failed check's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RolloutFailure::Signature => "signature",
+            RolloutFailure::Environment(_) => "environment",
+            RolloutFailure::Structure(_) => "structure",
+            RolloutFailure::CopiedFrom { .. } => "copy",
+            RolloutFailure::Checked(v) => v.failures().next().map_or("checked", |(k, _)| k.as_str()),
+        }
+    }
+}
+
+impl fmt::Display for RolloutFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RolloutFailure::Signature => f.write_str("signature: the rollout's signature does not verify"),
+            RolloutFailure::Environment(e) => write!(f, "environment: prompt does not tokenize: {e}"),
+            RolloutFailure::Structure(s) => write!(f, "structure: {s}"),
+            RolloutFailure::CopiedFrom { owner, own } => {
+                write!(f, "copy: same prompt and completion as miner {} (whose rollout passes)", owner.short())?;
+                if !own.is_empty() {
+                    let names: Vec<&str> = own.iter().map(|k| k.as_str()).collect();
+                    write!(f, "; own checks failed: {}", names.join(", "))?;
+                }
+                Ok(())
+            }
+            RolloutFailure::Checked(v) => {
+                let failed: Vec<String> = v
+                    .checks
+                    .iter()
+                    .filter_map(|c| match &c.status {
+                        Status::Fail(x) => Some(format!("{} ({}): {x:?}", c.kind.as_str(), severity_name(c.severity))),
+                        _ => None,
+                    })
+                    .collect();
+                f.write_str(&failed.join("; "))
+            }
+        }
+    }
+}
+
+/// A rollout's judgement: a verdict with no hard failure (soft failures
+/// possible), or why it is rejected.
+pub type Outcome = Result<Verdict, RolloutFailure>;
+
+/// The judge could not work (never a miner's fault).
+#[derive(Debug, thiserror::Error)]
+pub enum JudgeError {
+    /// The reference model failed (shapes, out of memory).
+    #[error("reference model: {0}")]
+    Policy(#[from] PolicyError),
+    /// The evidence did not fit a rollout (a validator bug).
+    #[error("evidence: {0}")]
+    Verify(#[from] VerifyError),
+    /// Sketching the reference hidden state failed.
+    #[error("sketch: {0}")]
+    Sketch(#[from] SketchError),
+    /// The model returned fewer hidden rows than asked for.
+    #[error("the reference model returned no hidden row {0}")]
+    MissingHidden(usize),
+}
+
+/// One rollout under judgement.
+#[derive(Debug, Clone)]
+pub struct Case<'e> {
+    /// The rollout.
+    pub rollout: Rollout,
+    /// What its window fixed.
+    pub contract: Contract<'e>,
+    /// The assigned task's prompt tokens (empty if they could not be derived).
+    prompt: Vec<u32>,
+    /// The reward recomputed from the completion.
+    reward: f32,
+    /// `None` until judged.
+    pub outcome: Option<Outcome>,
+}
+
+impl Case<'_> {
+    /// Whether the rollout is judged and passes every hard check.
+    pub fn passed(&self) -> bool {
+        matches!(self.outcome, Some(Ok(_)))
+    }
+}
+
+/// What [`Judge::prove`] ran through the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProveStats {
+    /// Rollouts proved.
+    pub proved: usize,
+    /// Their tokens.
+    pub tokens: usize,
+    /// Forward passes (batches).
+    pub batches: usize,
+}
+
+/// The judge: a tokenizer and a reference model, both of the window's checkpoint.
+pub struct Judge<'a, R: Reference + ?Sized = ReferenceModel> {
+    /// How to judge.
+    pub cfg: &'a JudgeConfig,
+    /// The checkpoint's tokenizer.
+    pub tokenizer: &'a Tokenizer,
+    /// The checkpoint's reference model.
+    pub model: &'a R,
+}
+
+impl<R: Reference + ?Sized> fmt::Debug for Judge<'_, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Judge").field("cfg", self.cfg).finish_non_exhaustive()
+    }
+}
+
+fn severity_name(s: Severity) -> &'static str {
+    if s == Severity::Hard { "hard" } else { "soft" }
+}
+
+/// A verdict made of the cheap checks run so far, the last one failed.
+fn cheap_rejection(checks: Vec<CheckOutcome>) -> RolloutFailure {
+    RolloutFailure::Checked(Verdict { checks, sampling_counts: Default::default() })
+}
+
+impl<'a, R: Reference + ?Sized> Judge<'a, R> {
+    /// A judge over `model` with its `tokenizer`.
+    pub fn new(cfg: &'a JudgeConfig, tokenizer: &'a Tokenizer, model: &'a R) -> Self {
+        Self { cfg, tokenizer, model }
+    }
+
+    fn eos_tokens(&self) -> Vec<u32> {
+        self.tokenizer.eog_ids().collect()
+    }
+
+    fn assignment<'b>(&self, case: &'b Case<'_>, eos: &'b [u32]) -> Assignment<'b> {
+        let c = &case.contract;
+        let r = &case.rollout;
+        Assignment {
+            window: c.window,
+            checkpoint: c.checkpoint,
+            env: c.env.id(),
+            miner: c.miner.unwrap_or(r.miner),
+            task_id: task_seed(&c.seed, &r.miner, r.group),
+            sampling: c.sampling,
+            prompt_tokens: &case.prompt,
+            groups_per_miner: c.groups_per_miner,
+            group_size: c.group_size,
+            vocab_size: u32::try_from(self.model.dims().vocab_size).unwrap_or(u32::MAX),
+            eos_tokens: eos,
+            sampling_seed: c.seed,
+            challenge_secret: c.challenge,
+        }
+    }
+
+    /// Every check that needs no model (module docs): the returned case is
+    /// either judged (rejected) or waits for [`Judge::prove`].
+    pub fn prepare<'e>(&self, rollout: Rollout, contract: Contract<'e>) -> Case<'e> {
+        let mut case = Case { rollout, contract, prompt: Vec::new(), reward: f32::NAN, outcome: None };
+        case.outcome = self.cheap(&mut case).err().map(Err);
+        case
+    }
+
+    fn cheap(&self, case: &mut Case<'_>) -> Result<(), RolloutFailure> {
+        let r = &case.rollout;
+        if self.cfg.check_signatures && r.verify_signature().is_err() {
+            return Err(RolloutFailure::Signature);
+        }
+        let env = case.contract.env;
+        let task = env.task(task_seed(&case.contract.seed, &r.miner, r.group));
+        case.prompt =
+            self.tokenizer.encode(&env.prompt_text(&task)).map_err(|e| RolloutFailure::Environment(e.to_string()))?;
+        let params = &self.cfg.params;
+        let eos = self.eos_tokens();
+        let a = self.assignment(case, &eos);
+        let r = &case.rollout;
+        let structure = verify::check_structure(r, &a, params);
+        if structure.failed() {
+            return Err(cheap_rejection(vec![structure]));
+        }
+        let prompt = verify::check_prompt(r, &a);
+        if prompt.failed() {
+            return Err(cheap_rejection(vec![structure, prompt]));
+        }
+        let context = self.model.dims().context_length;
+        if r.tokens.len() > context {
+            return Err(RolloutFailure::Structure(StructureFailure::ExceedsContext {
+                tokens: r.tokens.len(),
+                context,
+            }));
+        }
+        case.reward = completion_reward(self.tokenizer, env, &task, r.completion())
+            .map_err(|e| RolloutFailure::Structure(StructureFailure::Undecodable(e.to_string())))?;
+        Ok(())
+    }
+
+    /// Runs the model checks on every case [`Judge::prepare`] left unjudged,
+    /// in batches of one prompt ([`plan_batches`]).
+    pub fn prove(&self, cases: &mut [Case<'_>]) -> Result<ProveStats, JudgeError> {
+        let params = &self.cfg.params;
+        let eos = self.eos_tokens();
+        let d_model = self.model.dims().d_model;
+        let pending: Vec<usize> = (0..cases.len()).filter(|&k| cases[k].outcome.is_none()).collect();
+        let refs: Vec<&Rollout> = pending.iter().map(|&k| &cases[k].rollout).collect();
+        let plan = plan_batches(&refs, self.cfg.batch.max(1), self.cfg.batch_tokens.max(1));
+        let mut keys: Vec<(Seed, SketchKey)> = Vec::new();
+        let mut stats = ProveStats::default();
+        let mut results: Vec<(usize, Outcome)> = Vec::with_capacity(pending.len());
+        for batch in plan {
+            let items: Vec<Item<'_>> = batch
+                .iter()
+                .map(|&j| {
+                    let c = &cases[pending[j]];
+                    let seed = c.contract.seed;
+                    let key = match keys.iter().position(|(s, _)| *s == seed) {
+                        Some(i) => i,
+                        None => {
+                            keys.push((seed, SketchKey::derive(&seed, d_model)));
+                            keys.len() - 1
+                        }
+                    };
+                    (refs[j], verify::challenged(refs[j], &c.contract.challenge, params), key)
+                })
+                .collect();
+            let evidence = rollout_evidence(self.model, &keys, self.tokenizer.eos_id(), &items, params)?;
+            stats.batches += 1;
+            for (&j, ev) in batch.iter().zip(evidence) {
+                let case = &cases[pending[j]];
+                let a = self.assignment(case, &eos);
+                let v = verify::verify_rollout(&case.rollout, &a, case.reward, &ev, params)?;
+                stats.proved += 1;
+                stats.tokens += case.rollout.tokens.len();
+                results.push((pending[j], if v.accepted() { Ok(v) } else { Err(RolloutFailure::Checked(v)) }));
+            }
+        }
+        for (k, outcome) in results {
+            cases[k].outcome = Some(outcome);
+        }
+        Ok(stats)
+    }
+
+    /// One window's judgement over its fetched bytes, signed by nobody yet:
+    /// one [`MinerReport`] per sampled miner.
+    pub fn window(
+        &self,
+        contract: &Contract<'_>,
+        validator: PublicKey,
+        blobs: Vec<Vec<u8>>,
+    ) -> Result<WindowReport, JudgeError> {
+        let window = contract.window;
+        let mut report = WindowReport { window, fetched: blobs.len(), ..Default::default() };
+        let limits = RolloutLimits::DEFAULT;
+        let mut by_miner: BTreeMap<PublicKey, Vec<Rollout>> = BTreeMap::new();
+        for b in &blobs {
+            match Rollout::decode(b, &limits) {
+                Ok(r) => by_miner.entry(PublicKey(r.miner)).or_default().push(r),
+                Err(e) => {
+                    report.undecodable += 1;
+                    tracing::warn!(window, error = %e, "fetched bytes are not a rollout");
+                }
+            }
+        }
+        drop(blobs);
+        // Miners sampled deterministically in the challenge secret: unknown to miners at submission.
+        let mut miners: Vec<PublicKey> = by_miner.keys().copied().collect();
+        miners.sort_by_key(|m| deterministic_rank(&contract.challenge, m));
+        miners.truncate(self.cfg.sample.miners_checked(miners.len()));
+        // Each case with its miner and that miner's rollout count in the window.
+        let mut cases: Vec<Case<'_>> = Vec::new();
+        let mut owners: Vec<(PublicKey, usize)> = Vec::new();
+        for m in &miners {
+            let all = by_miner.remove(m).unwrap_or_default();
+            let total = all.len();
+            let sampled = sample_rollouts(&self.cfg.sample, &contract.challenge, all);
+            let body = VerdictBody {
+                window,
+                miner: *m,
+                validator,
+                checked: u32::try_from(sampled.len()).unwrap_or(u32::MAX),
+                valid: 0,
+                estimated_valid: 0,
+                hard_failure: false,
+                soft_failures: 0,
+                reasons: vec![],
+            };
+            report.miners.insert(*m, MinerReport { body, failed: BTreeMap::new() });
+            for r in sampled {
+                cases.push(self.prepare(r, *contract));
+                owners.push((*m, total));
+            }
+        }
+        report.proved = self.prove(&mut cases)?.proved;
+        copies(&owners, &mut cases);
+        for ((m, total), case) in owners.iter().zip(&cases) {
+            let Some(mr) = report.miners.get_mut(m) else { continue };
+            log_outcome(case);
+            mr.record(case, *total);
+        }
+        for mr in report.miners.values_mut() {
+            if mr.body.hard_failure {
+                mr.body.estimated_valid = 0;
+            }
+            if mr.body.hard_failure || mr.body.soft_failures > 0 {
+                tracing::warn!(
+                    window,
+                    miner = %mr.body.miner,
+                    checked = mr.body.checked,
+                    valid = mr.body.valid,
+                    hard_failure = mr.body.hard_failure,
+                    soft_failures = mr.body.soft_failures,
+                    failed = ?mr.failed,
+                    reasons = ?mr.body.reasons,
+                    "verdict penalises the miner"
+                );
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// One miner's findings in one window (what is signed, plus details).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinerReport {
+    /// The verdict body that is signed and posted.
+    pub body: VerdictBody,
+    /// Failed checks seen, by name ([`CheckKind::as_str`], or a
+    /// [`RolloutFailure::name`]: `copy`, `signature`, `structure`, `environment`).
+    pub failed: BTreeMap<String, u32>,
+}
+
+impl MinerReport {
+    /// Whether the check named `name` failed at least once.
+    pub fn failed(&self, name: &str) -> bool {
+        self.failed.contains_key(name)
+    }
+
+    /// Counts one judged rollout of a miner with `total` rollouts in the window.
+    fn record(&mut self, case: &Case<'_>, total: usize) {
+        let r = &case.rollout;
+        let checks = |v: &Verdict, body: &mut VerdictBody, failed: &mut BTreeMap<String, u32>| {
+            for c in &v.checks {
+                if let Status::Fail(f) = &c.status {
+                    let name = c.kind.as_str();
+                    *failed.entry(name.to_owned()).or_default() += 1;
+                    let sev = severity_name(c.severity);
+                    body.add_reason(&format!("{name} ({sev}) group {} rollout {}: {f:?}", r.group, r.rollout));
+                }
+            }
+        };
+        match &case.outcome {
+            Some(Ok(v)) => {
+                if v.soft_failed() {
+                    self.body.soft_failures += 1;
+                } else {
+                    self.body.valid += 1;
+                }
+                checks(v, &mut self.body, &mut self.failed);
+            }
+            Some(Err(RolloutFailure::Checked(v))) => {
+                self.body.hard_failure = true;
+                if v.soft_failed() {
+                    self.body.soft_failures += 1;
+                }
+                checks(v, &mut self.body, &mut self.failed);
+            }
+            Some(Err(f)) => {
+                self.body.hard_failure = true;
+                *self.failed.entry(f.name().to_owned()).or_default() += 1;
+                self.body.add_reason(&format!("group {} rollout {}: {f}", r.group, r.rollout));
+            }
+            None => {}
+        }
+        let checked = f64::from(self.body.checked.max(1));
+        self.body.estimated_valid =
+            ((f64::from(self.body.valid) * total as f64 / checked).round() as u64).min(u64::from(u32::MAX)) as u32;
+    }
+}
+
+/// What one window's verification found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowReport {
+    /// The window.
+    pub window: WindowId,
+    /// Rollouts fetched.
+    pub fetched: usize,
+    /// Bytes that did not decode as a rollout (not attributable to a miner).
+    pub undecodable: usize,
+    /// Rollouts run through the reference model.
+    pub proved: usize,
+    /// Per miner.
+    pub miners: BTreeMap<PublicKey, MinerReport>,
+    /// Seconds spent verifying.
+    pub seconds: f64,
+}
+
+/// The absolute position a failure points at, when it names one.
+pub fn failure_position(r: &Rollout, f: &Failure) -> Option<usize> {
+    let completion = |i: usize| r.prompt_len as usize + i;
+    match *f {
+        Failure::TokenOutOfVocab { position, .. }
+        | Failure::SketchOutOfField { position, .. }
+        | Failure::SketchMismatch { position, .. }
+        | Failure::SampleOutside { position, .. } => Some(position),
+        Failure::BadLogprob { index, .. } => Some(completion(index)),
+        Failure::LogprobDeviation { worst_index, .. } => Some(completion(worst_index)),
+        Failure::PromptMismatch { first_diff, .. } => Some(first_diff),
+        Failure::TooLong { .. } | Failure::NoEos { .. } | Failure::LowEosProb { .. } => {
+            Some(r.tokens.len().saturating_sub(1))
+        }
+        _ => None,
+    }
+}
+
+/// Logs a judged case's failures at `warn`: window, miner, rollout digest,
+/// group and rollout, check, severity, position and figures.
+pub fn log_outcome(case: &Case<'_>) {
+    let r = &case.rollout;
+    let window = case.contract.window;
+    let miner = PublicKey(r.miner);
+    match &case.outcome {
+        Some(Ok(v)) | Some(Err(RolloutFailure::Checked(v))) => {
+            for c in &v.checks {
+                if let Status::Fail(f) = &c.status {
+                    tracing::warn!(
+                        window,
+                        miner = %miner,
+                        digest = %hex::encode(r.digest()),
+                        group = r.group,
+                        rollout = r.rollout,
+                        check = c.kind.as_str(),
+                        severity = severity_name(c.severity),
+                        position = ?failure_position(r, f),
+                        figures = ?f,
+                        "rollout failed a check"
+                    );
+                }
+            }
+        }
+        Some(Err(f)) => {
+            tracing::warn!(
+                window,
+                miner = %miner,
+                digest = %hex::encode(r.digest()),
+                group = r.group,
+                rollout = r.rollout,
+                check = f.name(),
+                severity = "hard",
+                reason = %f,
+                "rollout rejected"
+            );
+        }
+        None => {}
+    }
+}
+
+fn deterministic_rank(seed: &Seed, miner: &PublicKey) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key("tributary 2025 validator sample v1");
+    h.update(&seed.0);
+    h.update(miner.as_bytes());
+    *h.finalize().as_bytes()
+}
+
+/// Whole groups, in an order fixed by the challenge secret, until the
+/// per-miner budget is reached (all when the budget is 0 or not smaller).
+fn sample_rollouts(sample: &SampleConfig, challenge: &Seed, mut all: Vec<Rollout>) -> Vec<Rollout> {
+    let budget = sample.rollouts_per_miner;
+    if budget == 0 || all.len() <= budget {
+        return all;
+    }
+    let rank = |g: u32| {
+        let mut h = blake3::Hasher::new_derive_key("tributary 2025 validator group sample v1");
+        h.update(&challenge.0);
+        h.update(&g.to_le_bytes());
+        *h.finalize().as_bytes()
+    };
+    all.sort_by_key(|r| (rank(r.group), r.rollout));
+    let mut out = Vec::new();
+    let mut last = None;
+    for r in all {
+        if last != Some(r.group) {
+            if out.len() >= budget {
+                break;
+            }
+            last = Some(r.group);
+        }
+        out.push(r);
+    }
+    out
+}
+
+/// Copies across miners: the same prompt and completion under two keys. A
+/// copy that fails its checks is flagged as copied from a miner whose copy
+/// passes (the task and the seeded draws are bound to the miner's key, so the
+/// owner's passes and the copier's cannot); when every copy passes (an honest
+/// coincidence) nobody is flagged.
+fn copies(owners: &[(PublicKey, usize)], cases: &mut [Case<'_>]) {
+    let mut by_content: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
+    for (k, c) in cases.iter().enumerate() {
+        by_content.entry(c.rollout.content_hash()).or_default().push(k);
+    }
+    for ks in by_content.values() {
+        let Some(owner) = ks.iter().find(|&&k| cases[k].passed()).map(|&k| owners[k].0) else { continue };
+        for &k in ks {
+            let c = &mut cases[k];
+            if owners[k].0 != owner && !c.passed() {
+                let own = match &c.outcome {
+                    Some(Ok(v)) | Some(Err(RolloutFailure::Checked(v))) => v.failures().map(|(k, _)| k).collect(),
+                    _ => Vec::new(),
+                };
+                c.outcome = Some(Err(RolloutFailure::CopiedFrom { owner, own }));
+            }
+        }
+    }
+}
+
+/// Groups rollouts into forward passes: one prompt per batch (the reference
+/// runs a group's prompt once), length-sorted, at most `max_rows` rollouts and
+/// `max_tokens` padded tokens each (a longer rollout runs alone). Returns
+/// indices into `rollouts`; every index appears exactly once.
+pub fn plan_batches(rollouts: &[&Rollout], max_rows: usize, max_tokens: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..rollouts.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ra, rb) = (rollouts[a], rollouts[b]);
+        ra.prompt().cmp(rb.prompt()).then(ra.tokens.len().cmp(&rb.tokens.len()))
+    });
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < order.len() {
+        let mut end = at + 1;
+        while end < order.len()
+            && end - at < max_rows
+            && (end - at + 1) * rollouts[order[end]].tokens.len() <= max_tokens
+            && rollouts[order[end]].prompt() == rollouts[order[at]].prompt()
+        {
+            end += 1;
+        }
+        out.push(order[at..end].to_vec());
+        at = end;
+    }
+    out
+}
+
+/// A rollout in a batch: its challenged positions and the index of its sketch key.
+type Item<'r> = (&'r Rollout, Vec<usize>, usize);
+
+/// The reference model's [`Evidence`] for a batch of structurally valid
+/// rollouts, each with its challenged positions: the validator's sketch at
+/// those positions (zero elsewhere) and every completion token's figures.
+fn rollout_evidence<R: Reference + ?Sized>(
+    model: &R,
+    keys: &[(Seed, SketchKey)],
+    eos: u32,
+    items: &[Item<'_>],
+    params: &VerifyParams,
+) -> Result<Vec<Evidence>, JudgeError> {
+    let reqs: Vec<EvidenceRequest<'_>> = items
+        .iter()
+        .map(|(r, ch, _)| EvidenceRequest {
+            tokens: &r.tokens,
+            prompt_len: r.prompt_len as usize,
+            temperature: r.sampling.temperature,
+            eos,
+            hidden_positions: ch,
+        })
+        .collect();
+    let evidence = model.evidence(&reqs)?;
+    let mut out = Vec::with_capacity(items.len());
+    for ((r, ch, key), ev) in items.iter().zip(evidence) {
+        let key = &keys[*key].1;
+        let mut sketches = vec![0u32; r.tokens.len()];
+        for (k, &pos) in ch.iter().enumerate() {
+            let h = ev.hidden_row(k).ok_or(JudgeError::MissingHidden(k))?;
+            if let Some(s) = sketches.get_mut(pos) {
+                *s = sketch::sketch(h, key, &params.sketch)?;
+            }
+        }
+        out.push(Evidence { sketches, positions: ev.positions() });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_sizes() {
+        assert_eq!(SampleConfig::ALL.miners_checked(7), 7);
+        assert_eq!(SampleConfig::GRAIL.miners_checked(1), 1);
+        assert_eq!(SampleConfig::GRAIL.miners_checked(3), 2);
+        assert_eq!(SampleConfig::GRAIL.miners_checked(40), 10);
+        assert_eq!(SampleConfig::GRAIL.miners_checked(1000), 35);
+    }
+
+    #[test]
+    fn failure_names_are_the_report_keys() {
+        let owner = PublicKey([7; 32]);
+        assert_eq!(RolloutFailure::Signature.name(), "signature");
+        assert_eq!(RolloutFailure::Environment("x".into()).name(), "environment");
+        let s = RolloutFailure::Structure(StructureFailure::ExceedsContext { tokens: 9, context: 8 });
+        assert_eq!((s.name(), s.to_string().as_str()), ("structure", "structure: 9 tokens exceed the context of 8"));
+        let c = RolloutFailure::CopiedFrom { owner, own: vec![CheckKind::Prompt, CheckKind::Sampling] };
+        assert_eq!(c.name(), "copy");
+        assert_eq!(
+            c.to_string(),
+            "copy: same prompt and completion as miner 07070707 (whose rollout passes); own checks failed: prompt, sampling"
+        );
+        let v = Verdict {
+            checks: vec![CheckOutcome {
+                kind: CheckKind::Prompt,
+                severity: Severity::Hard,
+                status: Status::Fail(Failure::PromptMismatch { expected_len: 3, got_len: 4, first_diff: 1 }),
+            }],
+            sampling_counts: Default::default(),
+        };
+        assert_eq!(RolloutFailure::Checked(v).name(), "prompt");
+    }
+}

@@ -37,6 +37,16 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 command -v cargo >/dev/null || { say "cargo not found: install a Rust toolchain (rustup) first"; exit 1; }
+# rustfmt and clippy (scripts/test.sh checks formatting and lints); a minimal
+# rustup profile lacks them.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  if command -v rustup >/dev/null; then
+    say "installing the rustfmt and clippy components"
+    rustup component add rustfmt clippy
+  else
+    say "cargo fmt / cargo clippy missing and no rustup to add them"; exit 1
+  fi
+fi
 
 # 2. Python venv with the torch wheel (libtorch for tch) and the base model wheel.
 mkdir -p "$cache/models"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: installs whatever is missing, builds everything once (one
-# profile: the dev profile with optimised dependencies), prepares the model
-# files the tests read, then runs every test in the workspace.
+# The test command: installs whatever is missing, checks formatting, builds
+# everything once (one profile: the dev profile with optimised dependencies),
+# runs clippy with warnings as errors, prepares the model files the tests
+# read, then runs every test in the workspace.
 # Non-zero exit on any failure.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,6 +36,10 @@ if [ -z "${TRIBUTARY_GSM8K_DIR:-}" ]; then
   fi
 fi
 
+stamp "format (cargo fmt --check; rustfmt.toml)"
+cargo fmt --all --check
+if [ -d fuzz ]; then (cd fuzz && cargo fmt --check); fi
+
 stamp "build (workspace, all targets)"
 cargo build --workspace --all-targets --locked "${features[@]}"
 
@@ -43,6 +48,9 @@ stamp "model files: BF16 base checkpoint and the tiny test model"
 target="${CARGO_TARGET_DIR:-$root/target}/debug"
 "$target/trainer" init-base
 "$target/trainer" init-tiny
+
+stamp "lints (clippy, every target, warnings are errors)"
+cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 
 if [ -d fuzz ]; then
   stamp "fuzz targets (type-check on stable)"

@@ -272,10 +272,10 @@ impl Generator {
     /// distinct setting (a GSM8K file is read and hashed once, not per job).
     fn environment(&mut self, info: &WindowInfo) -> Result<Environment, RunError> {
         let spec = info.env_spec();
-        if let Some((have, env)) = &self.env {
-            if *have == spec {
-                return Ok(env.clone());
-            }
+        if let Some((have, env)) = &self.env
+            && *have == spec
+        {
+            return Ok(env.clone());
         }
         let env = Environment::for_window(info, self.gsm8k.as_deref()).map_err(|e| RunError::Config(e.to_string()))?;
         self.env = Some((spec, env.clone()));

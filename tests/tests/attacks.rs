@@ -21,7 +21,7 @@ use tributary_tests::{Miner, Net, NetConfig, id_of, perturbed, publish, trainer_
 use validator::service::{Service, WindowReport};
 
 /// One network at a time: the machine's cores are shared by three miners and a validator.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Scenario {
     net: Net,
@@ -46,10 +46,10 @@ async fn scenario(net: Net, attack: Attack, mut opts: AttackOptions, pool: Optio
     let mut honest = Vec::new();
     for i in 0..2 {
         let mut cfg = net.miner(&format!("honest{i}"), true);
-        if i == 0 {
-            if let Some(p) = &pool {
-                cfg.tamper = Some(Box::new(Recorder(p.clone())));
-            }
+        if i == 0
+            && let Some(p) = &pool
+        {
+            cfg.tamper = Some(Box::new(Recorder(p.clone())));
         }
         honest.push(Miner::spawn(cfg));
     }
@@ -141,7 +141,7 @@ impl Scenario {
 
 /// An attack the validator must catch: the attacker's window fails `check`.
 async fn caught_by_validator(attack: Attack, opts: AttackOptions, checks: &[&str], pool: Option<CopyPool>) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let net = Net::with(net_config()).await;
     let mut s = scenario(net, attack, opts, pool).await;
     let honest = s.honest_keys();
@@ -260,14 +260,14 @@ async fn attack_quantized_q4() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_bad_signature() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let net = Net::with(net_config()).await;
     refused_at_door(net, Attack::BadSignature, AttackOptions::default(), RejectReason::BadSignature).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_stale_checkpoint() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let net = Net::with(net_config()).await;
     // Three checkpoints published after genesis: the attacker keeps generating
     // with genesis, three versions old, and says so.
@@ -298,7 +298,7 @@ async fn attack_stale_checkpoint() {
 /// tells it apart (not required by the issue); the honest miners must pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_quantized_q8_report() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let net = Net::with(net_config()).await;
     let mut s = scenario(net, Attack::QuantizedQ8, AttackOptions::default(), None).await;
     let a = s.attacker.key.public();

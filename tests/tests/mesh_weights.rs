@@ -38,21 +38,22 @@ async fn mesh_weights_superlinear() {
         windows.push(r.window);
     }
     let last = *windows.last().expect("windows");
-    let core = mesh.net.node.shared.core();
-    // U: valid rollouts over the windows the weights look back on.
-    let u = |k| -> f64 {
-        (0..=last).flat_map(|w| core.verdicts_on(w, k)).map(|v| f64::from(v.estimated_valid.max(v.valid))).sum()
-    };
-    let (uf, uh) = (u(&full), u(&half));
-    let ratio = uf / uh;
-    assert!((1.5..=2.7).contains(&ratio), "the full miner produced {uf} valid rollouts, the half miner {uh}");
-    let weights = core.weights(last, mesh.net.node.shared.key.public());
-    let w = |k| weights.weights.iter().find(|(m, _)| m == k).map_or(0.0, |(_, x)| *x);
-    let (wf, wh) = (w(&full), w(&half));
-    eprintln!("valid rollouts {uf} vs {uh} (ratio {ratio:.3}); weights {wf:.4} vs {wh:.4} (ratio {:.2})", wf / wh);
-    assert!((wf + wh - 1.0).abs() < 1e-9);
-    assert!(((wf / wh) / ratio.powi(4) - 1.0).abs() < 1e-9, "weights ∝ U⁴: {wf}/{wh} vs {ratio}⁴");
-    assert!(wf / wh > 2.0 * ratio, "superlinear: weight ratio {} for a production ratio {ratio}", wf / wh);
-    drop(core);
+    {
+        let core = mesh.net.node.shared.core();
+        // U: valid rollouts over the windows the weights look back on.
+        let u = |k| -> f64 {
+            (0..=last).flat_map(|w| core.verdicts_on(w, k)).map(|v| f64::from(v.estimated_valid.max(v.valid))).sum()
+        };
+        let (uf, uh) = (u(&full), u(&half));
+        let ratio = uf / uh;
+        assert!((1.5..=2.7).contains(&ratio), "the full miner produced {uf} valid rollouts, the half miner {uh}");
+        let weights = core.weights(last, mesh.net.node.shared.key.public());
+        let w = |k| weights.weights.iter().find(|(m, _)| m == k).map_or(0.0, |(_, x)| *x);
+        let (wf, wh) = (w(&full), w(&half));
+        eprintln!("valid rollouts {uf} vs {uh} (ratio {ratio:.3}); weights {wf:.4} vs {wh:.4} (ratio {:.2})", wf / wh);
+        assert!((wf + wh - 1.0).abs() < 1e-9);
+        assert!(((wf / wh) / ratio.powi(4) - 1.0).abs() < 1e-9, "weights ∝ U⁴: {wf}/{wh} vs {ratio}⁴");
+        assert!(wf / wh > 2.0 * ratio, "superlinear: weight ratio {} for a production ratio {ratio}", wf / wh);
+    }
     mesh.stop().await;
 }

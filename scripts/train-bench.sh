@@ -2,13 +2,13 @@
 # Does training work? Runs the demo network (scripts/demo.sh: coordinator,
 # two llama.cpp miners, trainer; SmolLM2-135M-Instruct on arith) for K
 # windows, then measures greedy held-out accuracy of the base and the final
-# checkpoint on a fixed held-out set (the offline window of seed 12345: task
-# seeds no network window assigns), writes the mean reward per window as CSV
+# checkpoint on held-out problems (the test split of the arith level, which no
+# window assigns, and GSM8K's test file when TRIBUTARY_GSM8K_DIR is set),
+# writes the mean reward per window as CSV
 # and plots it as a PNG (train-bench plot). Figures: docs/training.md.
 #
 #   BENCH_WINDOWS=K     windows (default 20)
-#   BENCH_TASKS=N       held-out tasks (default 100)
-#   BENCH_SEED=S        held-out offline seed (default 12345)
+#   BENCH_TASKS=N       held-out problems per column (default 200)
 #   BENCH_PNG=FILE      also copy the plot there (e.g. docs/train-reward.png)
 #   DEMO_*              passed to scripts/demo.sh; the bench's defaults:
 #                       DEMO_DIFFICULTY=102, DEMO_TOKENS=48, DEMO_GROUPS=2,
@@ -18,8 +18,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 k="${BENCH_WINDOWS:-20}"
-tasks="${BENCH_TASKS:-100}"
-seed="${BENCH_SEED:-12345}"
+tasks="${BENCH_TASKS:-200}"
 export DEMO_DIFFICULTY="${DEMO_DIFFICULTY:-102}"
 export DEMO_TOKENS="${DEMO_TOKENS:-48}"
 export DEMO_GROUPS="${DEMO_GROUPS:-2}"
@@ -57,11 +56,13 @@ cat "$dir/reward.csv"
   --title "SmolLM2-135M, arith $DEMO_DIFFICULTY: mean reward per window (T=0.7, lr $DEMO_LR)"
 if [ -n "${BENCH_PNG:-}" ]; then cp "$dir/reward.png" "$BENCH_PNG"; echo "plot copied to $BENCH_PNG"; fi
 
-echo "== held-out greedy accuracy (base, then final checkpoint; one llama.cpp thread each)"
+echo "== held-out greedy accuracy on test-split problems (base, then final checkpoint; one llama.cpp thread each)"
 if [ -z "$final" ]; then
   echo "the trainer published no checkpoint" >&2
   exit 1
 fi
+gsm=()
+if [ -n "${TRIBUTARY_GSM8K_DIR:-}" ] && [ -f "$TRIBUTARY_GSM8K_DIR/test.jsonl" ]; then gsm=(--gsm8k-test "$TRIBUTARY_GSM8K_DIR/test.jsonl"); fi
 "$bin/train-bench" eval --model "$base" --model "$final" --difficulty "$DEMO_DIFFICULTY" --tasks "$tasks" \
-  --seed "$seed" --max-new-tokens "$DEMO_TOKENS" --threads 1 --out-dir "$dir" | tee "$dir/heldout.txt"
-echo "model0 = base, model1 = final ($(basename "$final")); completions in $dir/heldout-{0,1}.jsonl"
+  "${gsm[@]}" --max-new-tokens "$DEMO_TOKENS" --threads 1 --out-dir "$dir" | tee "$dir/heldout.txt"
+echo "model0 = base, model1 = final ($(basename "$final")); completions in $dir/heldout-{0,1}-*.jsonl"

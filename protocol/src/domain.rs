@@ -47,6 +47,8 @@ pub mod context {
     pub const VALIDATOR_SAMPLE: &str = "tributary 2025 validator sample v1";
     /// Which groups of a miner a validator samples.
     pub const VALIDATOR_GROUP_SAMPLE: &str = "tributary 2025 validator group sample v1";
+    /// The problem-level train/test split of the procedural environments.
+    pub const PROBLEM_SPLIT: &str = "tributary 2025 problem split v1";
     /// The QUIC stateless-reset key of an endpoint.
     pub const QUIC_STATELESS_RESET: &str = "tributary 2025 quic stateless reset v1";
 }
@@ -69,6 +71,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("context::DEV_KEY", context::DEV_KEY),
     ("context::VALIDATOR_SAMPLE", context::VALIDATOR_SAMPLE),
     ("context::VALIDATOR_GROUP_SAMPLE", context::VALIDATOR_GROUP_SAMPLE),
+    ("context::PROBLEM_SPLIT", context::PROBLEM_SPLIT),
     ("context::QUIC_STATELESS_RESET", context::QUIC_STATELESS_RESET),
 ];
 

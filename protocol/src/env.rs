@@ -160,6 +160,38 @@ pub fn practice_credit(completion: &str) -> f32 {
     0.5 * (16.0 / (16.0 + n))
 }
 
+/// Which side of the problem-level train/test split a problem is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Split {
+    /// Windows assign it and the trainer learns from it.
+    Train,
+    /// Held out: only evaluation sees it ([`Environment::test_problems`]).
+    Test,
+}
+
+/// Share of the procedural problems held out for evaluation, in 1/65 536
+/// (8 192: one in eight).
+pub const TEST_SHARE: u32 = 8_192;
+
+/// Most redraws [`Environment::task`] makes for a held-out problem (the
+/// chance that all are held out is 8⁻⁶⁴).
+const MAX_REDRAWS: u32 = 64;
+
+/// The split of a problem, by its canonical text: blake3 (derive-key mode,
+/// [`crate::domain::context::PROBLEM_SPLIT`]) over the environment's name and
+/// the user message; the first two bytes (LE) below [`TEST_SHARE`] mean test.
+/// A problem is on one side whatever seed drew it, so a held-out problem is
+/// never trained on under another seed.
+pub fn problem_split(env: EnvId, prompt: &str) -> Split {
+    let mut h = blake3::Hasher::new_derive_key(crate::domain::context::PROBLEM_SPLIT);
+    h.update(env.as_str().as_bytes());
+    h.update(&[0]);
+    h.update(prompt.as_bytes());
+    let b = h.finalize();
+    let x = u32::from(u16::from_le_bytes([b.as_bytes()[0], b.as_bytes()[1]]));
+    if x < TEST_SHARE { Split::Test } else { Split::Train }
+}
+
 /// One task: the user message and its reference answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
@@ -262,13 +294,59 @@ impl Environment {
         }
     }
 
-    /// The task for `task_seed` (deterministic).
+    /// The task for `task_seed` (deterministic): what a window assigns and
+    /// training sees. A procedural environment never returns a problem of the
+    /// test split ([`problem_split`]): when the seed's own problem is held
+    /// out, it draws again from `(seed, k)` for `k = 1, 2, ...` until the
+    /// problem is a training one, and the task keeps `id = task_seed`. GSM8K's
+    /// test problems are its own test file, so its tasks are drawn as they are.
     pub fn task(&self, task_seed: u64) -> Task {
-        match self {
-            Environment::Arith(e) => e.task(task_seed),
-            Environment::Sat(e) => e.task(task_seed),
-            Environment::Gsm8k(e) => e.task(task_seed),
+        if let Environment::Gsm8k(e) = self {
+            return e.task(task_seed);
         }
+        let mut task = self.problem(task_seed);
+        for k in 1..=MAX_REDRAWS {
+            if problem_split(task.env, &task.prompt) == Split::Train {
+                break;
+            }
+            let redraw = prf_u64(labels::ENV, &[b"train-redraw", &task_seed.to_le_bytes(), &k.to_le_bytes()]);
+            task = self.problem(redraw);
+        }
+        Task { id: task_seed, ..task }
+    }
+
+    /// The problem a seed stands for, before the train/test split.
+    fn problem(&self, seed: u64) -> Task {
+        match self {
+            Environment::Arith(e) => e.task(seed),
+            Environment::Sat(e) => e.task(seed),
+            Environment::Gsm8k(e) => e.task(seed),
+        }
+    }
+
+    /// `n` distinct held-out problems (fewer if the environment has fewer),
+    /// the same on every machine: for a procedural environment, the test
+    /// split's problems in the order of a fixed seed stream (each distinct
+    /// prompt once); for GSM8K, the first `n` items of the loaded file (load
+    /// the test file to evaluate).
+    pub fn test_problems(&self, n: usize) -> Vec<Task> {
+        if let Environment::Gsm8k(e) = self {
+            return (0..e.len().min(n)).map(|i| e.task_at(i)).collect();
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(n);
+        let attempts = (n as u64).saturating_mul(256).saturating_add(4096);
+        for i in 0..attempts {
+            if out.len() == n {
+                break;
+            }
+            let seed = prf_u64(labels::ENV, &[b"test-problem", &i.to_le_bytes()]);
+            let task = self.problem(seed);
+            if problem_split(task.env, &task.prompt) == Split::Test && seen.insert(task.prompt.clone()) {
+                out.push(task);
+            }
+        }
+        out
     }
 
     /// The full prompt text: ChatML with this environment's system prompt.
@@ -341,5 +419,61 @@ mod tests {
         let TaskAnswer::Number(n) = &t.answer else { panic!("arith answers are numbers") };
         assert_eq!(env.reward(&t, &format!("so... Answer: {n}")), 1.0);
         assert_eq!(env.reward(&t, "Answer: 1.5e9"), 0.0);
+    }
+
+    #[test]
+    fn training_never_draws_a_held_out_problem() {
+        for env in [
+            Environment::Arith(ArithEnv::new(104)),
+            Environment::Arith(ArithEnv::new(3)),
+            Environment::Arith(ArithEnv::new(102)),
+            Environment::Sat(SatEnv),
+        ] {
+            let mut redrawn = 0;
+            for seed in 0..2_000u64 {
+                let t = env.task(seed);
+                assert_eq!(t.id, seed);
+                assert_eq!(t, env.task(seed), "deterministic");
+                assert_eq!(problem_split(t.env, &t.prompt), Split::Train, "{}", t.prompt);
+                let raw = env.problem(seed);
+                if raw.prompt != t.prompt {
+                    redrawn += 1;
+                    assert_eq!(problem_split(raw.env, &raw.prompt), Split::Test);
+                }
+            }
+            // About one seed in eight lands on a held-out problem and is redrawn;
+            // every other task is the seed's own problem.
+            assert!((120..=400).contains(&redrawn), "{:?}: {redrawn} of 2000 redrawn", env.id());
+        }
+    }
+
+    #[test]
+    fn test_problems_are_held_out_distinct_and_fixed() {
+        let env = Environment::Arith(ArithEnv::new(104));
+        let test = env.test_problems(200);
+        assert_eq!(test.len(), 200);
+        assert_eq!(test, env.test_problems(200), "the same on every call");
+        let prompts: std::collections::HashSet<&str> = test.iter().map(|t| t.prompt.as_str()).collect();
+        assert_eq!(prompts.len(), 200, "distinct problems, not distinct seeds");
+        assert!(test.iter().all(|t| problem_split(t.env, &t.prompt) == Split::Test));
+        for seed in 0..5_000u64 {
+            assert!(!prompts.contains(env.task(seed).prompt.as_str()), "seed {seed} trains on a test problem");
+        }
+        // A level with fewer held-out problems than asked gives what it has.
+        let small = Environment::Arith(ArithEnv::new(102)).test_problems(1_000);
+        assert!(!small.is_empty() && small.len() < 55, "{} of level 102's 55 problems", small.len());
+    }
+
+    #[test]
+    fn gsm8k_tests_are_the_loaded_file() {
+        let env = Environment::Gsm8k(
+            Gsm8kEnv::from_jsonl(
+                "{\"question\": \"a?\", \"answer\": \"#### 1\"}\n{\"question\": \"b?\", \"answer\": \"#### 2\"}",
+            )
+            .unwrap(),
+        );
+        let t = env.test_problems(5);
+        assert_eq!(t.iter().map(|t| t.prompt.as_str()).collect::<Vec<_>>(), ["a?", "b?"]);
+        assert_eq!(env.task(7), env.problem(7), "GSM8K's split is its files");
     }
 }

@@ -75,6 +75,17 @@ impl Gsm8kEnv {
         ((u128::from(seed) * self.items.len() as u128) >> 64) as usize
     }
 
+    /// The task of item `i` (`id = i`); `i` past the end wraps around.
+    pub fn task_at(&self, i: usize) -> Task {
+        let item = &self.items[i % self.items.len()];
+        Task {
+            env: EnvId::Gsm8k,
+            id: i as u64,
+            prompt: item.question.clone(),
+            answer: TaskAnswer::Number(item.answer.clone()),
+        }
+    }
+
     /// The task for `seed`.
     pub fn task(&self, seed: u64) -> Task {
         let item = &self.items[self.index(seed)];

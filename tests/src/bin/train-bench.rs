@@ -1,30 +1,33 @@
 //! `train-bench`: the measuring half of `scripts/train-bench.sh`.
 //!
-//! - `eval`: greedy held-out accuracy of one or more checkpoints on the same
-//!   fixed arith task set (llama.cpp, `edge_miner::offline::generate` with
-//!   G = 1 and T = 0; reward from `tributary_protocol::env`). The task set is
-//!   that of an offline window of `--seed` (default 12345): task seeds no
-//!   network window assigns. Models are evaluated side by side, one thread
-//!   each.
+//! - `eval`: greedy accuracy of one or more checkpoints on held-out
+//!   **problems** (llama.cpp, G = 1, T = 0): the test split of the arith level
+//!   (`Environment::test_problems`, problems no window ever assigns, so no
+//!   checkpoint trained on them) and, with `--gsm8k-test FILE`, the first
+//!   tasks of GSM8K's own test file as a second column. Each column reports
+//!   the lenient reward (the protocol's), a strict answer rule (the last line
+//!   is exactly `Answer: N`), and format apart from correctness (ended with
+//!   an end-of-generation token; wrote an `Answer:` marker). Models are
+//!   evaluated side by side, one thread each; per-task lines go to
+//!   `heldout-<model>-<column>.jsonl`.
 //! - `plot`: mean reward per window (`reward.csv` as written by the script)
 //!   as a PNG (plotters, bitmap backend; text in DejaVu Sans read at run time).
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use edge_miner::backend::Backend;
+use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
-use edge_miner::offline::{self, GenerateOptions, Job, OfflineWindow};
-use tributary_protocol::checkpoint::Checkpoint;
-use tributary_protocol::env::{ArithEnv, Environment};
-use tributary_protocol::sketch::SketchParams;
+use tributary_protocol::env::{ArithEnv, Environment, Gsm8kEnv, Task, TaskAnswer, completion_reward, completion_text_ids};
+use tributary_protocol::prf::Seed;
+use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
 
 const USAGE: &str = "usage:
-  train-bench eval --model CKPT.gguf [--model ...] [--difficulty D] [--tasks N] [--seed S]
-                   [--max-new-tokens T] [--threads K] [--out-dir DIR]
+  train-bench eval --model CKPT.gguf [--model ...] [--difficulty D] [--tasks N]
+                   [--gsm8k-test FILE] [--max-new-tokens T] [--threads K] [--out-dir DIR]
   train-bench plot --csv reward.csv --out reward.png [--title TEXT] [--font FILE.ttf]";
 
 /// The font `plot` writes with unless `--font` names another.
@@ -75,45 +78,101 @@ impl Opts {
     }
 }
 
-/// Greedy accuracy of one model on the held-out set.
-struct Accuracy {
-    solved: usize,
+/// What one model did on one column of held-out problems.
+#[derive(Default)]
+struct Tally {
     tasks: usize,
+    /// Lenient reward 1 (the protocol's answer extraction).
+    solved: usize,
+    /// Last non-empty line exactly `Answer: <want>`.
+    strict: usize,
+    /// Ended with an end-of-generation token within the budget.
+    ended: usize,
+    /// Wrote an `Answer:` marker at all.
+    marker: usize,
     secs: f64,
 }
 
+impl Tally {
+    fn line(&self) -> String {
+        let f = |n: usize| n as f64 / self.tasks.max(1) as f64;
+        format!(
+            "accuracy={:.3} strict={:.3} ended={:.3} marker={:.3} solved={}/{} time={:.0}s",
+            f(self.solved),
+            f(self.strict),
+            f(self.ended),
+            f(self.marker),
+            self.solved,
+            self.tasks,
+            self.secs
+        )
+    }
+}
+
+/// The strict answer rule: the completion's last non-empty line is exactly
+/// `Answer: <want>` (numbers as the environment canonicalises them).
+fn strict_correct(task: &Task, text: &str) -> bool {
+    let Some(last) = text.lines().rev().map(str::trim).find(|l| !l.is_empty()) else { return false };
+    match &task.answer {
+        TaskAnswer::Number(want) | TaskAnswer::Practice(want) => {
+            last.strip_prefix("Answer: ").is_some_and(|got| got.trim() == want)
+        }
+        TaskAnswer::Sat(_) => task.answer.reward(last) >= 1.0,
+    }
+}
+
+/// Greedy generation of `model` on `tasks`, one per-task JSON line to `out`.
 fn evaluate(
     model: &Path,
     env: &Environment,
-    opts: &GenerateOptions,
-    seed: u64,
+    tasks: &[Task],
+    max_new_tokens: usize,
     threads: usize,
     out: &Path,
-) -> Result<Accuracy> {
+) -> Result<Tally> {
     let tokenizer = Tokenizer::from_gguf_file(model).context("building the tokenizer")?;
-    let model_id = Checkpoint::open(model).ok().map(|c| c.content_id());
     let mut backend = LlamaCppBackend::load(&LlamaConfig { model: model.to_path_buf(), threads, gpu_layers: 0 })?;
     if tokenizer.vocab_size() != backend.vocab_size() {
         bail!("tokenizer has {} tokens, model {}", tokenizer.vocab_size(), backend.vocab_size());
     }
-    let window = OfflineWindow::from_seed(seed);
-    let job = Job { tokenizer: &tokenizer, env, model: model_id, data: None, window: &window, opts };
-    let file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    let eog: Vec<u32> = tokenizer.eog_ids().collect();
+    // Greedy decoding draws nothing; the key only feeds the unused sketches.
+    let seed = Seed([0; 32]);
+    let sketch_key = SketchKey::derive(&seed, backend.hidden_size());
+    let mut file = BufWriter::new(File::create(out).with_context(|| format!("creating {}", out.display()))?);
     let start = std::time::Instant::now();
-    let mut solved = 0;
-    let mut write = offline::jsonl_sink(BufWriter::new(file));
-    let summary = offline::generate(
-        &mut backend,
-        &job,
-        |rec| {
-            if rec.reward >= 1.0 {
-                solved += 1;
-            }
-            write(rec)
-        },
-        |_| {},
-    )?;
-    Ok(Accuracy { solved, tasks: summary.rollouts, secs: start.elapsed().as_secs_f64() })
+    let mut t = Tally { tasks: tasks.len(), ..Tally::default() };
+    for (i, task) in tasks.iter().enumerate() {
+        let prompt = tokenizer.encode(&env.prompt_text(task))?;
+        let req = GroupRequest {
+            prompt: &prompt,
+            group_size: 1,
+            max_new_tokens,
+            temperature: 0.0,
+            draw: DrawKey { sampling_seed: seed, miner: [0; 32], group: i as u32 },
+            sketch_key: &sketch_key,
+            sketch_params: SketchParams::DEFAULT,
+            eog: &eog,
+        };
+        let seq = backend.generate_group(&req)?.into_iter().next().context("an empty group")?;
+        let reward = completion_reward(&tokenizer, env, task, &seq.completion)?;
+        let text_ids = completion_text_ids(&tokenizer, &seq.completion);
+        let ended = text_ids.len() < seq.completion.len();
+        let text = tokenizer.decode(text_ids)?;
+        let strict = strict_correct(task, &text);
+        t.solved += usize::from(reward >= 1.0);
+        t.strict += usize::from(strict);
+        t.ended += usize::from(ended);
+        t.marker += usize::from(text.contains("Answer:"));
+        let line = serde_json::json!({
+            "task": task.id, "prompt": task.prompt, "completion": text,
+            "reward": reward, "strict": strict, "ended": ended,
+        });
+        writeln!(file, "{line}")?;
+    }
+    file.flush()?;
+    t.secs = start.elapsed().as_secs_f64();
+    Ok(t)
 }
 
 fn eval(o: &Opts) -> Result<()> {
@@ -121,50 +180,43 @@ fn eval(o: &Opts) -> Result<()> {
     if models.is_empty() {
         bail!("give at least one --model\n{USAGE}");
     }
-    let difficulty: u32 = o.num("difficulty", 100)?;
-    let tasks: usize = o.num("tasks", 100)?;
-    let seed: u64 = o.num("seed", 12345)?;
+    let difficulty: u32 = o.num("difficulty", 104)?;
+    let n: usize = o.num("tasks", 200)?;
     let threads: usize = o.num("threads", 1)?;
+    let max_new_tokens: usize = o.num("max-new-tokens", 48)?;
     let out_dir = PathBuf::from(o.get("out-dir").unwrap_or("."));
     std::fs::create_dir_all(&out_dir)?;
-    let env = Environment::Arith(ArithEnv::new(difficulty));
-    let gen_opts = GenerateOptions {
-        first_task: 0,
-        tasks,
-        group: 1,
-        max_new_tokens: o.num("max-new-tokens", 48)?,
-        temperature: 0.0,
-        sketch_params: SketchParams::DEFAULT,
-    };
-    println!(
-        "held-out: arith difficulty {}, {tasks} tasks of offline seed {seed}, greedy, {} new tokens",
-        ArithEnv::new(difficulty).difficulty(),
-        gen_opts.max_new_tokens
-    );
-    let results: Vec<Result<Accuracy>> = std::thread::scope(|s| {
-        let handles: Vec<_> = models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let (env, gen_opts, out) = (&env, &gen_opts, out_dir.join(format!("heldout-{i}.jsonl")));
-                s.spawn(move || evaluate(m, env, gen_opts, seed, threads, &out))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("evaluation thread panicked"))))
-            .collect()
-    });
-    for (i, (m, r)) in models.iter().zip(results).enumerate() {
-        let a = r.with_context(|| format!("evaluating {}", m.display()))?;
-        println!(
-            "model{i} accuracy={:.3} solved={}/{} time={:.0}s file={}",
-            a.solved as f64 / a.tasks.max(1) as f64,
-            a.solved,
-            a.tasks,
-            a.secs,
-            m.display()
-        );
+    let mut columns = Vec::new();
+    let arith = Environment::Arith(ArithEnv::new(difficulty));
+    let tasks = arith.test_problems(n);
+    columns.push((format!("arith{}", ArithEnv::new(difficulty).difficulty()), arith, tasks));
+    if let Some(path) = o.get("gsm8k-test") {
+        let gsm = Environment::Gsm8k(Gsm8kEnv::load(Path::new(path)).with_context(|| format!("loading {path}"))?);
+        let tasks = gsm.test_problems(n);
+        columns.push(("gsm8k".to_owned(), gsm, tasks));
+    }
+    for (name, _, tasks) in &columns {
+        println!("held-out {name}: {} distinct test problems, greedy, {max_new_tokens} new tokens", tasks.len());
+    }
+    for (name, env, tasks) in &columns {
+        let results: Vec<Result<Tally>> = std::thread::scope(|s| {
+            let handles: Vec<_> = models
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    let out = out_dir.join(format!("heldout-{i}-{name}.jsonl"));
+                    s.spawn(move || evaluate(m, env, tasks, max_new_tokens, threads, &out))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("evaluation thread panicked"))))
+                .collect()
+        });
+        for (i, (m, r)) in models.iter().zip(results).enumerate() {
+            let t = r.with_context(|| format!("evaluating {} on {name}", m.display()))?;
+            println!("model{i} {name} {} file={}", t.line(), m.display());
+        }
     }
     Ok(())
 }

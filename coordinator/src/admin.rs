@@ -460,7 +460,9 @@ fn open_stopped(data_dir: &Path) -> Result<Store, AdminError> {
     }
     match Store::open(&path) {
         Ok(s) => Ok(s),
-        Err(StoreError::Db(redb::Error::DatabaseAlreadyOpen)) => Err(AdminError::Running(data_dir.into())),
+        Err(StoreError::Db(e)) if matches!(*e, redb::Error::DatabaseAlreadyOpen) => {
+            Err(AdminError::Running(data_dir.into()))
+        }
         Err(e) => Err(e.into()),
     }
 }

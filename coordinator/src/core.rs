@@ -24,6 +24,7 @@
 //! validators check `W` during `W + 1` ([`Core::weights_interval`]). Only the
 //! configured trainer key's step reports are taken ([`Core::check_trainer_stats`]).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
@@ -79,6 +80,10 @@ pub struct CoreConfig {
     pub group_size: u32,
     /// Sampling parameters every rollout must carry (the generation contract).
     pub sampling: SamplingParams,
+    /// Longest prompt, in tokens, a rollout may carry (the generation contract).
+    pub max_prompt_tokens: u32,
+    /// The model's vocabulary size when known: every token id must be below it.
+    pub vocab_size: Option<u32>,
     /// Difficulty of the procedural environments.
     pub difficulty: u32,
     /// blake3 of the environment's dataset file (gsm8k), if any.
@@ -120,6 +125,34 @@ pub struct Candidate {
     pub digest: [u8; 32],
     /// Hash of the prompt and completion tokens (what cross-miner copies share).
     pub content: [u8; 32],
+    /// What the generation contract is checked against.
+    pub shape: Shape,
+}
+
+/// The facts of a rollout the window's generation contract bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// Sampling parameters it claims.
+    pub sampling: SamplingParams,
+    /// Prompt tokens.
+    pub prompt_len: u32,
+    /// Completion tokens.
+    pub completion_len: u32,
+    /// Its largest token id.
+    pub max_token: u32,
+}
+
+impl Eq for Shape {}
+
+impl Shape {
+    /// The shape of a rollout restored from the store (admitted when it was
+    /// stored; restoring checks nothing).
+    pub const RESTORED: Shape = Shape {
+        sampling: SamplingParams { temperature: 0.0, max_new_tokens: 0 },
+        prompt_len: 0,
+        completion_len: 0,
+        max_token: 0,
+    };
 }
 
 /// Per-window bookkeeping.
@@ -184,6 +217,9 @@ pub struct Core {
     /// (window, miner) → validator → verdict.
     verdicts: BTreeMap<(WindowId, PublicKey), BTreeMap<PublicKey, VerdictBody>>,
     rejected_anonymous: BTreeMap<&'static str, u64>,
+    /// The latest instant the core was told of: a window that opened by then
+    /// may have been handed out, so no publication may change its checkpoint.
+    clock: Cell<u64>,
 }
 
 impl Core {
@@ -198,6 +234,7 @@ impl Core {
             miners: HashMap::new(),
             verdicts: BTreeMap::new(),
             rejected_anonymous: BTreeMap::new(),
+            clock: Cell::new(0),
         }
     }
 
@@ -231,12 +268,20 @@ impl Core {
         self.checkpoints.range(..=window).next_back().map(|(_, id)| *id).unwrap_or(self.cfg.genesis_checkpoint)
     }
 
+    /// Notes that the caller's clock has reached `now_ms` (the core's time never goes back).
+    fn observe(&self, now_ms: u64) -> u64 {
+        let t = self.clock.get().max(now_ms);
+        self.clock.set(t);
+        t
+    }
+
     /// A window's public parameters, once it has opened.
     pub fn window_info(&self, window: WindowId, now_ms: u64) -> Option<WindowInfo> {
         let s = &self.cfg.schedule;
         if now_ms < s.opens_at(window) {
             return None;
         }
+        self.observe(now_ms);
         let secrets = self.secrets(window);
         Some(WindowInfo {
             window,
@@ -272,6 +317,7 @@ impl Core {
     /// Every door check on a decoded, signature-checked rollout from the
     /// authenticated `peer`; on success its slot, digest and content are reserved.
     pub fn admit(&mut self, now_ms: u64, peer: &PublicKey, c: &Candidate) -> Result<(), RejectReason> {
+        self.observe(now_ms);
         let result = self.check(now_ms, peer, c);
         match result {
             Ok(()) => {
@@ -303,17 +349,38 @@ impl Core {
         if c.env != self.cfg.env {
             return Err(RejectReason::WrongEnv);
         }
+        self.check_contract(&c.shape)?;
         if c.group >= self.cfg.groups_per_miner
             || c.index >= self.cfg.group_size
             || c.task_id != self.assigned_task(c.window, peer, c.group)
         {
             return Err(RejectReason::Unassigned);
         }
-        if let Some(book) = self.books.get(&c.window) {
-            if book.digests.contains(&c.digest) || book.slots.get(peer).is_some_and(|s| s.contains(&(c.group, c.index)))
-            {
-                return Err(RejectReason::Duplicate);
-            }
+        if let Some(book) = self.books.get(&c.window)
+            && (book.digests.contains(&c.digest)
+                || book.slots.get(peer).is_some_and(|s| s.contains(&(c.group, c.index))))
+        {
+            return Err(RejectReason::Duplicate);
+        }
+        Ok(())
+    }
+
+    /// The window's generation contract: the coordinator's sampling settings
+    /// (bitwise), at most `max_new_tokens` completion tokens, a prompt no
+    /// longer than `max_prompt_tokens`, token ids within the vocabulary. A
+    /// rollout outside it can only fail validation, and would cost storage
+    /// and bandwidth up to ~100× an honest one's.
+    pub fn check_contract(&self, s: &Shape) -> Result<(), RejectReason> {
+        let want = &self.cfg.sampling;
+        let sampling_ok = s.sampling.temperature.to_bits() == want.temperature.to_bits()
+            && s.sampling.max_new_tokens == want.max_new_tokens;
+        let vocab_ok = self.cfg.vocab_size.is_none_or(|v| s.max_token < v);
+        if !sampling_ok
+            || s.completion_len > want.max_new_tokens
+            || s.prompt_len > self.cfg.max_prompt_tokens
+            || !vocab_ok
+        {
+            return Err(RejectReason::Schema);
         }
         Ok(())
     }
@@ -373,14 +440,37 @@ impl Core {
         &self.miners
     }
 
+    /// The first window a checkpoint announced now would be in force from:
+    /// the window after `body.window`, or the first window that has not
+    /// opened by `now_ms` (nor by any instant the core was told of earlier),
+    /// whichever is later. A window that has opened keeps its checkpoint.
+    pub fn checkpoint_from(&self, now_ms: u64, body: &CheckpointBody) -> WindowId {
+        let now = self.clock.get().max(now_ms);
+        let current = self.current_window(now).unwrap_or(0);
+        body.window.max(current).saturating_add(1)
+    }
+
     /// Records a checkpoint announcement (the caller checked the trainer's
-    /// signature and stored the payload). It is in force from the window after
-    /// `body.window`, or the window after the current one if that is later.
+    /// signature and stored the payload) from [`Core::checkpoint_from`].
     pub fn publish_checkpoint(&mut self, now_ms: u64, body: &CheckpointBody) -> WindowId {
-        let current = self.current_window(now_ms).unwrap_or(0);
-        let from = body.window.max(current).saturating_add(1);
+        let from = self.checkpoint_from(now_ms, body);
+        self.observe(now_ms);
         self.checkpoints.insert(from, body.id);
         from
+    }
+
+    /// Records a checkpoint announcement that the caller made durable as in
+    /// force from `from`, if that is still [`Core::checkpoint_from`] at
+    /// `now_ms` (the instant after it became durable). `false` if a window at
+    /// or after `from` opened meanwhile: the caller stores it again with a
+    /// later `from`.
+    pub fn publish_checkpoint_from(&mut self, now_ms: u64, from: WindowId, body: &CheckpointBody) -> bool {
+        if self.checkpoint_from(now_ms, body) != from {
+            return false;
+        }
+        self.observe(now_ms);
+        self.checkpoints.insert(from, body.id);
+        true
     }
 
     /// Re-adds a checkpoint found in the store at startup.
@@ -566,6 +656,8 @@ mod tests {
             groups_per_miner: 2,
             group_size: 4,
             sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
+            max_prompt_tokens: 256,
+            vocab_size: Some(1000),
             difficulty: 3,
             dataset: None,
             genesis_checkpoint: ContentId([1; 32]),
@@ -593,6 +685,12 @@ mod tests {
             miner: m,
             digest: *blake3::hash(&[window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
             content: *blake3::hash(&[1, window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
+            shape: Shape {
+                sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
+                prompt_len: 40,
+                completion_len: 32,
+                max_token: 999,
+            },
         }
     }
 
@@ -739,6 +837,78 @@ mod tests {
         let mut c = cand(&core, 2, m, 0, 0);
         c.checkpoint = ContentId([1; 32]);
         assert_eq!(core.admit(at(2), &m, &c), Err(RejectReason::StaleCheckpoint));
+    }
+
+    #[test]
+    fn the_door_enforces_the_generation_contract() {
+        let mut core = Core::new(cfg());
+        let m = miner(1);
+        let base = cand(&core, 1, m, 0, 0);
+        let mut bad: Vec<(&str, Candidate)> = Vec::new();
+        let mut c = base.clone();
+        c.shape.sampling.temperature = 1.0;
+        bad.push(("temperature", c));
+        let mut c = base.clone();
+        c.shape.sampling.temperature = f32::from_bits(0.7f32.to_bits() + 1);
+        bad.push(("temperature off by one ulp", c));
+        let mut c = base.clone();
+        c.shape.sampling.max_new_tokens = 16_384;
+        bad.push(("max_new_tokens claimed", c));
+        let mut c = base.clone();
+        c.shape.completion_len = 33;
+        bad.push(("completion past max_new_tokens", c));
+        let mut c = base.clone();
+        c.shape.prompt_len = 257;
+        bad.push(("prompt too long", c));
+        let mut c = base.clone();
+        c.shape.max_token = 1000;
+        bad.push(("token outside the vocabulary", c));
+        for (what, c) in &bad {
+            assert_eq!(core.admit(at(1), &m, c), Err(RejectReason::Schema), "{what}");
+        }
+        assert_eq!(core.admit(at(1), &m, &base), Ok(()));
+        // Without a known vocabulary only the other bounds apply.
+        let mut c = cfg();
+        c.vocab_size = None;
+        let mut core = Core::new(c);
+        let mut big = cand(&core, 1, m, 0, 0);
+        big.shape.max_token = u32::MAX;
+        assert_eq!(core.admit(at(1), &m, &big), Ok(()));
+    }
+
+    /// proof-soundness finding 3: the announcement's frame was read in window
+    /// 1 and its upload became durable in window 2, after window 2's
+    /// parameters were handed out; window 2 keeps its checkpoint.
+    #[test]
+    fn a_publication_never_changes_an_opened_window() {
+        let mut core = Core::new(cfg());
+        let m = miner(1);
+        let info = core.window_info(2, at(2)).unwrap();
+        assert_eq!(info.checkpoint, ContentId([1; 32]));
+        let body = CheckpointBody {
+            id: ContentId([2; 32]),
+            kind: tributary_protocol::wire::CheckpointKind::Full,
+            len: 0,
+            payload_hash: [0; 32],
+            window: 1,
+            trainer: miner(9),
+        };
+        // A stale clock reading (taken when the announcement arrived).
+        assert_eq!(core.publish_checkpoint(at(1) + 990, &body), 3);
+        assert_eq!(core.window_info(2, at(2) + 1).unwrap().checkpoint, info.checkpoint);
+        let c = cand(&core, 2, m, 0, 0);
+        assert_eq!(c.checkpoint, ContentId([1; 32]));
+        assert_eq!(core.admit(at(2) + 2, &m, &c), Ok(()));
+        assert_eq!(core.checkpoint_for(3), ContentId([2; 32]));
+        // Made durable as from window 3, but window 3 opened before the
+        // caller re-read the clock: refused, to be stored again from window 4.
+        let mut core = Core::new(cfg());
+        let from = core.checkpoint_from(at(2), &body);
+        assert_eq!(from, 3);
+        assert!(!core.publish_checkpoint_from(at(3), from, &body));
+        assert_eq!(core.checkpoint_for(3), ContentId([1; 32]));
+        assert!(core.publish_checkpoint_from(at(3), 4, &body));
+        assert_eq!(core.checkpoint_for(4), ContentId([2; 32]));
     }
 
     #[test]

@@ -82,6 +82,25 @@ pub struct Config {
     pub kib_per_sec: u32,
     /// Rollouts per second per miner. Default 20 000.
     pub rollouts_per_sec: u32,
+    /// Longest prompt (tokens) a rollout may carry; longer ones are refused
+    /// at the door (`schema`). Default 1024.
+    pub max_prompt_tokens: u32,
+    /// Connections open at once, in all. Default 2048.
+    pub max_connections: u32,
+    /// Connections open at once from one IPv4 address or IPv6 /64. Default 64.
+    pub max_connections_per_address: u32,
+    /// Authenticated connections open at once per key. Default 8.
+    pub max_connections_per_key: u32,
+    /// A miner connection silent for this long is closed (ms). Default 300 000.
+    pub idle_timeout_ms: u64,
+    /// A connection must finish its handshake this long after it is up (ms). Default 10 000.
+    pub handshake_timeout_ms: u64,
+    /// Door penalties recorded per second, in all. Default 2.
+    pub penalties_per_sec: u32,
+    /// MiB of checkpoint payload held for answers at once, in all. Default 256.
+    pub relay_inflight_mib: u32,
+    /// MiB of submissions read and not yet answered, in all. Default 256.
+    pub ingest_inflight_mib: u32,
 }
 
 impl Default for Config {
@@ -112,6 +131,15 @@ impl Default for Config {
             connections_per_sec: l.connections_per_sec,
             kib_per_sec: l.kib_per_sec,
             rollouts_per_sec: l.rollouts_per_sec,
+            max_prompt_tokens: 1024,
+            max_connections: l.max_connections,
+            max_connections_per_address: l.max_connections_per_address,
+            max_connections_per_key: l.max_connections_per_key,
+            idle_timeout_ms: l.idle_timeout_ms,
+            handshake_timeout_ms: l.handshake_timeout_ms,
+            penalties_per_sec: l.penalties_per_sec,
+            relay_inflight_mib: l.relay_inflight_mib,
+            ingest_inflight_mib: l.ingest_inflight_mib,
         }
     }
 }
@@ -169,6 +197,22 @@ pub fn genesis_checkpoint(model: Option<&Path>) -> anyhow::Result<ContentId> {
         Some(p) => Checkpoint::open(p)?.content_id(),
         None => Checkpoint::from_bytes(dev_tiny_bytes()?)?.content_id(),
     })
+}
+
+/// The vocabulary size of the genesis model when its file is in the relay
+/// (the door refuses token ids at or past it); `None` if it is not there.
+fn genesis_vocab(relay: &Path, genesis: &ContentId) -> Option<u32> {
+    let path = crate::relay::full_path(relay, genesis);
+    if !path.is_file() {
+        return None;
+    }
+    match Checkpoint::open(&path) {
+        Ok(c) => u32::try_from(c.config().vocab_size).ok(),
+        Err(e) => {
+            tracing::warn!(error = %e, "genesis model unreadable; token ids are not checked at the door");
+            None
+        }
+    }
 }
 
 /// The relay folder of a data folder.
@@ -241,6 +285,8 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         groups_per_miner: cfg.groups_per_miner,
         group_size: cfg.group_size,
         sampling: SamplingParams { temperature: cfg.temperature, max_new_tokens: cfg.max_new_tokens },
+        max_prompt_tokens: cfg.max_prompt_tokens,
+        vocab_size: genesis_vocab(&relay_dir(&cfg.data_dir), &genesis),
         difficulty: cfg.difficulty,
         dataset,
         genesis_checkpoint: genesis,
@@ -255,15 +301,23 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         connections_per_sec: cfg.connections_per_sec,
         kib_per_sec: cfg.kib_per_sec,
         rollouts_per_sec: cfg.rollouts_per_sec,
+        max_connections: cfg.max_connections,
+        max_connections_per_address: cfg.max_connections_per_address,
+        max_connections_per_key: cfg.max_connections_per_key,
+        idle_timeout_ms: cfg.idle_timeout_ms,
+        handshake_timeout_ms: cfg.handshake_timeout_ms,
+        penalties_per_sec: cfg.penalties_per_sec,
+        relay_inflight_mib: cfg.relay_inflight_mib,
+        ingest_inflight_mib: cfg.ingest_inflight_mib,
     };
     let _ = crate::http::prometheus();
     let mut entries = store.relay_entries()?;
     let relay = Relay::open(&relay_dir(&cfg.data_dir), vec![])?;
-    if !entries.iter().any(|e| e.id == genesis) {
-        if let Some(e) = relay.genesis_entry(genesis)? {
-            store.put_relay_entry(&e)?;
-            entries.push(e);
-        }
+    if !entries.iter().any(|e| e.id == genesis)
+        && let Some(e) = relay.genesis_entry(genesis)?
+    {
+        store.put_relay_entry(&e)?;
+        entries.push(e);
     }
     let relay = Arc::new(Relay::open(&relay_dir(&cfg.data_dir), entries)?);
     let shared = server::shared(core, store, key, limits, relay)?;

@@ -1,43 +1,86 @@
 //! The QUIC server: handshake, ingestion with durable acknowledgements,
 //! serving, verdicts, checkpoints and rate limits, around [`Core`] and [`Store`].
 
-use std::net::{IpAddr, SocketAddr};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::Instrument;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{self, Keypair, PublicKey};
 use tributary_protocol::rollout::{self, Rollout, RolloutLimits};
+use tributary_protocol::window::Schedule;
 use tributary_protocol::wire::{
     self, Ack, BatchAnswer, Challenge, ErrorCode, ErrorFrame, Frame, Outcome, Progress, Refused, RejectReason, Reveal,
-    Role, Rollouts, VerdictAck, Welcome,
+    Role, Rollouts, Tag, VerdictAck, Welcome,
 };
 
-use crate::core::{Candidate, Core};
+use crate::core::{Candidate, Core, Shape};
 use crate::net::{self, NetError};
-use crate::relay::{Payload, Relay, RelayError};
+use crate::relay::{CHUNK_LEN, Payload, Relay, RelayError};
 use crate::store::{Store, StoreError, StoredRollout};
 
-/// Rate limits.
+/// Rate limits and resource bounds of the QUIC server.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Connection attempts per second per source address.
+    /// Connection attempts per second per source address (IPv4) or /64
+    /// (IPv6), counted only once the address is validated (QUIC Retry).
     pub connections_per_sec: u32,
     /// Submitted KiB per second per miner key (burst: one second's worth).
     pub kib_per_sec: u32,
     /// Submissions per second per miner key.
     pub rollouts_per_sec: u32,
+    /// Connections open at once, in all.
+    pub max_connections: u32,
+    /// Connections open at once from one address (IPv4) or /64 (IPv6).
+    pub max_connections_per_address: u32,
+    /// Authenticated connections open at once per key.
+    pub max_connections_per_key: u32,
+    /// A miner connection that sends no frame for this long is closed (ms).
+    pub idle_timeout_ms: u64,
+    /// A connection must have opened its stream and finished the handshake
+    /// this long after it is up (ms).
+    pub handshake_timeout_ms: u64,
+    /// Door penalties (coordinator-signed verdicts) recorded per second, in all.
+    pub penalties_per_sec: u32,
+    /// MiB of checkpoint payload read for answers at once, in all (each
+    /// connection holds at most one chunk).
+    pub relay_inflight_mib: u32,
+    /// MiB of submissions read and not yet answered, in all.
+    pub ingest_inflight_mib: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { connections_per_sec: 20, kib_per_sec: 64 << 10, rollouts_per_sec: 20_000 }
+        Self {
+            connections_per_sec: 20,
+            kib_per_sec: 64 << 10,
+            rollouts_per_sec: 20_000,
+            max_connections: 2048,
+            max_connections_per_address: 64,
+            max_connections_per_key: 8,
+            idle_timeout_ms: 300_000,
+            handshake_timeout_ms: 10_000,
+            penalties_per_sec: 2,
+            relay_inflight_mib: 256,
+            ingest_inflight_mib: 256,
+        }
     }
 }
+
+/// A frame's body must arrive this long after its header.
+const BODY_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The most rollout bytes in one `Rollouts` answer (half the frame limit:
+/// one more rollout never takes it past the limit).
+pub const ROLLOUTS_ANSWER_BYTES: usize = (wire::MAX_BODY_LEN / 2) as usize;
+
+/// Answers queued per connection (request/response clients have a few in flight).
+const ANSWER_QUEUE: usize = 64;
 
 /// Wall-clock milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -46,7 +89,104 @@ pub fn now_ms() -> u64 {
 
 struct WriteJob {
     rollouts: Vec<StoredRollout>,
-    done: oneshot::Sender<Result<(), String>>,
+    /// Per rollout: whether it was stored (`false`: its window had closed
+    /// before the commit), or why the commit failed.
+    done: oneshot::Sender<Result<Vec<bool>, String>>,
+}
+
+/// Seals windows: a rollout becomes durable only in a commit that began
+/// before its window closed, and a fetch of a closed window waits for the
+/// commit in progress, so every reader of a closed window sees the same set.
+pub struct Seal {
+    lock: Mutex<()>,
+    schedule: Schedule,
+}
+
+impl Seal {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Which address prefix a connection counts against: the IPv4 address, or
+/// the /64 of an IPv6 one (one host commonly holds a whole /64).
+pub fn address_prefix(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
+
+#[derive(Debug, Default)]
+struct ConnCounts {
+    total: u32,
+    by_prefix: HashMap<IpAddr, u32>,
+    by_key: HashMap<PublicKey, u32>,
+}
+
+/// An open connection's place in the global and per-address counts.
+struct AddressSlot {
+    sh: Arc<Shared>,
+    prefix: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut c = self.sh.conns();
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.by_prefix.get_mut(&self.prefix) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.by_prefix.remove(&self.prefix);
+            }
+        }
+        metrics::gauge!("tributary_connections").set(f64::from(c.total));
+    }
+}
+
+/// An authenticated connection's place in its key's count.
+struct KeySlot {
+    sh: Arc<Shared>,
+    key: PublicKey,
+}
+
+impl Drop for KeySlot {
+    fn drop(&mut self) {
+        let mut c = self.sh.conns();
+        if let Some(n) = c.by_key.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.by_key.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// At most one warning per second per kind: a flood of refusals is logged
+/// with the count of those not logged, not one line each.
+#[derive(Debug, Default)]
+struct WarnThrottle(Mutex<HashMap<&'static str, (Option<Instant>, u64)>>);
+
+impl WarnThrottle {
+    /// `Some(suppressed since the last warning)` if this one is to be logged.
+    fn allow(&self, kind: &'static str) -> Option<u64> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry(kind).or_insert((None, 0));
+        let now = Instant::now();
+        if e.0.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            e.1 += 1;
+            return None;
+        }
+        let suppressed = e.1;
+        *e = (Some(now), 0);
+        Some(suppressed)
+    }
 }
 
 /// State shared by every connection.
@@ -60,15 +200,93 @@ pub struct Shared {
     /// The checkpoint relay.
     pub relay: Arc<Relay>,
     writer: mpsc::Sender<WriteJob>,
+    seal: Arc<Seal>,
+    limits: Limits,
     conn_limit: DefaultKeyedRateLimiter<IpAddr>,
     byte_limit: DefaultKeyedRateLimiter<PublicKey>,
     rollout_limit: DefaultKeyedRateLimiter<PublicKey>,
+    penalty_limit: DefaultDirectRateLimiter,
+    conns: Mutex<ConnCounts>,
+    relay_budget: Arc<Semaphore>,
+    ingest_budget: Arc<Semaphore>,
+    warn: WarnThrottle,
 }
 
 impl Shared {
     /// Locks the core (a poisoned lock is recovered: the core has no invariants a panic can break half-way).
     pub fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn conns(&self) -> MutexGuard<'_, ConnCounts> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds the commit of rollouts: while the guard lives no rollout becomes
+    /// durable (the writer waits), and fetches of closed windows wait too.
+    /// For tests and maintenance.
+    pub fn hold_commits(&self) -> MutexGuard<'_, ()> {
+        self.seal.lock()
+    }
+
+    /// The server's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Connections open now: in all, and from `ip`'s prefix.
+    pub fn connections(&self, ip: IpAddr) -> (u32, u32) {
+        let c = self.conns();
+        (c.total, c.by_prefix.get(&address_prefix(ip)).copied().unwrap_or(0))
+    }
+
+    /// KiB of checkpoint payload read for answers and not yet sent, in all.
+    pub fn relay_inflight_kib(&self) -> usize {
+        (self.limits.relay_inflight_mib as usize * 1024).saturating_sub(self.relay_budget.available_permits())
+    }
+
+    /// Logs a refusal at warn, at most once a second per `kind` (with the
+    /// number not logged since).
+    fn warn_refusal(&self, kind: &'static str, detail: impl FnOnce() -> String) {
+        if let Some(suppressed) = self.warn.allow(kind) {
+            tracing::warn!(kind, suppressed, "{}", detail());
+        }
+    }
+
+    fn take_address_slot(self: &Arc<Self>, ip: IpAddr) -> Result<AddressSlot, &'static str> {
+        let prefix = address_prefix(ip);
+        let mut c = self.conns();
+        if c.total >= self.limits.max_connections {
+            return Err("max_connections");
+        }
+        let n = c.by_prefix.entry(prefix).or_insert(0);
+        if *n >= self.limits.max_connections_per_address {
+            return Err("max_connections_per_address");
+        }
+        *n += 1;
+        c.total += 1;
+        metrics::gauge!("tributary_connections").set(f64::from(c.total));
+        Ok(AddressSlot { sh: self.clone(), prefix })
+    }
+
+    fn take_key_slot(self: &Arc<Self>, key: PublicKey) -> Option<KeySlot> {
+        let mut c = self.conns();
+        let n = c.by_key.entry(key).or_insert(0);
+        if *n >= self.limits.max_connections_per_key {
+            return None;
+        }
+        *n += 1;
+        Some(KeySlot { sh: self.clone(), key })
+    }
+
+    /// Forgets rate-limiter state of keys and addresses that are idle.
+    pub fn prune_limiters(&self) {
+        for l in [&self.byte_limit, &self.rollout_limit] {
+            l.retain_recent();
+            l.shrink_to_fit();
+        }
+        self.conn_limit.retain_recent();
+        self.conn_limit.shrink_to_fit();
     }
 }
 
@@ -96,19 +314,28 @@ pub fn shared(
     core.prune(now_ms());
     let (tx, rx) = mpsc::channel::<WriteJob>(1024);
     let st = store.clone();
+    let seal = Arc::new(Seal { lock: Mutex::new(()), schedule: *core.schedule() });
+    let ws = seal.clone();
     std::thread::Builder::new()
         .name("redb-writer".into())
-        .spawn(move || writer_loop(st, rx))
-        .map_err(|e| StoreError::Db(redb::Error::Io(e)))?;
+        .spawn(move || writer_loop(st, rx, ws))
+        .map_err(|e| StoreError::from(redb::Error::Io(e)))?;
     Ok(Arc::new(Shared {
         core: Mutex::new(core),
         store,
         key,
         relay,
         writer: tx,
+        seal,
+        limits,
         conn_limit: RateLimiter::keyed(quota(limits.connections_per_sec)),
         byte_limit: RateLimiter::keyed(quota(limits.kib_per_sec)),
         rollout_limit: RateLimiter::keyed(quota(limits.rollouts_per_sec)),
+        penalty_limit: RateLimiter::direct(quota(limits.penalties_per_sec)),
+        conns: Mutex::new(ConnCounts::default()),
+        relay_budget: Arc::new(Semaphore::new((limits.relay_inflight_mib.max(4) as usize) << 10)),
+        ingest_budget: Arc::new(Semaphore::new((limits.ingest_inflight_mib.max(8) as usize) << 10)),
+        warn: WarnThrottle::default(),
     }))
 }
 
@@ -117,8 +344,10 @@ const MAX_COMMIT_ROLLOUTS: usize = 4096;
 
 /// Group commit: every job waiting (up to [`MAX_COMMIT_ROLLOUTS`] rollouts,
 /// from any number of connections) is written in one durable transaction,
-/// and each job is answered only after that commit.
-fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>) {
+/// and each job is answered only after that commit. Admission is decided
+/// by commit time: under the [`Seal`], a rollout whose window has closed is
+/// left out (its submission is refused as `WrongWindow`).
+fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>, seal: Arc<Seal>) {
     while let Some(first) = rx.blocking_recv() {
         let mut count = first.rollouts.len();
         let mut jobs = vec![first];
@@ -127,21 +356,37 @@ fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>) {
             count += j.rollouts.len();
             jobs.push(j);
         }
+        let guard = seal.lock();
+        let now = now_ms();
         // Moved, not copied: each rollout's bytes go to the database once.
         let mut all: Vec<StoredRollout> = Vec::with_capacity(jobs.iter().map(|j| j.rollouts.len()).sum());
         let mut done = Vec::with_capacity(jobs.len());
+        let mut late = 0usize;
         for j in jobs {
-            all.extend(j.rollouts);
-            done.push(j.done);
+            let mut flags = Vec::with_capacity(j.rollouts.len());
+            for r in j.rollouts {
+                let open = now < seal.schedule.closes_at(r.candidate.window);
+                flags.push(open);
+                if open {
+                    all.push(r);
+                } else {
+                    late += 1;
+                }
+            }
+            done.push((j.done, flags));
         }
         let started = Instant::now();
-        let res = store.put_rollouts(&all).map_err(|e| e.to_string());
+        let res = if all.is_empty() { Ok(()) } else { store.put_rollouts(&all).map_err(|e| e.to_string()) };
+        drop(guard);
+        if late > 0 {
+            tracing::warn!(late, "rollouts refused: their window closed before they could be committed");
+        }
         if let Err(e) = &res {
             tracing::error!(error = %e, rollouts = all.len(), "storing rollouts failed; their submissions are refused");
         }
         metrics::histogram!("tributary_redb_commit_seconds").record(started.elapsed().as_secs_f64());
-        for d in done {
-            let _ = d.send(res.clone());
+        for (d, flags) in done {
+            let _ = d.send(res.clone().map(|()| flags));
         }
     }
 }
@@ -178,6 +423,12 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
     if p == 0 || p >= n || r.logprobs.len() != n - p || r.sketches.len() != n || !r.reward.is_finite() {
         return Err(RejectReason::Schema.into());
     }
+    let shape = Shape {
+        sampling: r.sampling,
+        prompt_len: r.prompt_len,
+        completion_len: (n - p) as u32,
+        max_token: r.tokens.iter().copied().max().unwrap_or(0),
+    };
     // The digest names the rollout and is what the miner signed: one encode,
     // one hash (the same computation as `Rollout::digest` and `Rollout::verify_signature`).
     let digest = r.digest();
@@ -195,6 +446,7 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
         miner: PublicKey(r.miner),
         digest,
         content,
+        shape,
     };
     Ok((r, c))
 }
@@ -204,6 +456,20 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
 fn penalise(sh: &Shared, now: u64, window: u64, miner: &PublicKey, reason: RejectReason) {
     let body = sh.core().door_penalty(now, window, miner, reason, sh.key.public());
     let Some(body) = body else { return };
+    // Each penalty is a signature and an fsync'd write: fresh keys must not
+    // buy them without bound (the rollout is refused all the same).
+    if sh.penalty_limit.check().is_err() {
+        metrics::counter!("tributary_door_penalties_skipped_total").increment(1);
+        sh.warn_refusal("penalty_rate", || {
+            format!(
+                "door penalty not recorded (global limit {}/s): miner {} window {window} reason {}",
+                sh.limits.penalties_per_sec,
+                miner.short(),
+                reason.as_str()
+            )
+        });
+        return;
+    }
     let v = wire::Verdict::sign(body, &sh.key);
     match sh.store.put_verdict(&v) {
         Ok(()) => {
@@ -245,25 +511,62 @@ impl Server {
         let sh = shared.clone();
         tokio::spawn(async move {
             while let Some(incoming) = ep.accept().await {
-                let ip = incoming.remote_address().ip();
-                if sh.conn_limit.check_key(&ip).is_err() {
+                // Address validation first (QUIC Retry): a spoofed source never
+                // returns the token, so it costs no state and no per-address budget.
+                if !incoming.remote_address_validated() {
+                    if incoming.may_retry() {
+                        let _ = incoming.retry();
+                    } else {
+                        incoming.ignore();
+                    }
+                    continue;
+                }
+                let remote = incoming.remote_address();
+                let prefix = address_prefix(remote.ip());
+                if sh.conn_limit.check_key(&prefix).is_err() {
                     metrics::counter!("tributary_connections_refused_total", "reason" => "rate_limited").increment(1);
+                    sh.warn_refusal("connection_rate", || {
+                        format!("connection refused: more than {}/s from {prefix}", sh.limits.connections_per_sec)
+                    });
                     incoming.refuse();
                     continue;
                 }
+                let slot = match sh.take_address_slot(remote.ip()) {
+                    Ok(s) => s,
+                    Err(which) => {
+                        metrics::counter!("tributary_connections_refused_total", "reason" => which).increment(1);
+                        let (total, here) = sh.connections(remote.ip());
+                        sh.warn_refusal(which, || {
+                            format!(
+                                "connection refused ({which}): {total} open (cap {}), {here} from {prefix} (cap {})",
+                                sh.limits.max_connections, sh.limits.max_connections_per_address
+                            )
+                        });
+                        incoming.refuse();
+                        continue;
+                    }
+                };
                 let sh = sh.clone();
                 tokio::spawn(async move {
                     match incoming.await {
                         Ok(conn) => {
-                            metrics::gauge!("tributary_connections").increment(1.0);
                             if let Err(e) = handle_connection(conn, sh).await {
                                 tracing::debug!(error = %e, "connection ended");
                             }
-                            metrics::gauge!("tributary_connections").decrement(1.0);
                         }
                         Err(e) => tracing::debug!(error = %e, "handshake failed"),
                     }
+                    drop(slot);
                 });
+            }
+        });
+        // Idle keys and addresses leave the limiters.
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                let Some(sh) = weak.upgrade() else { break };
+                sh.prune_limiters();
             }
         });
         Ok(Self { addr, endpoint, shared })
@@ -274,18 +577,46 @@ async fn send_error(send: &mut quinn::SendStream, code: ErrorCode, detail: &str)
     let _ = net::write_frame(send, &Frame::Error(ErrorFrame { code, detail: detail.into() })).await;
 }
 
+/// What the connection's writer sends next, in request order.
+enum Answer {
+    /// A frame ready now or once its work is done (submissions).
+    Ready(oneshot::Receiver<Frame>),
+    /// A checkpoint payload chunk, read only when the writer gets to it, so
+    /// a peer that does not read its answers makes the server hold at most
+    /// one chunk per connection (and the relay budget caps them all).
+    Payload { what: Payload, id: ContentId, offset: u64 },
+    /// An answer computed when the writer gets to it, off the async workers
+    /// (store reads of any size: rollouts, standing, weights).
+    Later(LaterAnswer),
+}
+
+/// How an [`Answer::Later`] is computed.
+type LaterAnswer = Box<dyn FnOnce(&Arc<Shared>) -> Frame + Send>;
+
 async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(), NetError> {
-    let (mut send, mut recv) = conn.accept_bi().await?;
-    let handshake = tokio::time::timeout(Duration::from_secs(10), handshake(&mut send, &mut recv, &sh)).await;
-    let (role, peer) = match handshake {
-        Ok(Ok(Some(x))) => x,
-        Ok(Ok(None)) => {
+    // One deadline for the first stream and the whole handshake: a
+    // connection that never opens a stream, or stalls in the handshake, goes.
+    let deadline = Duration::from_millis(sh.limits.handshake_timeout_ms.max(1));
+    let hs = tokio::time::timeout(deadline, async {
+        let (mut send, mut recv) = conn.accept_bi().await?;
+        let r = handshake(&conn, &mut send, &mut recv, &sh).await;
+        Ok::<_, NetError>((send, recv, r))
+    })
+    .await;
+    let (mut send, mut recv, (role, peer, _key_slot)) = match hs {
+        Ok(Ok((send, recv, Ok(Some(x))))) => (send, recv, x),
+        Ok(Ok((mut send, _, Ok(None)))) => {
             linger(&mut send).await;
             conn.close(1u32.into(), b"handshake refused");
             return Ok(());
         }
-        Ok(Err(e)) => return Err(e),
+        Ok(Ok((_, _, Err(e)))) | Ok(Err(e)) => return Err(e),
         Err(_) => {
+            metrics::counter!("tributary_connections_refused_total", "reason" => "handshake_timeout").increment(1);
+            let remote = conn.remote_address();
+            sh.warn_refusal("handshake_timeout", || {
+                format!("connection from {remote} closed: no handshake within {deadline:?}")
+            });
             conn.close(1u32.into(), b"handshake timeout");
             return Ok(());
         }
@@ -293,15 +624,29 @@ async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(
     let span = tracing::info_span!("peer", role = role.as_str(), key = %peer.short());
     span.in_scope(|| tracing::info!("authenticated"));
     // Answers go out in request order, as their results become ready.
-    let (ans_tx, mut ans_rx) = mpsc::channel::<oneshot::Receiver<Frame>>(4096);
+    let (ans_tx, mut ans_rx) = mpsc::channel::<Answer>(ANSWER_QUEUE);
+    let wsh = sh.clone();
     let writer = tokio::spawn(async move {
-        while let Some(rx) = ans_rx.recv().await {
-            let Ok(frame) = rx.await else { continue };
+        while let Some(a) = ans_rx.recv().await {
+            let (frame, permit) = match a {
+                Answer::Ready(rx) => match rx.await {
+                    Ok(f) => (f, None),
+                    Err(_) => continue,
+                },
+                Answer::Payload { what, id, offset } => payload_answer(&wsh, what, id, offset).await,
+                Answer::Later(f) => {
+                    let s = wsh.clone();
+                    let frame = tokio::task::spawn_blocking(move || f(&s))
+                        .await
+                        .unwrap_or_else(|e| err(ErrorCode::Internal, &e.to_string()));
+                    (frame, None)
+                }
+            };
             let close = matches!(&frame, Frame::Error(e) if e.code.closes_connection());
-            if net::write_frame(&mut send, &frame).await.is_err() {
-                break;
-            }
-            if close {
+            let sent = net::write_frame(&mut send, &frame).await;
+            drop(frame);
+            drop(permit);
+            if sent.is_err() || close {
                 break;
             }
         }
@@ -310,10 +655,10 @@ async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(
     let result = serve_requests(&conn, &mut recv, &sh, role, peer, &ans_tx).instrument(span.clone()).await;
     span.in_scope(|| tracing::debug!(?result, "connection finished"));
     drop(ans_tx);
-    if let Ok(mut send) = writer.await {
-        if !matches!(result, Ok(false)) {
-            linger(&mut send).await;
-        }
+    if let Ok(mut send) = writer.await
+        && !matches!(result, Ok(false))
+    {
+        linger(&mut send).await;
     }
     match &result {
         Err(NetError::Wire(_)) => conn.close(2u32.into(), b"malformed frame"),
@@ -323,33 +668,96 @@ async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(
     result.map(|_| ())
 }
 
+/// Whether `role` may send a frame with `tag` after the handshake (checked
+/// on the header, before the body is read).
+fn allowed(role: Role, tag: Tag) -> bool {
+    use Tag as T;
+    let any = matches!(
+        tag,
+        T::GetWindow | T::GetReveal | T::GetWeights | T::GetCheckpointPath | T::GetCheckpoint | T::GetDelta
+    );
+    any || match role {
+        Role::Miner => matches!(tag, T::GetProgress | T::Submit | T::SubmitBatch),
+        Role::Validator => matches!(tag, T::FetchRollouts | T::GetStanding | T::PostVerdict),
+        Role::Trainer => {
+            matches!(tag, T::FetchRollouts | T::GetStanding | T::PostTrainerStats | T::PublishCheckpoint)
+        }
+    }
+}
+
 /// Returns `Ok(true)` if the connection must be closed for a violation.
 async fn serve_requests(
-    _conn: &quinn::Connection,
+    conn: &quinn::Connection,
     recv: &mut quinn::RecvStream,
     sh: &Arc<Shared>,
     role: Role,
     peer: PublicKey,
-    answers: &mpsc::Sender<oneshot::Receiver<Frame>>,
+    answers: &mpsc::Sender<Answer>,
 ) -> Result<bool, NetError> {
     let ready = |f: Frame| {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(f);
-        rx
+        Answer::Ready(rx)
     };
+    let malformed = |e: &wire::WireError| {
+        metrics::counter!("tributary_frames_refused_total", "reason" => "malformed").increment(1);
+        sh.warn_refusal("malformed_frame", || format!("{} {}: malformed frame: {e}", role.as_str(), peer.short()));
+        ready(Frame::Error(ErrorFrame { code: ErrorCode::Malformed, detail: e.to_string() }))
+    };
+    // Miners must keep talking; the configured validator and trainer keys may
+    // stay silent (a training step takes minutes).
+    let idle = (role == Role::Miner).then(|| Duration::from_millis(sh.limits.idle_timeout_ms.max(1)));
     let mut ingest = Ingest::new();
     loop {
-        let frame = match net::read_frame(recv).await {
-            Ok(Some(f)) => f,
+        let header = match idle {
+            Some(d) => match tokio::time::timeout(d, net::read_header(recv)).await {
+                Ok(h) => h,
+                Err(_) => {
+                    metrics::counter!("tributary_connections_closed_total", "reason" => "idle").increment(1);
+                    sh.warn_refusal("idle_timeout", || {
+                        format!("miner {} closed: no frame for {} ms", peer.short(), sh.limits.idle_timeout_ms)
+                    });
+                    conn.close(4u32.into(), b"idle");
+                    return Ok(false);
+                }
+            },
+            None => net::read_header(recv).await,
+        };
+        let (tag, len) = match header {
+            Ok(Some(h)) => h,
             Ok(None) => return Ok(false),
             Err(NetError::Wire(e)) => {
-                metrics::counter!("tributary_frames_refused_total", "reason" => "malformed").increment(1);
-                let _ = answers
-                    .send(ready(Frame::Error(ErrorFrame { code: ErrorCode::Malformed, detail: e.to_string() })))
-                    .await;
+                let _ = answers.send(malformed(&e)).await;
                 return Err(NetError::Wire(e));
             }
             Err(e) => return Err(e),
+        };
+        if !allowed(role, tag) {
+            metrics::counter!("tributary_frames_refused_total", "reason" => "unexpected").increment(1);
+            sh.warn_refusal("unexpected_frame", || {
+                format!("{} {}: {tag:?} ({len} bytes) not allowed, connection closed", role.as_str(), peer.short())
+            });
+            let detail = format!("{tag:?} not allowed for {}", role.as_str());
+            let _ = answers.send(ready(err(ErrorCode::UnexpectedFrame, &detail))).await;
+            return Ok(true);
+        }
+        let frame = match tokio::time::timeout(BODY_DEADLINE, net::read_body(recv, tag, len)).await {
+            Ok(Ok(f)) => f,
+            Ok(Err(NetError::Wire(e))) => {
+                let _ = answers.send(malformed(&e)).await;
+                return Err(NetError::Wire(e));
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                sh.warn_refusal("body_deadline", || {
+                    format!(
+                        "{} {}: {tag:?} body of {len} bytes not sent within {BODY_DEADLINE:?}",
+                        role.as_str(),
+                        peer.short()
+                    )
+                });
+                return Ok(true);
+            }
         };
         let now = now_ms();
         let answer = match (role, frame) {
@@ -365,17 +773,23 @@ async fn serve_requests(
                 Some(secret) => Frame::Reveal(Reveal { window: g.window, secret: secret.0 }),
                 None => err(ErrorCode::NotYet, "submissions still open"),
             },
-            (_, Frame::GetWeights(_)) => match crate::weights::latest(sh) {
-                Ok(Some(doc)) => Frame::Weights(doc),
-                Ok(None) => err(ErrorCode::NotYet, "no weights document signed yet"),
-                Err(e) => err(ErrorCode::Internal, &e.to_string()),
-            },
+            (_, Frame::GetWeights(_)) => {
+                let later = Answer::Later(Box::new(|sh: &Arc<Shared>| match crate::weights::latest(sh) {
+                    Ok(Some(doc)) => Frame::Weights(doc),
+                    Ok(None) => err(ErrorCode::NotYet, "no weights document signed yet"),
+                    Err(e) => err(ErrorCode::Internal, &e.to_string()),
+                }));
+                if answers.send(later).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
+            }
             (Role::Miner, Frame::GetProgress(g)) => {
                 Frame::Progress(Progress { window: g.window, slots: sh.core().progress(g.window, &peer) })
             }
             (Role::Miner, Frame::Submit(s)) => {
                 let rx = ingest.submit(sh, &peer, s.seq, vec![s.rollout.0], false, now).await;
-                if answers.send(rx).await.is_err() {
+                if answers.send(Answer::Ready(rx)).await.is_err() {
                     return Ok(false);
                 }
                 continue;
@@ -383,14 +797,26 @@ async fn serve_requests(
             (Role::Miner, Frame::SubmitBatch(b)) => {
                 let items = b.rollouts.into_iter().map(|r| r.0).collect();
                 let rx = ingest.submit(sh, &peer, b.seq, items, true, now).await;
-                if answers.send(rx).await.is_err() {
+                if answers.send(Answer::Ready(rx)).await.is_err() {
                     return Ok(false);
                 }
                 continue;
             }
-            (Role::Validator | Role::Trainer, Frame::FetchRollouts(f)) => fetch(sh, role, f, now),
+            (Role::Validator | Role::Trainer, Frame::FetchRollouts(f)) => {
+                let later = Answer::Later(Box::new(move |sh: &Arc<Shared>| fetch(sh, role, f)));
+                if answers.send(later).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
+            }
             (Role::Validator | Role::Trainer, Frame::GetStanding(g)) => {
-                Frame::Standing(wire::Standing { window: g.window, miners: sh.core().standing(g.window) })
+                let later = Answer::Later(Box::new(move |sh: &Arc<Shared>| {
+                    Frame::Standing(wire::Standing { window: g.window, miners: sh.core().standing(g.window) })
+                }));
+                if answers.send(later).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
             }
             (Role::Validator, Frame::PostVerdict(v)) => {
                 let ok = v.verify().is_ok();
@@ -400,14 +826,14 @@ async fn serve_requests(
                         Ok(()) => Frame::VerdictAck(VerdictAck { window: v.body.window, miner: v.body.miner }),
                         Err(e) => err(ErrorCode::Internal, &e.to_string()),
                     },
-                    Err(e) => err(ErrorCode::BadSignature, &e.to_string()),
+                    Err(e) => {
+                        sh.warn_refusal("verdict", || format!("verdict from {} refused: {e}", peer.short()));
+                        err(ErrorCode::BadSignature, &e.to_string())
+                    }
                 }
             }
             (Role::Trainer, Frame::PostTrainerStats(s)) => crate::dashboard::receive_trainer_stats(sh, s),
-            (Role::Trainer, Frame::PublishCheckpoint(p)) => match receive_checkpoint(sh, recv, p, now).await {
-                Ok(f) => f,
-                Err(e) => return Err(e),
-            },
+            (Role::Trainer, Frame::PublishCheckpoint(p)) => receive_checkpoint(sh, recv, p).await?,
             (_, Frame::GetCheckpointPath(g)) => {
                 sh.relay.note_holds(peer, g.have);
                 match sh.relay.path(g.have, g.want) {
@@ -416,14 +842,18 @@ async fn serve_requests(
                 }
             }
             (_, Frame::GetCheckpoint(g)) => {
-                if answers.send(read_payload(sh, Payload::Full(g.id), g.id, g.offset)).await.is_err() {
+                if answers
+                    .send(Answer::Payload { what: Payload::Full(g.id), id: g.id, offset: g.offset })
+                    .await
+                    .is_err()
+                {
                     return Ok(false);
                 }
                 continue;
             }
             (_, Frame::GetDelta(g)) => {
                 let what = Payload::Delta { base: g.base, id: g.id };
-                if answers.send(read_payload(sh, what, g.id, g.offset)).await.is_err() {
+                if answers.send(Answer::Payload { what, id: g.id, offset: g.offset }).await.is_err() {
                     return Ok(false);
                 }
                 continue;
@@ -461,35 +891,47 @@ fn relay_err(e: &RelayError) -> Frame {
     err(code, &e.to_string())
 }
 
-/// Reads a payload chunk off the connection's task (file I/O).
-fn read_payload(sh: &Arc<Shared>, what: Payload, id: ContentId, offset: u64) -> oneshot::Receiver<Frame> {
-    let (tx, rx) = oneshot::channel();
+/// Reads a payload chunk for the writer, within the relay budget; the
+/// permit is held until the chunk is sent.
+async fn payload_answer(
+    sh: &Arc<Shared>,
+    what: Payload,
+    id: ContentId,
+    offset: u64,
+) -> (Frame, Option<OwnedSemaphorePermit>) {
+    let kib = (CHUNK_LEN >> 10) as u32;
+    let permit = sh.relay_budget.clone().acquire_many_owned(kib).await.ok();
     let relay = sh.relay.clone();
-    tokio::task::spawn_blocking(move || {
-        let f = match relay.read(what, offset) {
-            Ok(data) => Frame::CheckpointChunk(wire::CheckpointChunk { id, offset, data: wire::Blob(data) }),
-            Err(e) => relay_err(&e),
-        };
-        let _ = tx.send(f);
-    });
-    rx
+    let frame = tokio::task::spawn_blocking(move || match relay.read(what, offset) {
+        Ok(data) => Frame::CheckpointChunk(wire::CheckpointChunk { id, offset, data: wire::Blob(data) }),
+        Err(e) => relay_err(&e),
+    })
+    .await
+    .unwrap_or_else(|e| err(ErrorCode::Internal, &e.to_string()));
+    (frame, permit)
 }
 
 fn err(code: ErrorCode, detail: &str) -> Frame {
     Frame::Error(ErrorFrame { code, detail: detail.into() })
 }
 
+/// The handshake: `Hello`, `Challenge`, `Auth` (a signature bound to this
+/// TLS session, [`net::handshake_message`]), `Welcome`. The key's
+/// connection slot is taken before the welcome.
 async fn handshake(
+    conn: &quinn::Connection,
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
-    sh: &Shared,
-) -> Result<Option<(Role, PublicKey)>, NetError> {
-    let hello = match net::read_frame(recv).await? {
-        Some(Frame::Hello(h)) => h,
-        _ => {
+    sh: &Arc<Shared>,
+) -> Result<Option<(Role, PublicKey, KeySlot)>, NetError> {
+    let only = |want: Tag| move |tag: Tag, _| if tag == want { Ok(()) } else { Err(NetError::Unexpected(tag)) };
+    let hello = match net::read_frame_with(recv, only(Tag::Hello)).await {
+        Ok(Some(Frame::Hello(h))) => h,
+        Ok(_) | Err(NetError::Unexpected(_)) => {
             send_error(send, ErrorCode::UnexpectedFrame, "expected Hello").await;
             return Ok(None);
         }
+        Err(e) => return Err(e),
     };
     if hello.version != wire::PROTOCOL_VERSION {
         send_error(send, ErrorCode::Version, "unsupported protocol version").await;
@@ -497,33 +939,52 @@ async fn handshake(
     }
     if !sh.core().access().permits(hello.role, &hello.key) {
         metrics::counter!("tributary_connections_refused_total", "reason" => "unauthorized").increment(1);
+        sh.warn_refusal("unauthorized", || {
+            format!("handshake refused: key {} may not take role {}", hello.key.short(), hello.role.as_str())
+        });
         send_error(send, ErrorCode::Unauthorized, "key may not take this role").await;
         return Ok(None);
     }
     let nonce: [u8; 32] = rand::random();
     let coordinator = sh.key.public();
     net::write_frame(send, &Frame::Challenge(Challenge { nonce, coordinator })).await?;
-    let auth = match net::read_frame(recv).await? {
-        Some(Frame::Auth(a)) => a,
-        _ => {
+    let auth = match net::read_frame_with(recv, only(Tag::Auth)).await {
+        Ok(Some(Frame::Auth(a))) => a,
+        Ok(_) | Err(NetError::Unexpected(_)) => {
             send_error(send, ErrorCode::UnexpectedFrame, "expected Auth").await;
             return Ok(None);
         }
+        Err(e) => return Err(e),
     };
-    let msg = wire::handshake_bytes(&nonce, &coordinator, &hello);
+    let msg = net::handshake_message(conn, &nonce, &coordinator, &hello)?;
     if hello.key.verify(identity::domain::HANDSHAKE, &msg, &auth.signature).is_err() {
         metrics::counter!("tributary_connections_refused_total", "reason" => "bad_handshake").increment(1);
+        sh.warn_refusal("bad_handshake", || {
+            format!("handshake refused: key {} signature does not verify on this session", hello.key.short())
+        });
         send_error(send, ErrorCode::BadHandshake, "signature does not verify").await;
         return Ok(None);
     }
+    let Some(slot) = sh.take_key_slot(hello.key) else {
+        metrics::counter!("tributary_connections_refused_total", "reason" => "max_connections_per_key").increment(1);
+        sh.warn_refusal("max_connections_per_key", || {
+            format!(
+                "handshake refused: key {} already has {} connections open",
+                hello.key.short(),
+                sh.limits.max_connections_per_key
+            )
+        });
+        send_error(send, ErrorCode::RateLimited, "too many connections for this key").await;
+        return Ok(None);
+    };
     let schedule = *sh.core().schedule();
     net::write_frame(send, &Frame::Welcome(Welcome { now_ms: now_ms(), schedule })).await?;
-    Ok(Some((hello.role, hello.key)))
+    Ok(Some((hello.role, hello.key, slot)))
 }
 
 /// In-flight submission bytes per connection (KiB): past this, the
 /// connection's reader waits for answers, and QUIC flow control slows the sender.
-const INFLIGHT_KIB: usize = 64 << 10;
+const INFLIGHT_KIB: usize = 16 << 10;
 
 /// Submissions of at least this many rollouts have their door checks on the
 /// blocking pool; smaller ones on their own task.
@@ -559,8 +1020,10 @@ impl Ingest {
         let started = Instant::now();
         let kib: usize = items.iter().map(|b| b.len().div_ceil(1024).max(1)).sum();
         let permits = u32::try_from(kib.min(INFLIGHT_KIB)).unwrap_or(u32::MAX);
-        // The semaphore is never closed; without a permit the submission simply goes unthrottled.
+        // The semaphores are never closed; without a permit the submission simply goes unthrottled.
         let permit = self.inflight.clone().acquire_many_owned(permits).await.ok();
+        // And within the budget of all connections together.
+        let global = sh.ingest_budget.clone().acquire_many_owned(permits).await.ok();
         // Rate limits, per rollout, in submission order.
         let mut bytes_in = 0u64;
         let items: Vec<Option<Vec<u8>>> = items
@@ -586,6 +1049,7 @@ impl Ingest {
             };
             let _ = tx.send(answer);
             drop(permit);
+            drop(global);
         });
         rx
     }
@@ -650,11 +1114,28 @@ async fn ingest(
                     }
                     Err(reason) => {
                         penalty = Some(candidate.window);
+                        if reason == RejectReason::Schema {
+                            let s = candidate.shape;
+                            sh.warn_refusal("contract", || {
+                                format!(
+                                    "rollout of {} refused: outside window {}'s generation contract (temperature \
+                                     {} max_new_tokens {} prompt {} completion {} max token {})",
+                                    peer.short(),
+                                    candidate.window,
+                                    s.sampling.temperature,
+                                    s.sampling.max_new_tokens,
+                                    s.prompt_len,
+                                    s.completion_len,
+                                    s.max_token
+                                )
+                            });
+                        }
                         reason
                     }
                 },
             };
             count_reject(reason);
+            sh.warn_refusal(reason.as_str(), || format!("rollout from {} refused: {}", peer.short(), reason.as_str()));
             outcomes[i] = Outcome::Refused(reason);
             if let Some(window) = penalty {
                 // In force before the next rollout is admitted, as for a stream of single submissions.
@@ -678,48 +1159,66 @@ async fn ingest(
     if candidates.is_empty() {
         return outcomes;
     }
-    let stored = match done {
-        Some(rx) => matches!(rx.await, Ok(Ok(()))),
-        None => false,
+    let stored: Vec<Option<bool>> = match done {
+        Some(rx) => match rx.await {
+            Ok(Ok(flags)) => flags.into_iter().map(Some).collect(),
+            _ => vec![None; candidates.len()],
+        },
+        None => vec![None; candidates.len()],
     };
+    let mut accepted = 0u64;
     {
         let mut core = sh.core();
-        for (c, &i) in candidates.iter().zip(&slots) {
-            if stored {
-                core.commit(c);
-                outcomes[i] = Outcome::Stored(c.digest);
-            } else {
-                core.abort(c);
-                count_reject(RejectReason::Internal);
+        for ((c, &i), stored) in candidates.iter().zip(&slots).zip(stored) {
+            match stored {
+                Some(true) => {
+                    core.commit(c);
+                    outcomes[i] = Outcome::Stored(c.digest);
+                    accepted += 1;
+                }
+                // Its window closed before the commit: refused, as at the door.
+                Some(false) => {
+                    core.abort(c);
+                    count_reject(RejectReason::WrongWindow);
+                    outcomes[i] = Outcome::Refused(RejectReason::WrongWindow);
+                }
+                None => {
+                    core.abort(c);
+                    count_reject(RejectReason::Internal);
+                }
             }
         }
     }
-    if stored {
+    if accepted > 0 {
         if let Some(last) = candidates.last() {
             sh.relay.note_generating(last.miner, last.checkpoint);
         }
-        metrics::counter!("tributary_rollouts_accepted_total").increment(candidates.len() as u64);
+        metrics::counter!("tributary_rollouts_accepted_total").increment(accepted);
         metrics::histogram!("tributary_ingest_latency_seconds").record(started.elapsed().as_secs_f64());
     }
     outcomes
 }
 
-fn fetch(sh: &Shared, role: Role, f: wire::FetchRollouts, now: u64) -> Frame {
+/// A page of a closed window's rollouts, at most [`ROLLOUTS_ANSWER_BYTES`]
+/// of them. Blocking: waits for a commit in progress ([`Seal`]) and reads the store.
+fn fetch(sh: &Arc<Shared>, role: Role, f: wire::FetchRollouts) -> Frame {
+    let now = now_ms();
     let core = sh.core();
     if core.reveal(f.window, now).is_none() {
         return err(ErrorCode::NotYet, "window's submissions have not closed");
     }
-    if role == Role::Trainer {
-        if let Some(m) = &f.miner {
-            if core.is_banned(m, f.window) {
-                return Frame::Rollouts(Rollouts { window: f.window, items: vec![], next: None });
-            }
-        }
+    if role == Role::Trainer
+        && let Some(m) = &f.miner
+        && core.is_banned(m, f.window)
+    {
+        return Frame::Rollouts(Rollouts { window: f.window, items: vec![], next: None });
     }
     drop(core);
-    // Keep each answer well under the frame limit.
+    // The window closed at `now`: a commit still running may add to it, any
+    // later one leaves it out. Wait for the running one.
+    drop(sh.seal.lock());
     let limit = (f.limit as usize).clamp(1, 256);
-    match sh.store.rollouts(f.window, f.miner.as_ref(), f.after, limit) {
+    match sh.store.rollouts_within(f.window, f.miner.as_ref(), f.after, limit, ROLLOUTS_ANSWER_BYTES) {
         Ok((items, next)) => {
             let items = if role == Role::Trainer {
                 let core = sh.core();
@@ -739,11 +1238,21 @@ fn fetch(sh: &Shared, role: Role, f: wire::FetchRollouts, now: u64) -> Frame {
     }
 }
 
+/// Removes an upload's partial file unless it was handed on.
+struct PartFile(Option<std::path::PathBuf>);
+
+impl Drop for PartFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 async fn receive_checkpoint(
     sh: &Arc<Shared>,
     recv: &mut quinn::RecvStream,
     p: wire::PublishCheckpoint,
-    now: u64,
 ) -> Result<Frame, NetError> {
     use tokio::io::AsyncWriteExt;
     // Payloads are bounded: 64 GiB at most, streamed to a file chunk by chunk in order.
@@ -751,12 +1260,17 @@ async fn receive_checkpoint(
         return Ok(err(ErrorCode::Malformed, "checkpoint too large"));
     }
     let upload = sh.relay.incoming_path(&p.body.id);
+    // A failed or abandoned upload leaves no file behind.
+    let mut part = PartFile(Some(upload.clone()));
     let mut file = tokio::fs::File::create(&upload).await?;
     let mut hasher = blake3::Hasher::new();
     let mut got = 0u64;
     let mut refusal = None;
     while got < p.body.len {
-        match net::read_frame(recv).await?.ok_or(NetError::Closed)? {
+        let next = tokio::time::timeout(BODY_DEADLINE, net::read_frame(recv))
+            .await
+            .map_err(|_| NetError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "checkpoint chunk")))?;
+        match next?.ok_or(NetError::Closed)? {
             Frame::CheckpointChunk(c) if c.id == p.body.id && c.offset == got => {
                 if got + c.data.0.len() as u64 > p.body.len || c.data.0.is_empty() {
                     refusal = Some(err(ErrorCode::Malformed, "chunk empty or past the announced length"));
@@ -775,7 +1289,9 @@ async fn receive_checkpoint(
     file.sync_all().await?;
     drop(file);
     let refuse = |f: Frame| {
-        let _ = std::fs::remove_file(&upload);
+        if let Frame::Error(e) = &f {
+            tracing::warn!(id = %p.body.id, window = p.body.window, code = ?e.code, detail = %e.detail, "checkpoint refused");
+        }
         Ok(f)
     };
     if let Some(f) = refusal {
@@ -789,7 +1305,7 @@ async fn receive_checkpoint(
     }
     // Idempotent for the same checkpoint; never two checkpoints for one window.
     if sh.relay.entry(&p.body.id).is_some() {
-        return refuse(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }));
+        return Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }));
     }
     match sh.store.checkpoints() {
         Ok(all) => {
@@ -800,23 +1316,38 @@ async fn receive_checkpoint(
         }
         Err(e) => return refuse(err(ErrorCode::Internal, &e.to_string())),
     }
-    let from = {
-        let core = sh.core();
-        let current = core.current_window(now).unwrap_or(0);
-        p.body.window.max(current).saturating_add(1)
-    };
     let relay = sh.relay.clone();
     let ann = p.clone();
-    let ingested = tokio::task::spawn_blocking(move || relay.ingest(&ann, &upload, from)).await;
-    let entry = match ingested {
+    let incoming = part.0.take().unwrap_or_else(|| upload.clone());
+    // The window it takes effect from is decided once it is durable, below.
+    let ingested = tokio::task::spawn_blocking(move || relay.ingest(&ann, &incoming, 0)).await;
+    let mut entry = match ingested {
         Ok(Ok(e)) => e,
-        Ok(Err(e)) => return Ok(relay_err(&e)),
-        Err(e) => return Ok(err(ErrorCode::Internal, &e.to_string())),
+        Ok(Err(e)) => return refuse(relay_err(&e)),
+        Err(e) => return refuse(err(ErrorCode::Internal, &e.to_string())),
     };
-    if let Err(e) = sh.store.put_checkpoint(from, &p, &entry) {
-        return Ok(err(ErrorCode::Internal, &e.to_string()));
+    // In force from the first window that opens after it is durable: stored
+    // with the window that is next now, applied only if that window still
+    // has not opened once the write is done (else stored again, later).
+    let mut from = sh.core().checkpoint_from(now_ms(), &p.body);
+    loop {
+        entry.from_window = from;
+        if let Err(e) = sh.store.put_checkpoint(from, &p, &entry) {
+            return refuse(err(ErrorCode::Internal, &e.to_string()));
+        }
+        let next = {
+            let mut core = sh.core();
+            if core.publish_checkpoint_from(now_ms(), from, &p.body) {
+                break;
+            }
+            core.checkpoint_from(now_ms(), &p.body)
+        };
+        tracing::warn!(id = %p.body.id, from, next, "a window opened while the checkpoint was being stored; moved");
+        if let Err(e) = sh.store.delete_checkpoint(from) {
+            return refuse(err(ErrorCode::Internal, &e.to_string()));
+        }
+        from = next;
     }
-    let from = sh.core().publish_checkpoint(now, &p.body);
     sh.relay.insert(entry);
     metrics::counter!("tributary_checkpoints_published_total").increment(1);
     tracing::info!(id = %p.body.id, window = p.body.window, from, "checkpoint published");

@@ -13,7 +13,7 @@ use tributary_protocol::identity::PublicKey;
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{PublishCheckpoint, TrainerStats, Verdict, WeightsDoc};
 
-use crate::core::Candidate;
+use crate::core::{Candidate, Shape};
 use crate::relay;
 
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
@@ -52,7 +52,7 @@ const TRAINER_STATS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("tra
 pub enum StoreError {
     /// redb failed.
     #[error("database: {0}")]
-    Db(#[from] redb::Error),
+    Db(Box<redb::Error>),
     /// A stored value did not decode (corruption or a version mismatch).
     #[error("corrupt stored value in {0}")]
     Corrupt(&'static str),
@@ -61,10 +61,19 @@ pub enum StoreError {
 macro_rules! db_from {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreError {
-            fn from(e: $t) -> Self { StoreError::Db(e.into()) }
+            fn from(e: $t) -> Self { StoreError::Db(Box::new(e.into())) }
         }
     )*};
 }
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        StoreError::Db(Box::new(e))
+    }
+}
+
+/// A page of rollouts: their bytes, and the digest to resume after if more follow.
+pub type Page = (Vec<Vec<u8>>, Option<[u8; 32]>);
 db_from!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
 
 /// What the index keeps of a stored rollout (enough to rebuild the core).
@@ -116,6 +125,9 @@ fn split_key(key: &[u8]) -> Result<(WindowId, [u8; 32]), StoreError> {
     let digest: [u8; 32] = d.try_into().map_err(|_| StoreError::Corrupt("index key"))?;
     Ok((window, digest))
 }
+
+/// The most rollout bytes [`Store::rollouts`] puts in one page.
+pub const PAGE_BYTES: usize = 16 << 20;
 
 /// A rollout to store.
 #[derive(Debug, Clone)]
@@ -285,6 +297,7 @@ impl Store {
                 miner: e.miner,
                 digest: e.digest,
                 content: e.content,
+                shape: Shape::RESTORED,
             });
         }
         Ok(out)
@@ -326,14 +339,29 @@ impl Store {
         Ok(())
     }
 
-    /// A page of a window's rollouts (by digest order), optionally of one miner.
+    /// A page of a window's rollouts (by digest order), optionally of one
+    /// miner: at most `limit` of them and at most [`PAGE_BYTES`] of bytes.
     pub fn rollouts(
         &self,
         window: WindowId,
         miner: Option<&PublicKey>,
         after: Option<[u8; 32]>,
         limit: usize,
-    ) -> Result<(Vec<Vec<u8>>, Option<[u8; 32]>), StoreError> {
+    ) -> Result<Page, StoreError> {
+        self.rollouts_within(window, miner, after, limit, PAGE_BYTES)
+    }
+
+    /// [`Store::rollouts`] with at most `max_bytes` of rollout bytes in the
+    /// page (always at least one rollout, so paging moves on). The page ends
+    /// early with `next` set when the next rollout would pass either bound.
+    pub fn rollouts_within(
+        &self,
+        window: WindowId,
+        miner: Option<&PublicKey>,
+        after: Option<[u8; 32]>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, StoreError> {
         self.index_window(window)?;
         let tx = self.db.begin_read()?;
         let bodies = tx.open_table(BODIES)?;
@@ -347,7 +375,8 @@ impl Store {
             None => window.to_be_bytes().to_vec(),
         };
         let end = window.saturating_add(1).to_be_bytes();
-        let mut items = Vec::new();
+        let mut items: Vec<Vec<u8>> = Vec::new();
+        let mut total = 0usize;
         let mut last = None;
         for item in digests.range(start.as_slice()..end.as_slice())? {
             let (k, v) = item?;
@@ -359,6 +388,11 @@ impl Store {
                 return Ok((items, last));
             }
             let bytes = bodies.get((window, seq))?.ok_or(StoreError::Corrupt("rollout bodies"))?;
+            let len = bytes.value().len();
+            if !items.is_empty() && total + len > max_bytes {
+                return Ok((items, last));
+            }
+            total += len;
             items.push(bytes.value().to_vec());
             last = Some(split_key(k.value())?.1);
         }
@@ -409,6 +443,15 @@ impl Store {
         let tx = self.db.begin_write()?;
         tx.open_table(CHECKPOINTS)?.insert(from, val.as_slice())?;
         tx.open_table(RELAY)?.insert(entry.id.0.as_slice(), e.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes the announcement stored as in force from `from` (it is stored
+    /// again under a later window, [`Store::put_checkpoint`]).
+    pub fn delete_checkpoint(&self, from: WindowId) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(CHECKPOINTS)?.remove(from)?;
         tx.commit()?;
         Ok(())
     }
@@ -526,6 +569,7 @@ mod tests {
             miner: PublicKey([miner; 32]),
             digest: *blake3::hash(&[miner, i]).as_bytes(),
             content: [i; 32],
+            shape: Shape::RESTORED,
         }
     }
 
@@ -581,6 +625,38 @@ mod tests {
         let store = Store::open(&path).unwrap();
         store.put_rollouts(&cands[20..].iter().map(stored).collect::<Vec<_>>()).unwrap();
         check_pages(&store, &cands);
+    }
+
+    /// network-security E2: 40 rollouts of 1 MiB (the largest the door
+    /// decodes) in one window; a page of up to 256 of them must stay under the
+    /// frame limit, and paging must still reach every one.
+    #[test]
+    fn pages_are_capped_by_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.redb")).unwrap();
+        let big = tributary_protocol::wire::MAX_ROLLOUT_LEN as usize;
+        let cands: Vec<Candidate> = (0..40).map(|i| cand(3, 1, i)).collect();
+        let rows: Vec<StoredRollout> =
+            cands.iter().map(|c| StoredRollout { candidate: c.clone(), bytes: vec![c.digest[0]; big] }).collect();
+        store.put_rollouts(&rows).unwrap();
+        let (mut seen, mut after, mut pages) = (0, None, 0);
+        loop {
+            let (items, next) = store.rollouts(3, None, after, 256).unwrap();
+            let bytes: usize = items.iter().map(Vec::len).sum();
+            assert!(bytes <= PAGE_BYTES, "page of {bytes} bytes");
+            assert!(!items.is_empty());
+            seen += items.len();
+            pages += 1;
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!((seen, pages), (40, 3));
+        // One rollout larger than the budget still comes, alone.
+        let (items, next) = store.rollouts_within(3, None, None, 256, 10).unwrap();
+        assert_eq!(items.len(), 1);
+        assert!(next.is_some());
     }
 
     #[test]

@@ -35,6 +35,7 @@ async fn batch_outcomes_in_order_and_nothing_refused_is_stored() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = Config::dev(dir.path().to_path_buf());
     cfg.window_ms = 600_000;
+    cfg.max_new_tokens = 512;
     let node = within(node::start(&cfg, ContentId([1; 32]))).await.unwrap();
     let key = Keypair::from_seed([21; 32]);
     let mut s = within(Session::connect(node.quic, &node.fingerprint, &key, Role::Miner)).await.unwrap();
@@ -148,8 +149,10 @@ async fn batches_answered_stored_survive_kill_9() {
     let mut first = spawn(dir.path());
     let mut s = within(Session::connect(first.quic, &first.fingerprint, &key, Role::Miner)).await.unwrap();
     let info = window(&mut s).await;
-    let rollouts: Vec<_> =
-        (0..4).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i, 256)).collect();
+    let rollouts: Vec<_> = (0..4)
+        .flat_map(|g| (0..4).map(move |i| (g, i)))
+        .map(|(g, i)| rollout(&info, &key, g, i, info.sampling.max_new_tokens as usize))
+        .collect();
     // Pipeline every batch, read the first answer, then kill -9 mid-stream.
     for (k, chunk) in rollouts.chunks(4).enumerate() {
         let items = chunk.iter().map(|r| Blob(r.encode())).collect();

@@ -19,8 +19,10 @@ async fn acknowledged_rollouts_survive_kill_9() {
     else {
         panic!()
     };
-    let rollouts: Vec<_> =
-        (0..4).flat_map(|g| (0..4).map(move |i| (g, i))).map(|(g, i)| rollout(&info, &key, g, i, 256)).collect();
+    let rollouts: Vec<_> = (0..4)
+        .flat_map(|g| (0..4).map(move |i| (g, i)))
+        .map(|(g, i)| rollout(&info, &key, g, i, info.sampling.max_new_tokens as usize))
+        .collect();
     // Pipeline every rollout, read some acknowledgements, then kill -9 mid-stream.
     for (seq, r) in rollouts.iter().enumerate() {
         within(s.send(&Frame::Submit(Submit { seq: seq as u64, rollout: Blob(r.encode()) }))).await.unwrap();

@@ -13,6 +13,7 @@ use tributary_protocol::wire::*;
 async fn start(dir: &std::path::Path, validator: &Keypair) -> Node {
     let mut cfg = Config::dev(dir.to_path_buf());
     cfg.window_ms = 600_000;
+    cfg.max_new_tokens = 512;
     cfg.validators = vec![validator.public().to_string()];
     within(node::start(&cfg, ContentId([1; 32]))).await.unwrap()
 }

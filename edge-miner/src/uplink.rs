@@ -277,10 +277,11 @@ mod tests {
     use coordinator::node::{self, Config};
     use tributary_protocol::checkpoint::ContentId;
     use tributary_protocol::env::task_seed;
-    use tributary_protocol::rollout::SamplingParams;
 
     fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32) -> Rollout {
-        let n = 96u32;
+        // Within the window's generation contract, which the coordinator enforces.
+        let completion = info.sampling.max_new_tokens;
+        let n = 32 + completion;
         let mut r = Rollout {
             window: info.window,
             checkpoint: info.checkpoint,
@@ -288,10 +289,10 @@ mod tests {
             group,
             rollout: index,
             task_id: task_seed(&info.seed, key.public().as_bytes(), group),
-            sampling: SamplingParams { temperature: 0.7, max_new_tokens: 64 },
+            sampling: info.sampling,
             tokens: (0..n).map(|i| (i * 31 + group * 1000 + index * 7) % 49152).collect(),
             prompt_len: 32,
-            logprobs: vec![-0.5; 64],
+            logprobs: vec![-0.5; completion as usize],
             sketches: (0..n).map(|i| i ^ (group << 8) ^ index).collect(),
             reward: 0.0,
             miner: [0; 32],

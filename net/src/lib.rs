@@ -113,6 +113,32 @@ pub fn self_signed() -> Result<(Vec<u8>, Vec<u8>), NetError> {
     Ok((ck.cert.der().to_vec(), ck.key_pair.serialize_der()))
 }
 
+/// How long a server connection may stay silent at the QUIC level.
+pub const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The TLS exporter label the handshake signature is bound to.
+const HANDSHAKE_EXPORTER_LABEL: &[u8] = b"tributary handshake v1";
+
+/// What a client signs to prove possession of its key on this connection:
+/// the handshake bytes ([`wire::handshake_bytes`]) followed by 32 bytes of
+/// TLS keying material exported for the nonce. Both ends of one TLS session
+/// derive the same bytes and no other session does, so a signature relayed
+/// from another connection (a server the client dialled forwarding its
+/// challenge) does not verify here.
+pub fn handshake_message(
+    conn: &quinn::Connection,
+    nonce: &[u8; 32],
+    coordinator: &PublicKey,
+    hello: &Hello,
+) -> Result<Vec<u8>, NetError> {
+    let mut exported = [0u8; 32];
+    conn.export_keying_material(&mut exported, HANDSHAKE_EXPORTER_LABEL, nonce)
+        .map_err(|_| NetError::Tls("exporting TLS keying material failed".into()))?;
+    let mut msg = wire::handshake_bytes(nonce, coordinator, hello);
+    msg.extend_from_slice(&exported);
+    Ok(msg)
+}
+
 /// A QUIC server config with the ALPN and transport limits.
 pub fn server_config(cert_der: Vec<u8>, key_der: Vec<u8>) -> Result<quinn::ServerConfig, NetError> {
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
@@ -125,12 +151,20 @@ pub fn server_config(cert_der: Vec<u8>, key_der: Vec<u8>) -> Result<quinn::Serve
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| NetError::Tls(e.to_string()))?;
     let mut cfg = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
-    // One control stream per connection; memory per connection is bounded by
-    // streams × stream window.
-    transport.max_concurrent_bidi_streams(4u32.into());
+    // One control stream per connection, so what a peer can make the server
+    // buffer is one stream window; datagrams are never read, so none are
+    // taken (quinn would otherwise buffer up to 1.25 MB of them per
+    // connection, before authentication).
+    transport.max_concurrent_bidi_streams(1u32.into());
     transport.max_concurrent_uni_streams(0u32.into());
-    transport.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
+    transport.datagram_receive_buffer_size(None);
+    // No server keep-alive: a peer that sends nothing is dropped after the
+    // idle timeout (clients keep their sessions alive themselves).
+    transport.keep_alive_interval(None);
+    transport.max_idle_timeout(Some(SERVER_IDLE_TIMEOUT.try_into().map_err(|_| NetError::Closed)?));
     cfg.transport_config(Arc::new(transport));
+    // Address validation (QUIC Retry) is the server's own decision per
+    // Initial (`quinn::Incoming::retry`); the token lifetime is quinn's default.
     Ok(cfg)
 }
 
@@ -421,16 +455,49 @@ pub fn server_endpoint(listen: SocketAddr, cert_der: Vec<u8>, key_der: Vec<u8>) 
 /// The header is checked before the body is read, so at most the tag's
 /// limit is ever allocated.
 pub async fn read_frame(recv: &mut quinn::RecvStream) -> Result<Option<Frame>, NetError> {
+    read_frame_with(recv, |_, _| Ok(())).await
+}
+
+/// Bytes a frame body's buffer grows by as its bytes arrive.
+const BODY_STEP: usize = 64 << 10;
+
+/// [`read_frame`] with a check of the header (tag and declared length) by
+/// the caller before any of the body is read: a frame the reader's state does
+/// not take is refused without reading it.
+pub async fn read_frame_with(
+    recv: &mut quinn::RecvStream,
+    accept: impl FnOnce(wire::Tag, u32) -> Result<(), NetError>,
+) -> Result<Option<Frame>, NetError> {
+    let Some((tag, len)) = read_header(recv).await? else { return Ok(None) };
+    accept(tag, len)?;
+    Ok(Some(read_body(recv, tag, len).await?))
+}
+
+/// Reads and checks a frame header ([`wire::parse_header`]); `Ok(None)` on a
+/// clean end of stream before it.
+pub async fn read_header(recv: &mut quinn::RecvStream) -> Result<Option<(wire::Tag, u32)>, NetError> {
     let mut header = [0u8; HEADER_LEN];
     match recv.read_exact(&mut header).await {
         Ok(()) => {}
         Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
         Err(e) => return Err(e.into()),
     }
-    let (tag, len) = wire::parse_header(&header)?;
-    let mut body = vec![0u8; len as usize];
-    recv.read_exact(&mut body).await?;
-    Ok(Some(Frame::decode_body(tag, &body)?))
+    Ok(Some(wire::parse_header(&header)?))
+}
+
+/// Reads the body of a frame whose header was read ([`read_header`]). The
+/// buffer grows as the bytes arrive, so a peer that declares a large frame
+/// and stalls holds only what it sent.
+pub async fn read_body(recv: &mut quinn::RecvStream, tag: wire::Tag, len: u32) -> Result<Frame, NetError> {
+    let len = len as usize;
+    let mut body = Vec::with_capacity(len.min(BODY_STEP));
+    while body.len() < len {
+        let have = body.len();
+        let step = (len - have).min(BODY_STEP.max(have));
+        body.resize(have + step, 0);
+        recv.read_exact(&mut body[have..]).await?;
+    }
+    Ok(Frame::decode_body(tag, &body)?)
 }
 
 /// Writes one frame.
@@ -473,10 +540,8 @@ impl Session {
             Frame::Error(ErrorFrame { code, detail }) => return Err(NetError::Refused(code, detail)),
             other => return Err(NetError::Unexpected(other.tag())),
         };
-        let signature = key.sign(
-            identity::domain::HANDSHAKE,
-            &wire::handshake_bytes(&challenge.nonce, &challenge.coordinator, &hello),
-        );
+        let msg = handshake_message(&conn, &challenge.nonce, &challenge.coordinator, &hello)?;
+        let signature = key.sign(identity::domain::HANDSHAKE, &msg);
         write_frame(&mut send, &Frame::Auth(Auth { signature })).await?;
         let welcome = match read_frame(&mut recv).await?.ok_or(NetError::Closed)? {
             Frame::Welcome(w) => w,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::task_seed;
 use tributary_protocol::identity::Keypair;
-use tributary_protocol::rollout::{Rollout, SamplingParams};
+use tributary_protocol::rollout::Rollout;
 use tributary_protocol::wire::WindowInfo;
 
 /// Every await in these tests is bounded.
@@ -19,7 +19,8 @@ pub async fn within<T>(f: impl Future<Output = T>) -> T {
 }
 
 /// A realistic signed rollout for `key`'s assigned task `group`, index `index`:
-/// 64 prompt tokens and `completion` completion tokens.
+/// 64 prompt tokens and `completion` completion tokens, with the window's
+/// sampling settings (the coordinator's `max_new_tokens` must allow `completion`).
 pub fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32, completion: usize) -> Rollout {
     let prompt = 64usize;
     let n = prompt + completion;
@@ -31,7 +32,7 @@ pub fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32, complet
         group,
         rollout: index,
         task_id: task_seed(&info.seed, key.public().as_bytes(), group),
-        sampling: SamplingParams { temperature: 0.7, max_new_tokens: completion as u32 },
+        sampling: info.sampling,
         tokens: (0..n as u32).map(|i| (i.wrapping_mul(2654435761) ^ salt) % 49152).collect(),
         prompt_len: prompt as u32,
         logprobs: (0..completion).map(|i| -(i as f32) / 100.0).collect(),

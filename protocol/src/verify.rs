@@ -814,6 +814,56 @@ pub fn verify_rollout(
     Ok(Verdict { checks, sampling_counts: counts })
 }
 
+/// Every check but the sketch, on the per-position evidence alone: what a
+/// trainer runs before a rollout may reach a gradient. The sketch check
+/// proves the miner ran the model (its hidden states) and needs the
+/// window's revealed challenge; the tokens themselves are proven by the
+/// exact sampling check at every position, which is what training relies
+/// on. If the structure check fails only it is reported.
+pub fn verify_tokens(
+    r: &Rollout,
+    a: &Assignment<'_>,
+    recomputed_reward: f32,
+    ev: &[PositionEvidence],
+    p: &VerifyParams,
+) -> Result<Verdict, VerifyError> {
+    let structure = check_structure(r, a, p);
+    if structure.failed() {
+        return Ok(Verdict { checks: vec![structure], sampling_counts: SamplingCounts::default() });
+    }
+    if ev.len() != r.completion().len() {
+        return Err(VerifyError::Positions { expected: r.completion().len(), got: ev.len() });
+    }
+    let (sampling, coverage, counts) = check_sampling(r, ev, &a.sampling_seed, p);
+    let checks = vec![
+        structure,
+        check_prompt(r, a),
+        check_reward(r, recomputed_reward, p),
+        check_logprobs(r, ev, p),
+        sampling,
+        coverage,
+        check_distribution(ev, p),
+        check_termination(r, ev, a.eos_tokens, &a.sampling_seed, p),
+    ];
+    Ok(Verdict { checks, sampling_counts: counts })
+}
+
+impl Failure {
+    /// The absolute token position the failure points at, when it points at one.
+    pub fn position(&self, prompt_len: usize) -> Option<usize> {
+        match *self {
+            Failure::TokenOutOfVocab { position, .. }
+            | Failure::SketchOutOfField { position, .. }
+            | Failure::SampleOutside { position, .. }
+            | Failure::SketchMismatch { position, .. } => Some(position),
+            Failure::BadLogprob { index, .. } | Failure::EosBeforeEnd { index, .. } => Some(prompt_len + index),
+            Failure::LogprobDeviation { worst_index, .. } => Some(prompt_len + worst_index),
+            Failure::PromptMismatch { first_diff, .. } => Some(first_diff),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,7 @@ enum Cmd {
         path: PathBuf,
     },
     /// Train on the network's verified rollouts and publish a checkpoint each window.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Export a checkpoint for Hugging Face transformers (safetensors, config, tokenizer).
     Export {
         /// The checkpoint (GGUF).
@@ -96,6 +96,9 @@ struct RunArgs {
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// GSM8K JSONL file (needed when the network's environment is gsm8k).
+    #[arg(long)]
+    gsm8k: Option<PathBuf>,
 }
 
 /// `trainer run`'s configuration file (TOML). Every key has a default except
@@ -123,6 +126,9 @@ struct RunConfig {
     full_every: u64,
     /// Prometheus metrics listener. Default: none.
     metrics: Option<std::net::SocketAddr>,
+    /// GSM8K JSONL file, for the proof of rollouts when the network's
+    /// environment is gsm8k. Default: none.
+    gsm8k: Option<PathBuf>,
 }
 
 impl Default for RunConfig {
@@ -137,6 +143,7 @@ impl Default for RunConfig {
             lr: 1e-4,
             full_every: 8,
             metrics: None,
+            gsm8k: None,
         }
     }
 }
@@ -153,7 +160,7 @@ impl RunArgs {
                 if c.data.is_relative() {
                     c.data = base.join(&c.data);
                 }
-                for p in [&mut c.ca, &mut c.model, &mut c.key] {
+                for p in [&mut c.ca, &mut c.model, &mut c.key, &mut c.gsm8k] {
                     if let Some(p) = p.as_mut().filter(|p| p.is_relative()) {
                         *p = base.join(&*p);
                     }
@@ -165,7 +172,7 @@ impl RunArgs {
         macro_rules! over {
             ($($f:ident),*) => {$( if self.$f.is_some() { c.$f = self.$f.clone(); } )*};
         }
-        over!(coordinator, model, key, metrics);
+        over!(coordinator, model, key, metrics, gsm8k);
         if self.fingerprint.is_some() || self.ca.is_some() {
             c.fingerprint = self.fingerprint.clone();
             c.ca = self.ca.clone();
@@ -211,6 +218,7 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let vocab = tributary_protocol::checkpoint::Checkpoint::open(&genesis)?.config().vocab_size;
     let metrics = conf.metrics;
+    let proof = trainer::proof::ProofConfig { gsm8k: conf.gsm8k.clone(), ..Default::default() };
     let cfg = ServiceConfig {
         coordinator,
         fingerprint,
@@ -230,7 +238,7 @@ fn run(args: RunArgs) -> Result<()> {
             println!("metrics=http://{bound}/metrics");
         }
         println!("trainer={}", cfg.key.public());
-        let mut s = Service::open(cfg).await?;
+        let mut s = Service::open_with(cfg, proof).await?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let st = stop.clone();
         tokio::spawn(async move {
@@ -243,6 +251,15 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // Logs (warnings about rollouts refused by the proof, steps, uploads) on
+    // stderr; RUST_LOG picks the level (default: warn and above).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().cmd {
         Cmd::InitBase { src, out } => {
             let src = src.unwrap_or_else(assets::smollm2_q4_1);
@@ -255,7 +272,7 @@ fn main() -> Result<()> {
             init::init_tiny(seed, &src, &out)?;
         }
         Cmd::Info { path } => init::info(&path)?,
-        Cmd::Run(args) => run(args)?,
+        Cmd::Run(args) => run(*args)?,
         Cmd::Export { path, hf } => {
             let ckpt = tributary_protocol::checkpoint::Checkpoint::open(&path)?;
             trainer::hf::export(&ckpt, &hf)?;

@@ -1,12 +1,12 @@
 //! `trainer run`: the trainer as a network service.
 //!
-//! Verdict standing comes from the coordinator ([`Frame::GetStanding`]):
-//! a (miner, window) whose verdicts passed is trained on, one that failed is
-//! dropped, an unjudged one is held while the miner is in good standing.
 //! Every window `W` whose submissions have closed is trained on once: the
-//! service pulls `W`'s rollouts from the coordinator (banned miners are
-//! already filtered out by the coordinator), selects groups
-//! ([`crate::select`]), takes one GRPO step, exports the BF16 checkpoint and
+//! service pulls `W`'s rollouts and its contract ([`WindowInfo`]) from the
+//! coordinator (banned miners are already filtered out by the coordinator),
+//! selects groups ([`crate::select::select_proven`]: every group that enters
+//! the batch is proven by the trainer itself, [`crate::proof`], with the
+//! weights of the checkpoint it names, and its old-policy log-probs are the
+//! trainer's own), takes one GRPO step, exports the BF16 checkpoint and
 //! publishes it for the current window ([`crate::publish`]: a signed full
 //! or delta payload, never two different checkpoints for one window), then
 //! uploads it, then sends the step's signed report ([`TrainerStats`]: loss,
@@ -16,6 +16,15 @@
 //! coordinator) and the trainer state are saved after each step, so a
 //! restarted service resumes where it stopped and re-uploads a publication
 //! (and re-sends a report, kept in `stats.bin`) the coordinator did not confirm.
+//!
+//! Verdicts ([`Frame::GetStanding`]) are a second gate: a (miner, window)
+//! that failed, or a miner not in good standing, is dropped; the trainer
+//! does not wait for verdicts. A rollout that fails the trainer's proof
+//! drops its group (never the step), is logged at warn with the figures,
+//! counted in `trainer_rollouts_rejected_total{check}` and recorded in
+//! `rejected/<window>.jsonl` ([`RejectRecord`]). The digests of the rollouts
+//! of each step's batch are written to `batches/<window>.json`
+//! ([`BatchRecord`]). Both folders keep the last [`KEEP_RECORDS`] files.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,12 +39,13 @@ use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
-    Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, MAX_CHUNK_LEN, MinerStanding, Role,
-    TrainerStats, TrainerStatsBody,
+    Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, GetWindow, MAX_CHUNK_LEN, MinerStanding,
+    Role, TrainerStats, TrainerStatsBody, WindowInfo,
 };
 
+use crate::proof::{GroupProof, ProofConfig, ProofError, Prover, RejectRecord};
 use crate::publish::{Publication, PublishError, Publisher};
-use crate::select::{SelectConfig, Selection, Standing, select};
+use crate::select::{SelectConfig, Selection, Standing, select_proven};
 use crate::state::{self, StateError, write_atomic};
 use crate::train::{Sample, StepStats, TrainConfig, TrainError, Trainer};
 
@@ -69,6 +79,25 @@ pub enum ServiceError {
     /// Reading a payload failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The proof could not be set up.
+    #[error("proof: {0}")]
+    Proof(#[from] ProofError),
+}
+
+/// Files kept in `rejected/` and in `batches/`.
+pub const KEEP_RECORDS: usize = 64;
+
+/// `batches/<window>.json`: what one GRPO step trained on.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BatchRecord {
+    /// The window the step's checkpoint was published for.
+    pub window: WindowId,
+    /// The optimiser step.
+    pub step: u64,
+    /// The windows whose rollouts were selected.
+    pub trained: Vec<WindowId>,
+    /// Digests (hex) of every rollout in the batch.
+    pub digests: Vec<String>,
 }
 
 /// The service's configuration.
@@ -119,6 +148,10 @@ pub struct Round {
     pub groups: usize,
     /// The checkpoint published, if a step was taken.
     pub published: Option<(WindowId, ContentId)>,
+    /// Digests of the rollouts in the step's batch.
+    pub batch: Vec<[u8; 32]>,
+    /// Rollouts that failed the trainer's proof.
+    pub rejected: Vec<RejectRecord>,
 }
 
 /// The running service.
@@ -130,7 +163,7 @@ pub struct Service {
     template: Checkpoint,
     publisher: Publisher,
     progress: Progress,
-    held: Vec<Rollout>,
+    prover: Prover,
 }
 
 impl std::fmt::Debug for Service {
@@ -144,8 +177,15 @@ fn now_ms() -> u64 {
 }
 
 impl Service {
-    /// Connects and loads (or creates) the trainer state.
+    /// Connects and loads (or creates) the trainer state, with the default
+    /// proof settings.
     pub async fn open(cfg: ServiceConfig) -> Result<Self, ServiceError> {
+        Self::open_with(cfg, ProofConfig::default()).await
+    }
+
+    /// [`Service::open`] with proof settings (a GSM8K file, how many
+    /// checkpoints to keep loaded).
+    pub async fn open_with(cfg: ServiceConfig, proof: ProofConfig) -> Result<Self, ServiceError> {
         let session = Session::connect(cfg.coordinator, &cfg.fingerprint, &cfg.key, Role::Trainer).await?;
         let schedule = session.welcome.schedule;
         std::fs::create_dir_all(&cfg.dir)?;
@@ -162,7 +202,8 @@ impl Service {
             }
             Err(e) => return Err(e.into()),
         };
-        let mut s = Self { cfg, session, schedule, trainer, template, publisher, progress, held: Vec::new() };
+        let prover = Prover::new(&cfg.genesis, proof)?;
+        let mut s = Self { cfg, session, schedule, trainer, template, publisher, progress, prover };
         s.reupload().await?;
         Ok(s)
     }
@@ -307,6 +348,68 @@ impl Service {
         }
     }
 
+    /// The contract of `window` (its checkpoint, seed, environment, sampling).
+    async fn window_info(&mut self, window: WindowId) -> Result<WindowInfo, ServiceError> {
+        match self.session.request(&Frame::GetWindow(GetWindow { window: Some(window) })).await? {
+            Frame::WindowInfo(i) if i.window == window => Ok(i),
+            f => Err(ServiceError::Unexpected(f.tag())),
+        }
+    }
+
+    /// Loads `id`'s weights for the proof if the trainer still has the file
+    /// (the genesis or one of its publications); a checkpoint it cannot
+    /// load stays unheld, and rollouts naming it are dropped as stale.
+    fn hold_checkpoint(&mut self, id: ContentId) {
+        if self.prover.holds(&id) {
+            return;
+        }
+        let path = if id == self.template.content_id() {
+            self.cfg.genesis.clone()
+        } else {
+            self.publisher.checkpoint_path(&id)
+        };
+        if !path.exists() {
+            tracing::warn!(checkpoint = %id, "rollouts name a checkpoint the trainer does not have: dropped as stale");
+            return;
+        }
+        if let Err(e) = tokio::task::block_in_place(|| self.prover.load(id, &path)) {
+            tracing::warn!(checkpoint = %id, error = %e, "checkpoint not loaded for the proof");
+        }
+    }
+
+    /// Logs, counts and records rollouts that failed the proof.
+    fn record_rejected(&self, rejected: &[RejectRecord]) -> Result<(), ServiceError> {
+        if rejected.is_empty() {
+            return Ok(());
+        }
+        let dir = self.cfg.dir.join("rejected");
+        std::fs::create_dir_all(&dir)?;
+        let mut by_window: std::collections::BTreeMap<WindowId, Vec<u8>> = std::collections::BTreeMap::new();
+        for r in rejected {
+            tracing::warn!(
+                window = r.window,
+                miner = %r.miner,
+                group = r.group,
+                rollout = r.rollout,
+                digest = %r.digest,
+                check = %r.check,
+                position = ?r.position,
+                detail = %r.detail,
+                "rollout failed the trainer's proof: not trained"
+            );
+            metrics::counter!("trainer_rollouts_rejected_total", "check" => r.check.clone()).increment(1);
+            let line = by_window.entry(r.window).or_default();
+            line.extend(serde_json::to_vec(r)?);
+            line.push(b'\n');
+        }
+        for (w, lines) in by_window {
+            use std::io::Write as _;
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{w}.jsonl")))?;
+            f.write_all(&lines)?;
+        }
+        prune(&dir, KEEP_RECORDS)
+    }
+
     /// Trains on every closed, untrained window and publishes once for the
     /// current window. Does nothing while the current window is already
     /// published or no window has closed.
@@ -317,7 +420,7 @@ impl Service {
         if self.publisher.last().is_some_and(|r| r.window >= current) {
             return Ok(round);
         }
-        let mut rollouts = std::mem::take(&mut self.held);
+        let mut rollouts = Vec::new();
         let mut w = self.progress.next_window;
         while self.schedule.closes_at(w) <= now {
             let got = self.fetch(w).await?;
@@ -327,7 +430,6 @@ impl Service {
             w += 1;
         }
         if round.windows.is_empty() {
-            self.held = rollouts;
             return Ok(round);
         }
         let genesis = self.template.content_id();
@@ -337,10 +439,14 @@ impl Service {
         let windows: std::collections::BTreeSet<WindowId> = rollouts.iter().map(|r| r.window).collect();
         let mut known: std::collections::HashMap<([u8; 32], WindowId), MinerStanding> =
             std::collections::HashMap::new();
-        for w in windows {
+        let mut infos = std::collections::BTreeMap::new();
+        for &w in &windows {
             for (miner, st) in self.standing(w).await? {
                 known.insert((miner.0, w), st);
             }
+            let info = self.window_info(w).await?;
+            self.hold_checkpoint(info.checkpoint);
+            infos.insert(w, info);
         }
         let standing = |miner: &[u8; 32], window: u64| match known.get(&(*miner, window)) {
             Some(MinerStanding::Passed) => Standing::Passed,
@@ -349,9 +455,27 @@ impl Service {
             None if trust => Standing::Passed,
             None => Standing::Pending { good_standing: true },
         };
-        let mut sel = select(rollouts, &published, standing, &self.cfg.select);
+        let prover = &mut self.prover;
+        let mut rejected = Vec::new();
+        let mut prove = |g: &crate::select::TrainGroup| {
+            let info = infos.get(&g.key.window)?;
+            match prover.prove_group(info, &g.rollouts) {
+                Ok(GroupProof::Rejected(recs)) => {
+                    rejected.extend(recs.iter().cloned());
+                    Some(GroupProof::Rejected(recs))
+                }
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(window = g.key.window, group = g.key.group, error = %e, "proof could not run");
+                    None
+                }
+            }
+        };
+        let sel =
+            tokio::task::block_in_place(|| select_proven(rollouts, &published, standing, &self.cfg.select, &mut prove));
         sel.record_metrics();
-        self.held = std::mem::take(&mut sel.held);
+        self.record_rejected(&rejected)?;
+        round.rejected = rejected;
         round.groups = sel.kept.len();
         self.progress.next_window = w;
         if !sel.kept.is_empty() {
@@ -359,6 +483,8 @@ impl Service {
             let stats = tokio::task::block_in_place(|| self.trainer.step(&samples))?;
             stats.record_metrics();
             tracing::info!(step = stats.step, loss = stats.loss, groups = round.groups, "trained");
+            round.batch = sel.kept.iter().flat_map(|g| g.rollouts.iter().map(Rollout::digest)).collect();
+            self.record_batch(current, stats.step, &sel, &round.batch)?;
             let bytes = tokio::task::block_in_place(|| self.trainer.export_checkpoint(&self.template))?;
             let p = self.publisher.publish(current, bytes)?;
             let report = self.report(&p, &stats, &sel);
@@ -375,6 +501,27 @@ impl Service {
         Ok(round)
     }
 
+    /// Writes `batches/<window>.json` for the step published for `window`.
+    fn record_batch(
+        &self,
+        window: WindowId,
+        step: u64,
+        sel: &Selection,
+        digests: &[[u8; 32]],
+    ) -> Result<(), ServiceError> {
+        let dir = self.cfg.dir.join("batches");
+        std::fs::create_dir_all(&dir)?;
+        let trained: std::collections::BTreeSet<WindowId> = sel.kept.iter().map(|g| g.key.window).collect();
+        let rec = BatchRecord {
+            window,
+            step,
+            trained: trained.into_iter().collect(),
+            digests: digests.iter().map(hex::encode).collect(),
+        };
+        write_atomic(&dir.join(format!("{window}.json")), &serde_json::to_vec_pretty(&rec)?)?;
+        prune(&dir, KEEP_RECORDS)
+    }
+
     /// Runs rounds until `stop` is set.
     pub async fn run(&mut self, stop: Arc<AtomicBool>) -> Result<(), ServiceError> {
         while !stop.load(Ordering::Relaxed) {
@@ -386,6 +533,63 @@ impl Service {
         }
         Ok(())
     }
+}
+
+/// Removes all but the `keep` files of `dir` with the highest window number
+/// (files are named `<window>.<ext>`).
+fn prune(dir: &Path, keep: usize) -> Result<(), ServiceError> {
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let p = e.path();
+            let w = p.file_stem()?.to_str()?.parse::<u64>().ok()?;
+            Some((w, p))
+        })
+        .collect();
+    if files.len() <= keep {
+        return Ok(());
+    }
+    files.sort();
+    for (_, p) in &files[..files.len() - keep] {
+        std::fs::remove_file(p)?;
+    }
+    Ok(())
+}
+
+/// The batch records in a trainer folder (`batches/*.json`), oldest first.
+pub fn batch_records(dir: &Path) -> Result<Vec<BatchRecord>, ServiceError> {
+    let mut out = Vec::new();
+    let d = dir.join("batches");
+    if !d.exists() {
+        return Ok(out);
+    }
+    for e in std::fs::read_dir(d)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            out.push(serde_json::from_slice::<BatchRecord>(&std::fs::read(&p)?)?);
+        }
+    }
+    out.sort_by_key(|r| r.window);
+    Ok(out)
+}
+
+/// The proof rejections recorded in a trainer folder (`rejected/*.jsonl`), by window.
+pub fn rejected_records(dir: &Path) -> Result<Vec<RejectRecord>, ServiceError> {
+    let mut out = Vec::new();
+    let d = dir.join("rejected");
+    if !d.exists() {
+        return Ok(out);
+    }
+    for e in std::fs::read_dir(d)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "jsonl") {
+            for line in std::fs::read_to_string(&p)?.lines().filter(|l| !l.trim().is_empty()) {
+                out.push(serde_json::from_str::<RejectRecord>(line)?);
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.window, r.group, r.rollout));
+    Ok(out)
 }
 
 pub use tributary_net::serve_metrics;

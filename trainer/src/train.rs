@@ -106,10 +106,10 @@ impl Sample {
         groups
             .iter()
             .flat_map(|g| {
-                g.rollouts.iter().zip(&g.advantages).map(|(r, &a)| Sample {
+                g.rollouts.iter().zip(&g.advantages).zip(&g.old_logprobs).map(|((r, &a), old)| Sample {
                     tokens: r.tokens.clone(),
                     prompt_len: r.prompt_len as usize,
-                    old_logprobs: r.logprobs.clone(),
+                    old_logprobs: old.clone(),
                     advantage: a,
                     reward: r.reward,
                 })

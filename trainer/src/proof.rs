@@ -1,0 +1,286 @@
+//! The trainer proves every rollout itself before it may reach a gradient.
+//!
+//! A validator samples miners and groups; a miner whose sample passes must
+//! not get its unchecked groups trained on its word. So before a group
+//! enters a GRPO batch the trainer runs the protocol's own checks
+//! ([`verify::verify_tokens`], the implementation the validator runs) on
+//! each of its rollouts against the window's contract ([`WindowInfo`]):
+//! the prompt re-derived from the task, the reward recomputed from the
+//! completion, lengths (prompt + completion within the model's context,
+//! completion within `max_new_tokens`), end-of-generation only as the last
+//! token, and the exact seeded-sampling check at every position, from a
+//! no-grad forward of the checkpoint the rollout names (the trainer keeps
+//! the last few checkpoints' weights; a rollout naming one it no longer
+//! holds is stale). The cheap checks run before any model work.
+//!
+//! The old-policy log-probs of the loss are the trainer's own from that
+//! forward; the miner's are only compared with them (the per-token bound).
+//! A rollout that fails takes its group out of the batch, never the step,
+//! and leaves a [`RejectRecord`] (digest, check, position, figures).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel};
+use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
+use tributary_protocol::env::{EnvError, EnvId, EnvSpec, Environment, completion_reward, task_seed};
+use tributary_protocol::prf::Seed;
+use tributary_protocol::rollout::Rollout;
+use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
+use tributary_protocol::verify::{self, Assignment, Severity, Status, VerifyError, VerifyParams};
+use tributary_protocol::wire::WindowInfo;
+
+/// Settings of the trainer's proof.
+#[derive(Debug, Clone)]
+pub struct ProofConfig {
+    /// Checkpoints whose weights are kept loaded (the current one and the
+    /// few before it that rollouts may still name).
+    pub keep_checkpoints: usize,
+    /// Verification constants (the validator's).
+    pub params: VerifyParams,
+    /// The GSM8K JSONL file, for networks whose environment is gsm8k.
+    pub gsm8k: Option<PathBuf>,
+}
+
+impl Default for ProofConfig {
+    fn default() -> Self {
+        Self { keep_checkpoints: 3, params: VerifyParams::DEFAULT, gsm8k: None }
+    }
+}
+
+/// The trainer could not run its proof (its own problem, not the miner's).
+#[derive(Debug, thiserror::Error)]
+pub enum ProofError {
+    /// A checkpoint could not be opened.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// The tokenizer could not be built or failed on a prompt.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    /// The reference model failed.
+    #[error("model: {0}")]
+    Policy(#[from] PolicyError),
+    /// The window's environment cannot be set up here.
+    #[error("environment: {0}")]
+    Env(#[from] EnvError),
+    /// A checkpoint file holds another checkpoint.
+    #[error("{} holds {found}, not {expected}", path.display())]
+    WrongCheckpoint {
+        /// The file.
+        path: PathBuf,
+        /// What it holds.
+        found: ContentId,
+        /// What was asked for.
+        expected: ContentId,
+    },
+    /// The evidence did not fit (a bug).
+    #[error("evidence: {0}")]
+    Verify(#[from] VerifyError),
+}
+
+/// Why a rollout was kept out of training, with the figures.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RejectRecord {
+    /// The window.
+    pub window: u64,
+    /// The miner (hex).
+    pub miner: String,
+    /// Group index.
+    pub group: u32,
+    /// Rollout index.
+    pub rollout: u32,
+    /// The rollout's digest (hex).
+    pub digest: String,
+    /// The check that failed (`verify::CheckKind::as_str`, or `context`).
+    pub check: String,
+    /// Absolute token position, when the failure points at one.
+    pub position: Option<usize>,
+    /// The failure with its figures.
+    pub detail: String,
+}
+
+impl RejectRecord {
+    fn new(r: &Rollout, check: &str, position: Option<usize>, detail: String) -> Self {
+        Self {
+            window: r.window,
+            miner: hex::encode(r.miner),
+            group: r.group,
+            rollout: r.rollout,
+            digest: hex::encode(r.digest()),
+            check: check.to_owned(),
+            position,
+            detail,
+        }
+    }
+}
+
+/// The proof of one group.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GroupProof {
+    /// Every rollout passed: the trainer's own old-policy log-probs, one
+    /// list per rollout (in the group's order), one entry per completion token.
+    Proven(Vec<Vec<f32>>),
+    /// Some rollout failed a hard check (records of every failing one).
+    Rejected(Vec<RejectRecord>),
+    /// The rollouts name a checkpoint whose weights the trainer no longer holds.
+    Stale,
+}
+
+/// Loaded checkpoints (most recent last) and the environments seen.
+pub struct Prover {
+    cfg: ProofConfig,
+    tokenizer: Tokenizer,
+    eos: Vec<u32>,
+    models: VecDeque<(ContentId, ReferenceModel)>,
+    envs: BTreeMap<(EnvId, u32, Option<[u8; 32]>), Environment>,
+}
+
+impl std::fmt::Debug for Prover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held: Vec<String> = self.models.iter().map(|(id, _)| id.to_string()).collect();
+        f.debug_struct("Prover").field("held", &held).finish_non_exhaustive()
+    }
+}
+
+fn env_key(s: &EnvSpec) -> (EnvId, u32, Option<[u8; 32]>) {
+    (s.env, s.difficulty, s.dataset)
+}
+
+impl Prover {
+    /// A prover with the tokenizer of `genesis` (every checkpoint of a
+    /// network shares its tokenizer) and no weights loaded yet.
+    pub fn new(genesis: &Path, cfg: ProofConfig) -> Result<Self, ProofError> {
+        let tokenizer = Tokenizer::from_gguf_file(genesis)?;
+        let eos = tokenizer.eog_ids().collect();
+        Ok(Self { cfg, tokenizer, eos, models: VecDeque::new(), envs: BTreeMap::new() })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ProofConfig {
+        &self.cfg
+    }
+
+    /// Whether `id`'s weights are loaded.
+    pub fn holds(&self, id: &ContentId) -> bool {
+        self.models.iter().any(|(m, _)| m == id)
+    }
+
+    /// Loads `id` from `path` unless it is loaded; keeps at most
+    /// `keep_checkpoints` (the least recently loaded goes first).
+    pub fn load(&mut self, id: ContentId, path: &Path) -> Result<(), ProofError> {
+        if self.holds(&id) {
+            return Ok(());
+        }
+        let ckpt = Checkpoint::open(path)?;
+        if ckpt.content_id() != id {
+            return Err(ProofError::WrongCheckpoint { path: path.to_owned(), found: ckpt.content_id(), expected: id });
+        }
+        let model = ReferenceModel::load(&ckpt, tch::Device::Cpu)?;
+        self.models.push_back((id, model));
+        while self.models.len() > self.cfg.keep_checkpoints.max(1) {
+            self.models.pop_front();
+        }
+        Ok(())
+    }
+
+    fn model(&self, id: &ContentId) -> Option<&ReferenceModel> {
+        self.models.iter().find(|(m, _)| m == id).map(|(_, m)| m)
+    }
+
+    fn env(&mut self, info: &WindowInfo) -> Result<&Environment, ProofError> {
+        let spec = info.env_spec();
+        let e = match self.envs.entry(env_key(&spec)) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Environment::build(&spec, self.cfg.gsm8k.as_deref())?)
+            }
+        };
+        Ok(e)
+    }
+
+    /// Proves one group (rollouts of one miner, window and group index)
+    /// against its window's contract `info`.
+    pub fn prove_group(&mut self, info: &WindowInfo, rollouts: &[Rollout]) -> Result<GroupProof, ProofError> {
+        let Some(first) = rollouts.first() else { return Ok(GroupProof::Proven(Vec::new())) };
+        let (miner, group) = (first.miner, first.group);
+        let task_id = task_seed(&info.seed, &miner, group);
+        let env = self.env(info)?.clone();
+        let task = env.task(task_id);
+        let prompt = self.tokenizer.encode(&env.prompt_text(&task))?;
+        let Some(model) = self.model(&info.checkpoint) else { return Ok(GroupProof::Stale) };
+        let dims = model.dims();
+        let vocab = u32::try_from(dims.vocab_size).unwrap_or(u32::MAX);
+        let context = dims.context_length;
+        let params = self.cfg.params;
+        let assignment = |r: &Rollout| Assignment {
+            window: info.window,
+            checkpoint: info.checkpoint,
+            env: info.env,
+            miner: r.miner,
+            task_id,
+            sampling: info.sampling,
+            prompt_tokens: &prompt,
+            groups_per_miner: info.groups_per_miner,
+            group_size: info.group_size,
+            vocab_size: vocab,
+            eos_tokens: &self.eos,
+            sampling_seed: info.seed,
+            // The sketch check is not run: no challenge is needed.
+            challenge_secret: Seed([0; 32]),
+        };
+        // Cheap checks first: structure (contract, lengths, EOS), context,
+        // prompt and reward need no model.
+        let mut rejected = Vec::new();
+        let mut rewards = Vec::with_capacity(rollouts.len());
+        for r in rollouts {
+            let a = assignment(r);
+            let reward = completion_reward(&self.tokenizer, &env, &task, r.completion()).unwrap_or(f32::NAN);
+            rewards.push(reward);
+            let mut cheap = vec![verify::check_structure(r, &a, &params)];
+            if !cheap[0].failed() {
+                cheap.push(verify::check_prompt(r, &a));
+                cheap.push(verify::check_reward(r, reward, &params));
+            }
+            if let Some(rec) = first_hard_failure(r, &cheap) {
+                rejected.push(rec);
+            } else if r.tokens.len() > context {
+                let detail = format!("{} tokens exceed the model's context of {context}", r.tokens.len());
+                rejected.push(RejectRecord::new(r, "context", Some(context), detail));
+            }
+        }
+        if !rejected.is_empty() {
+            return Ok(GroupProof::Rejected(rejected));
+        }
+        let eos = self.tokenizer.eos_id();
+        let reqs: Vec<EvidenceRequest<'_>> = rollouts
+            .iter()
+            .map(|r| EvidenceRequest {
+                tokens: &r.tokens,
+                prompt_len: r.prompt_len as usize,
+                temperature: r.sampling.temperature,
+                eos,
+                hidden_positions: &[],
+            })
+            .collect();
+        let evidence = model.evidence(&reqs)?;
+        let mut old = Vec::with_capacity(rollouts.len());
+        for ((r, ev), reward) in rollouts.iter().zip(&evidence).zip(&rewards) {
+            let v = verify::verify_tokens(r, &assignment(r), *reward, &ev.positions(), &params)?;
+            match first_hard_failure(r, &v.checks) {
+                Some(rec) => rejected.push(rec),
+                None => old.push(ev.logprob.iter().map(|&l| l as f32).collect()),
+            }
+        }
+        Ok(if rejected.is_empty() { GroupProof::Proven(old) } else { GroupProof::Rejected(rejected) })
+    }
+}
+
+/// The record of the first hard failure among `checks`, if any.
+fn first_hard_failure(r: &Rollout, checks: &[verify::CheckOutcome]) -> Option<RejectRecord> {
+    checks.iter().find(|c| c.severity == Severity::Hard && c.failed()).and_then(|c| match &c.status {
+        Status::Fail(f) => {
+            Some(RejectRecord::new(r, c.kind.as_str(), f.position(r.prompt_len as usize), format!("{f:?}")))
+        }
+        _ => None,
+    })
+}

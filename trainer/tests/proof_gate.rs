@@ -1,0 +1,253 @@
+//! The trainer proves every rollout before it reaches a gradient (issue 15,
+//! review proof-soundness finding 1): a group of a miner whose verdict
+//! passed, but that no validator looked at, with a wrong prompt, a fake
+//! reward, an edited log-prob, a token past EOS or an over-long sequence is
+//! dropped on its own, with a record of the check and the position; the
+//! honest groups train and the step runs. The old-policy log-probs of the
+//! loss are the trainer's own.
+//!
+//! Honest rollouts come from the dev tiny model run by the libtorch
+//! reference with the protocol's seeded sampler (what a miner does).
+
+use std::path::PathBuf;
+
+use tch::{Device, Tensor};
+use trainer::proof::{GroupProof, ProofConfig, Prover};
+use trainer::select::{DropReason, SelectConfig, Standing, TrainGroup, select, select_proven};
+use trainer::train::{Sample, TrainConfig, Trainer};
+use tributary_assets as assets;
+use tributary_policy::ReferenceModel;
+use tributary_protocol::checkpoint::{Checkpoint, ContentId};
+use tributary_protocol::env::{EnvId, Environment, PRACTICE_LEVEL, completion_reward, task_seed};
+use tributary_protocol::prf::Seed;
+use tributary_protocol::rollout::{Rollout, SamplingParams};
+use tributary_protocol::sampling::{draw_u, sample_with_logprob};
+use tributary_protocol::tokenizer::Tokenizer;
+use tributary_protocol::wire::WindowInfo;
+
+const GROUP_SIZE: u32 = 4;
+
+struct World {
+    _dir: tempfile::TempDir,
+    genesis: PathBuf,
+    id: ContentId,
+    model: ReferenceModel,
+    tok: Tokenizer,
+    env: Environment,
+    info: WindowInfo,
+    miner: [u8; 32],
+}
+
+impl World {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let genesis = tributary_protocol::dev::ensure_genesis(dir.path(), &assets::smollm2_q4_1())
+            .expect("dev genesis (SmolLM2 GGUF: run scripts/setup.sh)");
+        let ckpt = Checkpoint::open(&genesis).unwrap();
+        let id = ckpt.content_id();
+        let model = ReferenceModel::load(&ckpt, Device::Cpu).unwrap();
+        let tok = Tokenizer::from_gguf_file(&genesis).unwrap();
+        let info = WindowInfo {
+            window: 5,
+            opens_at_ms: 0,
+            closes_at_ms: 1,
+            seed: Seed([21; 32]),
+            commitment: [0; 32],
+            checkpoint: id,
+            env: EnvId::Arith,
+            groups_per_miner: 8,
+            group_size: GROUP_SIZE,
+            sampling: SamplingParams { temperature: 0.7, max_new_tokens: 24 },
+            difficulty: PRACTICE_LEVEL,
+            dataset: None,
+        };
+        let env = Environment::for_window(&info, None).unwrap();
+        Self { _dir: dir, genesis, id, model, tok, env, info, miner: [7; 32] }
+    }
+
+    fn prover(&self) -> Prover {
+        let mut p = Prover::new(&self.genesis, ProofConfig::default()).unwrap();
+        p.load(self.id, &self.genesis).unwrap();
+        p
+    }
+
+    /// An honest rollout: seeded inverse-CDF sampling from the model until
+    /// EOS or the window's limit.
+    fn honest(&self, group: u32, rollout: u32) -> Rollout {
+        let task = self.env.task(task_seed(&self.info.seed, &self.miner, group));
+        let prompt = self.tok.encode(&self.env.prompt_text(&task)).unwrap();
+        let mut tokens = prompt.clone();
+        let mut logprobs = Vec::new();
+        let t = self.info.sampling.temperature;
+        while logprobs.len() < self.info.sampling.max_new_tokens as usize {
+            let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
+            let input = Tensor::from_slice(&ids).view([1, -1]);
+            let out = tch::no_grad(|| self.model.forward(&input)).unwrap();
+            let last: Vec<f32> = Vec::try_from(out.logits.get(0).get(tokens.len() as i64 - 1)).unwrap();
+            let u = draw_u(&self.info.seed, &self.miner, group, rollout, tokens.len() as u32);
+            let s = sample_with_logprob(&last, t, u);
+            tokens.push(s.token);
+            logprobs.push(s.logprob_t1);
+            if self.tok.is_eog(s.token) {
+                break;
+            }
+        }
+        let reward = completion_reward(&self.tok, &self.env, &task, &tokens[prompt.len()..]).unwrap();
+        Rollout {
+            window: self.info.window,
+            checkpoint: self.id,
+            env: self.info.env,
+            group,
+            rollout,
+            task_id: task_seed(&self.info.seed, &self.miner, group),
+            sampling: self.info.sampling,
+            sketches: vec![0; tokens.len()],
+            tokens,
+            prompt_len: prompt.len() as u32,
+            logprobs,
+            reward,
+            miner: self.miner,
+            signature: [0; 64],
+        }
+    }
+
+    fn group(&self, g: u32) -> Vec<Rollout> {
+        (0..GROUP_SIZE).map(|i| self.honest(g, i)).collect()
+    }
+}
+
+fn passed(_: &[u8; 32], _: u64) -> Standing {
+    Standing::Passed
+}
+
+/// One tampering per group (review finding 1's list), and the check that
+/// must catch it.
+fn tamper(w: &World, g: u32, rs: &mut [Rollout]) -> &'static str {
+    let r = &mut rs[1];
+    match g {
+        // Another task's prompt (any prompt: the task id is right).
+        1 => {
+            let other = w.honest(7, 0);
+            let completion = r.completion().to_vec();
+            r.tokens = other.prompt().to_vec();
+            r.prompt_len = r.tokens.len() as u32;
+            r.tokens.extend(completion);
+            r.sketches = vec![0; r.tokens.len()];
+            "prompt"
+        }
+        // Rewards that win any ranking.
+        2 => {
+            rs[0].reward = 1e30;
+            rs[1].reward = -1e30;
+            "reward"
+        }
+        // One token's old log-prob moved (the GSPO ratio of the sequence with it).
+        3 => {
+            let l = r.logprobs.len() as f32;
+            r.logprobs[0] -= 5.0 * l;
+            "logprob"
+        }
+        // Sampling past an end-of-generation token.
+        4 => {
+            let eos = w.tok.eos_id();
+            let at = r.prompt_len as usize + 1;
+            r.tokens[at] = eos;
+            "structure"
+        }
+        // Longer than the model's context (2048), the completion within the
+        // contract: the poison pill that made the old trainer fail every
+        // step (and crash-loop on restart).
+        5 => {
+            let extra = 2100 - r.tokens.len();
+            let pad = r.tokens[0];
+            r.tokens.splice(0..0, std::iter::repeat_n(pad, extra));
+            r.prompt_len += extra as u32;
+            r.sketches = vec![0; r.tokens.len()];
+            "prompt"
+        }
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn honest_groups_are_proven_with_the_trainers_own_logprobs() {
+    let w = World::new();
+    let mut p = w.prover();
+    let rs = w.group(0);
+    match p.prove_group(&w.info, &rs).unwrap() {
+        GroupProof::Proven(old) => {
+            assert_eq!(old.len(), rs.len());
+            for (o, r) in old.iter().zip(&rs) {
+                assert_eq!(o.len(), r.logprobs.len());
+                let worst = o.iter().zip(&r.logprobs).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(worst < 1e-3, "trainer and miner log-probs differ by {worst}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    // A checkpoint the trainer does not hold: stale, not a failure.
+    let mut other = w.info.clone();
+    other.checkpoint = ContentId([9; 32]);
+    let mut stale = rs.clone();
+    stale.iter_mut().for_each(|r| r.checkpoint = other.checkpoint);
+    assert_eq!(p.prove_group(&other, &stale).unwrap(), GroupProof::Stale);
+}
+
+#[test]
+fn tampered_unchecked_groups_are_dropped_and_the_step_runs() {
+    let w = World::new();
+    let mut honest = Vec::new();
+    let mut all = Vec::new();
+    let mut expected = Vec::new();
+    for g in 0..6 {
+        let mut rs = w.group(g);
+        if g == 0 {
+            honest.extend(rs.iter().map(Rollout::digest));
+        } else {
+            expected.push((g, tamper(&w, g, &mut rs)));
+        }
+        all.extend(rs);
+    }
+    let tampered: Vec<[u8; 32]> = all.iter().filter(|r| r.group != 0).map(Rollout::digest).collect();
+    let cfg = SelectConfig { group_size: Some(GROUP_SIZE as usize), ..SelectConfig::new(49152) };
+
+    // The verdict-only gate (what the trainer did before): the miner passed,
+    // so its tampered groups go to the gradient, the fake rewards first.
+    let old = select(all.clone(), &[w.id], passed, &cfg);
+    assert!(old.kept.iter().any(|g| g.key.group == 2), "{:?}", old.dropped);
+    let top = old.kept.iter().max_by(|a, b| a.score.total_cmp(&b.score)).map(|g| g.key.group);
+    assert_eq!(top, Some(2), "ranked first by its fake rewards");
+
+    let mut p = w.prover();
+    let mut records = Vec::new();
+    let mut prove = |g: &TrainGroup| {
+        let proof = p.prove_group(&w.info, &g.rollouts).unwrap();
+        if let GroupProof::Rejected(r) = &proof {
+            records.extend(r.iter().cloned());
+        }
+        Some(proof)
+    };
+    let sel = select_proven(all, &[w.id], passed, &cfg, &mut prove);
+    let kept: Vec<u32> = sel.kept.iter().map(|g| g.key.group).collect();
+    assert!(sel.dropped.get(&DropReason::ProofFailed) == Some(&5), "{:?} kept {kept:?}", sel.dropped);
+    for (g, check) in expected {
+        let rec = records.iter().find(|r| r.group == g).unwrap_or_else(|| panic!("group {g} not rejected"));
+        assert_eq!(rec.check, check, "group {g}: {rec:?}");
+        assert_eq!(rec.digest.len(), 64);
+        if g == 4 {
+            assert!(rec.detail.contains("EosBeforeEnd"), "{rec:?}");
+            assert!(rec.position.is_some());
+        }
+    }
+    let batch: Vec<[u8; 32]> = sel.kept.iter().flat_map(|g| g.rollouts.iter().map(Rollout::digest)).collect();
+    assert!(batch.iter().all(|d| !tampered.contains(d)), "a tampered rollout reached the batch");
+
+    // The honest group trains, with the trainer's log-probs.
+    let ckpt = Checkpoint::open(&w.genesis).unwrap();
+    let mut trainer = Trainer::from_checkpoint(&ckpt, Device::Cpu, TrainConfig::default()).unwrap();
+    assert_eq!(kept, vec![0], "the honest group (practice-level rewards differ with length)");
+    assert!(batch.iter().all(|d| honest.contains(d)));
+    let samples = Sample::from_groups(&sel.kept);
+    let stats = trainer.step(&samples).expect("the step runs");
+    assert!(stats.loss.is_finite());
+}

@@ -2,6 +2,8 @@
 //! the shared-prompt batch the validator uses, and the same rollouts as one
 //! plain right-padded batch. Compare with the miner's generation time for
 //! the speed goal (verify ÷ generate ≤ 0.5).
+// criterion_group! defines an undocumented `pub fn benches`.
+#![allow(missing_docs)]
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tributary_assets as assets;

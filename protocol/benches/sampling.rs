@@ -5,6 +5,8 @@
 //! log-probability.
 //!
 //! `cargo bench -p tributary-protocol --bench sampling`
+// criterion_group! defines an undocumented `pub fn benches`.
+#![allow(missing_docs)]
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tributary_protocol::prf::PrfStream;

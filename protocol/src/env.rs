@@ -32,7 +32,7 @@ mod gsm8k;
 mod sat;
 
 pub use answer::{extract_number, normalize_number};
-pub use arith::{ArithEnv, PRACTICE_LEVEL};
+pub use arith::{ArithEnv, BRIDGE_FIRST, BRIDGE_LEVELS, MAX_DIFFICULTY, PRACTICE_LEVEL};
 pub use gsm8k::{Gsm8kEnv, Gsm8kItem};
 pub use sat::{SatEnv, SatProblem};
 

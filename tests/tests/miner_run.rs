@@ -1,12 +1,10 @@
 //! `edge-miner run` against a `--dev` coordinator, both in-process: the
 //! miner's rollouts are acknowledged over several windows.
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{Miner, Net, within};
 use edge_miner::run::RunEvent;
+use tributary_tests::{Miner, Net, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn miner_mines_several_windows() {
@@ -18,7 +16,7 @@ async fn miner_mines_several_windows() {
             m.wait_for(30, |e| matches!(e, RunEvent::Submitted { .. })).await
         {
             assert_eq!(checkpoint, net.genesis);
-            assert!(common::honest_refusals(&refused), "{refused:?}");
+            assert!(tributary_tests::honest_refusals(&refused), "{refused:?}");
             assert_eq!(stored + refused.len(), 4);
             windows.insert(window);
         }

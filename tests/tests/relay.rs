@@ -3,20 +3,18 @@
 //! miner catches up from a full anchor, and a corrupted delta is refused and
 //! recovered from by a full download.
 
-mod common;
-
-use common::{Miner, Net, id_of, perturbed, publish, trainer_session, within};
 use edge_miner::run::RunEvent;
 use edge_miner::sync::SyncEvent;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::delta;
 use tributary_protocol::wire::Frame;
+use tributary_tests::{Miner, Net, id_of, perturbed, publish, trainer_session, within};
 
 /// Waits until the miner submits a group generated with `id` (every submission acknowledged).
 async fn generates_on(m: &mut Miner, id: ContentId) {
     m.wait_for(60, |e| match e {
         RunEvent::Submitted { checkpoint, refused, .. } => {
-            assert!(common::honest_refusals(refused), "{refused:?}");
+            assert!(tributary_tests::honest_refusals(refused), "{refused:?}");
             *checkpoint == id
         }
         _ => false,

@@ -2,37 +2,23 @@
 //! pulls the miner's rollouts of each closed window, takes a GRPO step on the
 //! tiny model, publishes, and the miner swaps to the published checkpoint.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Miner, Net, within};
 use edge_miner::run::RunEvent;
 use trainer::service::{Service, ServiceConfig};
-
-struct Alternate;
-
-impl edge_miner::run::Tamper for Alternate {
-    fn tamper(
-        &mut self,
-        _: &tributary_protocol::wire::WindowInfo,
-        group: &mut Vec<tributary_protocol::rollout::Rollout>,
-    ) {
-        for r in group {
-            r.reward = (r.rollout % 2) as f32;
-        }
-    }
-}
+use tributary_protocol::env::PRACTICE_LEVEL;
+use tributary_tests::{Miner, Net, NetConfig, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trainer_publishes_and_miners_follow() {
-    let net = Net::start(3_000, 500, 2, 4).await;
-    // The random tiny model never answers right, so every group would have
-    // zero reward variance and teach nothing: the miner's reward hook gives
-    // alternating rewards as a stand-in learning signal.
-    let mut mc = net.miner("m", true);
-    mc.tamper = Some(Box::new(Alternate));
-    let mut m = Miner::spawn(mc);
+    // The random tiny model never answers right: the practice level's
+    // partial credit (shorter wrong answers earn more) gives the groups the
+    // reward variance a step needs. (A miner hook that rewrote the rewards
+    // used to stand in for it; the trainer now recomputes every reward.)
+    let net =
+        Net::with(NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(3_000, 500, 2, 4) })
+            .await;
+    let mut m = Miner::spawn(net.miner("m", true));
     let genesis = net.dir.path().join("genesis.gguf");
     std::fs::write(&genesis, &net.genesis_bytes).unwrap();
     let cfg = ServiceConfig {

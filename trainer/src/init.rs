@@ -22,7 +22,7 @@ fn is_bf16_of(ck: &Checkpoint, src: &Checkpoint) -> bool {
 
 /// Convert the quantized `src` into the BF16 base checkpoint `out`, unless a
 /// valid one is already there. Prints `content_id=<hex>` and the path.
-pub fn init_base(src: &Path, out: &Path) -> Result<ContentId> {
+pub(crate) fn init_base(src: &Path, out: &Path) -> Result<ContentId> {
     let source = Checkpoint::open(src).with_context(|| format!("opening source {}", src.display()))?;
     if out.exists() {
         match Checkpoint::open(out) {
@@ -52,7 +52,7 @@ pub fn init_base(src: &Path, out: &Path) -> Result<ContentId> {
 
 /// Write the tiny test model for `seed` to `out`, with the tokenizer of
 /// `tokenizer_src`. Prints `content_id=<hex>` and the path.
-pub fn init_tiny(seed: u64, tokenizer_src: &Path, out: &Path) -> Result<ContentId> {
+pub(crate) fn init_tiny(seed: u64, tokenizer_src: &Path, out: &Path) -> Result<ContentId> {
     let source = Checkpoint::open(tokenizer_src).with_context(|| format!("opening {}", tokenizer_src.display()))?;
     let id = tiny::write_tiny(seed, &source, out).with_context(|| format!("writing {}", out.display()))?;
     println!("content_id={id}");

@@ -308,19 +308,19 @@ impl GgmlType {
 
 /// Metadata value type ids (`enum gguf_type`).
 mod vt {
-    pub const U8: u32 = 0;
-    pub const I8: u32 = 1;
-    pub const U16: u32 = 2;
-    pub const I16: u32 = 3;
-    pub const U32: u32 = 4;
-    pub const I32: u32 = 5;
-    pub const F32: u32 = 6;
-    pub const BOOL: u32 = 7;
-    pub const STR: u32 = 8;
-    pub const ARRAY: u32 = 9;
-    pub const U64: u32 = 10;
-    pub const I64: u32 = 11;
-    pub const F64: u32 = 12;
+    pub(super) const U8: u32 = 0;
+    pub(super) const I8: u32 = 1;
+    pub(super) const U16: u32 = 2;
+    pub(super) const I16: u32 = 3;
+    pub(super) const U32: u32 = 4;
+    pub(super) const I32: u32 = 5;
+    pub(super) const F32: u32 = 6;
+    pub(super) const BOOL: u32 = 7;
+    pub(super) const STR: u32 = 8;
+    pub(super) const ARRAY: u32 = 9;
+    pub(super) const U64: u32 = 10;
+    pub(super) const I64: u32 = 11;
+    pub(super) const F64: u32 = 12;
 }
 
 /// A typed GGUF metadata array.

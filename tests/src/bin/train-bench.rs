@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
-use tributary_protocol::env::{ArithEnv, Environment, Gsm8kEnv, Task, TaskAnswer, completion_reward, completion_text_ids};
+use tributary_protocol::env::{
+    ArithEnv, Environment, Gsm8kEnv, Task, TaskAnswer, completion_reward, completion_text_ids,
+};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;

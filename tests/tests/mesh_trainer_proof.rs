@@ -1,0 +1,179 @@
+//! Issue 15 item 1 on the mesh (review proof-soundness finding 1): the
+//! validator samples one group per miner (not `--all`), and an attacker
+//! tampers every group outside the sample — it knows the sample in advance,
+//! as an operator does (finding 10) — so its verdicts pass. Its tampered
+//! rollouts (fake `[1e30, -1e30]` rewards, another prompt, an edited
+//! log-prob, an EOS mid-completion, a sequence longer than the context)
+//! reach the trainer; none of them reaches a GRPO batch (the trainer's batch
+//! records), the trainer's proof records each one it examined, it rejects no
+//! honest rollout, and no trainer round fails.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use tributary_protocol::env::PRACTICE_LEVEL;
+use tributary_protocol::prf::Seed;
+use tributary_protocol::rollout::Rollout;
+use tributary_protocol::window::WindowSecrets;
+use tributary_protocol::wire::WindowInfo;
+use tributary_tests::{
+    Mesh, MeshConfig, MinerSpec, NetConfig, TrainerEvent, ValidatorHandle, validator_config, within,
+};
+
+const GROUPS: u32 = 5;
+
+/// The mesh's master secret (`tributary_tests` seeds it from the net seed).
+fn master(seed: u64) -> [u8; 32] {
+    *blake3::Hasher::new_derive_key("tributary tests master secret v1")
+        .update(&seed.to_le_bytes())
+        .finalize()
+        .as_bytes()
+}
+
+/// The group a validator sampling one group per miner checks: the first in
+/// the challenge's order (`validator::judge`'s group sample).
+fn sampled_group(challenge: &Seed, groups: u32) -> u32 {
+    let rank = |g: u32| {
+        let mut h = blake3::Hasher::new_derive_key("tributary 2025 validator group sample v1");
+        h.update(&challenge.0);
+        h.update(&g.to_le_bytes());
+        *h.finalize().as_bytes()
+    };
+    (0..groups).min_by_key(|&g| rank(g)).unwrap_or(0)
+}
+
+fn to_hex(d: &[u8; 32]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Debug, Clone)]
+struct Tampered {
+    window: u64,
+    digests: Vec<[u8; 32]>,
+}
+
+struct OutsideTheSample {
+    master: [u8; 32],
+    eos: u32,
+    log: Arc<Mutex<Vec<Tampered>>>,
+}
+
+impl edge_miner::run::Tamper for OutsideTheSample {
+    fn tamper(&mut self, info: &WindowInfo, group: &mut Vec<Rollout>) {
+        let Some(g) = group.first().map(|r| r.group) else { return };
+        let challenge = WindowSecrets::derive(&self.master, info.window).challenge;
+        if g == sampled_group(&challenge, info.groups_per_miner) {
+            return;
+        }
+        match g % 5 {
+            0 => {
+                for (r, x) in group.iter_mut().zip([1e30, -1e30]) {
+                    r.reward = x;
+                }
+            }
+            1 => {
+                let r = &mut group[0];
+                r.tokens.remove(0);
+                r.sketches.remove(0);
+                r.prompt_len -= 1;
+            }
+            2 => {
+                let r = &mut group[0];
+                let l = r.logprobs.len() as f32;
+                r.logprobs[0] -= 5.0 * l;
+            }
+            3 => {
+                for r in group.iter_mut().filter(|r| r.completion().len() >= 2) {
+                    let at = r.prompt_len as usize;
+                    r.tokens[at] = self.eos;
+                }
+            }
+            _ => {
+                let r = &mut group[0];
+                let extra = 2100usize.saturating_sub(r.tokens.len());
+                let pad = r.tokens[0];
+                r.tokens.splice(0..0, std::iter::repeat_n(pad, extra));
+                r.sketches.splice(0..0, std::iter::repeat_n(0, extra));
+                r.prompt_len += extra as u32;
+            }
+        }
+        let digests = group.iter().map(Rollout::digest).collect();
+        self.log.lock().expect("tamper log").push(Tampered { window: info.window, digests });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_unchecked_groups_never_reach_a_gradient() {
+    let net = NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(4_000, 600, GROUPS, 2) };
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let tok = tributary_protocol::tokenizer::Tokenizer::from_gguf_file(&tributary_assets::smollm2_q4_1())
+        .expect("SmolLM2 tokenizer (run scripts/setup.sh)");
+    let attacker = OutsideTheSample { master: master(net.seed), eos: tok.eos_id(), log: log.clone() };
+    let mut mesh = Mesh::start(MeshConfig {
+        net,
+        miners: vec![MinerSpec::honest("honest"), MinerSpec::with("attacker", attacker)],
+        trainer: true,
+        validator: false,
+    })
+    .await;
+    // A sampling validator: one group (two rollouts) per miner.
+    let mut vc = validator_config(&mesh.net, mesh.net.window());
+    vc.sample = validator::service::SampleConfig { rollouts_per_miner: 2, ..validator::service::SampleConfig::ALL };
+    mesh.validator = Some(ValidatorHandle::spawn(vc));
+    let w0 = mesh.net.window();
+    assert_eq!(
+        mesh.net.node.shared.core().secrets(w0).challenge,
+        WindowSecrets::derive(&master(net.seed), w0).challenge,
+        "the attacker's knowledge of the challenge"
+    );
+    let a = mesh.miners[1].key.public();
+
+    // A window in which the attacker's sample passed while it had tampered groups.
+    let passed = mesh
+        .validator()
+        .until(150, |r| {
+            r.miners.get(&a).is_some_and(|m| m.body.checked > 0 && !m.body.hard_failure)
+                && log.lock().expect("log").iter().any(|t| t.window == r.window)
+        })
+        .await
+        .window;
+
+    // The trainer trains past that window; no round fails.
+    let t = mesh.trainer.as_mut().expect("trainer");
+    let mut trained = BTreeSet::new();
+    within(180, async {
+        while trained.last().is_none_or(|&w| w <= passed) {
+            match t.events.recv().await.expect("trainer task ended") {
+                TrainerEvent::Published { trained: ws, .. } | TrainerEvent::Consumed(ws) => trained.extend(ws),
+                TrainerEvent::Failed(e) => panic!("a trainer round failed: {e}"),
+            }
+        }
+    })
+    .await;
+    let dir = t.config.dir.clone();
+    let tampered = log.lock().expect("log").clone();
+    let bad: BTreeSet<String> = tampered.iter().flat_map(|t| t.digests.iter().map(to_hex)).collect();
+
+    let batches = trainer::service::batch_records(&dir).expect("batch records");
+    assert!(!batches.is_empty(), "the trainer took steps");
+    let mut in_batches = 0;
+    for b in &batches {
+        for d in &b.digests {
+            assert!(!bad.contains(d), "tampered rollout {d} reached the batch of window {}", b.window);
+            in_batches += 1;
+        }
+    }
+    let rejected = trainer::service::rejected_records(&dir).expect("rejected records");
+    for r in &rejected {
+        assert!(bad.contains(&r.digest), "an untampered rollout was rejected: {r:?}");
+    }
+    let checks: BTreeSet<&str> = rejected.iter().map(|r| r.check.as_str()).collect();
+    eprintln!(
+        "attacker passed window {passed}; trained windows {trained:?}; {} tampered groups; {in_batches} rollouts \
+         in {} batches; rejected by check: {checks:?}",
+        tampered.len(),
+        batches.len()
+    );
+    assert!(checks.contains("reward"), "the fake rewards rank first and are caught: {rejected:?}");
+    mesh.stop().await;
+}

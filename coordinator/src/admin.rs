@@ -600,7 +600,7 @@ fn config_window_ms(config: Option<&Path>) -> Result<Option<u64>, AdminError> {
 }
 
 /// Writes a secret file readable by its owner only.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
@@ -703,6 +703,7 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
                 k.parse::<PublicKey>().map_err(|e| err(format!("key {k:?}: {e}")))?;
             }
             Schedule::new(0, cfg.window_ms, cfg.grace_ms).map_err(|e| err(e.to_string()))?;
+            crate::node::refuse_dev_keys(&cfg).map_err(|e| err(e.to_string()))?;
             w(out, "config=ok".into())?;
             w(out, format!("listen={}", cfg.listen))?;
             w(out, format!("http={}", cfg.http))?;

@@ -84,6 +84,12 @@ pub struct CoreConfig {
     pub max_prompt_tokens: u32,
     /// The model's vocabulary size when known: every token id must be below it.
     pub vocab_size: Option<u32>,
+    /// Rollout bytes stored per window, all miners together: past it,
+    /// submissions are refused (`rate_limited`) until the next window.
+    pub max_window_bytes: u64,
+    /// Distinct miners storing rollouts per window: a key past it is refused
+    /// (`rate_limited`); bounds what each window's verdicts and standing list.
+    pub max_window_miners: u32,
     /// Difficulty of the procedural environments.
     pub difficulty: u32,
     /// blake3 of the environment's dataset file (gsm8k), if any.
@@ -140,6 +146,8 @@ pub struct Shape {
     pub completion_len: u32,
     /// Its largest token id.
     pub max_token: u32,
+    /// Its encoded length (what it costs to store).
+    pub bytes: u32,
 }
 
 impl Eq for Shape {}
@@ -152,6 +160,7 @@ impl Shape {
         prompt_len: 0,
         completion_len: 0,
         max_token: 0,
+        bytes: 0,
     };
 }
 
@@ -160,6 +169,8 @@ impl Shape {
 struct WindowBook {
     digests: HashSet<[u8; 32]>,
     slots: HashMap<PublicKey, HashSet<(u32, u32)>>,
+    /// Bytes of the rollouts reserved or stored.
+    bytes: u64,
 }
 
 /// What the core knows of one miner.
@@ -324,6 +335,7 @@ impl Core {
                 let book = self.books.entry(c.window).or_default();
                 book.digests.insert(c.digest);
                 book.slots.entry(c.miner).or_default().insert((c.group, c.index));
+                book.bytes += u64::from(c.shape.bytes);
             }
             Err(reason) => self.count_rejection(Some(peer), reason),
         }
@@ -362,6 +374,7 @@ impl Core {
         {
             return Err(RejectReason::Duplicate);
         }
+        self.check_budget(c)?;
         Ok(())
     }
 
@@ -385,6 +398,24 @@ impl Core {
         Ok(())
     }
 
+    /// The window's storage budget: bytes in all, and distinct miners.
+    fn check_budget(&self, c: &Candidate) -> Result<(), RejectReason> {
+        let Some(book) = self.books.get(&c.window) else { return Ok(()) };
+        if book.bytes.saturating_add(u64::from(c.shape.bytes)) > self.cfg.max_window_bytes {
+            return Err(RejectReason::RateLimited);
+        }
+        let known = book.slots.get(&c.miner).is_some_and(|s| !s.is_empty());
+        if !known && book.slots.values().filter(|s| !s.is_empty()).count() >= self.cfg.max_window_miners as usize {
+            return Err(RejectReason::RateLimited);
+        }
+        Ok(())
+    }
+
+    /// What window `window` holds against its budget: (bytes, miners).
+    pub fn window_usage(&self, window: WindowId) -> (u64, usize) {
+        self.books.get(&window).map_or((0, 0), |b| (b.bytes, b.slots.values().filter(|s| !s.is_empty()).count()))
+    }
+
     /// The reserved rollout is durable: count it.
     pub fn commit(&mut self, c: &Candidate) {
         self.miners.entry(c.miner).or_default().accepted += 1;
@@ -397,6 +428,7 @@ impl Core {
             if let Some(s) = book.slots.get_mut(&c.miner) {
                 s.remove(&(c.group, c.index));
             }
+            book.bytes = book.bytes.saturating_sub(u64::from(c.shape.bytes));
         }
         self.count_rejection(Some(&c.miner), RejectReason::Internal);
     }
@@ -406,6 +438,7 @@ impl Core {
         let book = self.books.entry(c.window).or_default();
         book.digests.insert(c.digest);
         book.slots.entry(c.miner).or_default().insert((c.group, c.index));
+        book.bytes += u64::from(c.shape.bytes);
         self.commit(c);
     }
 
@@ -658,6 +691,8 @@ mod tests {
             sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
             max_prompt_tokens: 256,
             vocab_size: Some(1000),
+            max_window_bytes: 1 << 30,
+            max_window_miners: 1000,
             difficulty: 3,
             dataset: None,
             genesis_checkpoint: ContentId([1; 32]),
@@ -690,6 +725,7 @@ mod tests {
                 prompt_len: 40,
                 completion_len: 32,
                 max_token: 999,
+                bytes: 2000,
             },
         }
     }
@@ -874,6 +910,36 @@ mod tests {
         let mut big = cand(&core, 1, m, 0, 0);
         big.shape.max_token = u32::MAX;
         assert_eq!(core.admit(at(1), &m, &big), Ok(()));
+    }
+
+    /// network-security E3: a window's storage is bounded in bytes and in
+    /// distinct miners, whatever the number of keys; an aborted rollout gives
+    /// its bytes back.
+    #[test]
+    fn a_window_has_a_storage_budget() {
+        let mut c = cfg();
+        c.max_window_bytes = 5_000;
+        c.max_window_miners = 3;
+        let mut core = Core::new(c);
+        let (a, b) = (miner(1), miner(2));
+        let x = cand(&core, 1, a, 0, 0);
+        assert_eq!(core.admit(at(1), &a, &x), Ok(()));
+        assert_eq!(core.admit(at(1), &a, &cand(&core, 1, a, 0, 1)), Ok(()));
+        assert_eq!(core.admit(at(1), &b, &cand(&core, 1, b, 0, 0)), Err(RejectReason::RateLimited));
+        assert_eq!(core.window_usage(1), (4_000, 1));
+        core.abort(&x);
+        assert_eq!(core.admit(at(1), &b, &cand(&core, 1, b, 0, 0)), Ok(()));
+        // Another window has its own budget.
+        assert_eq!(core.admit(at(2), &b, &cand(&core, 2, b, 0, 0)), Ok(()));
+        // Distinct miners: the third key fits, the fourth does not.
+        let mut c = cfg();
+        c.max_window_miners = 3;
+        let mut core = Core::new(c);
+        for n in 1..=3 {
+            assert_eq!(core.admit(at(1), &miner(n), &cand(&core, 1, miner(n), 0, 0)), Ok(()));
+        }
+        assert_eq!(core.admit(at(1), &miner(4), &cand(&core, 1, miner(4), 0, 0)), Err(RejectReason::RateLimited));
+        assert_eq!(core.admit(at(1), &miner(1), &cand(&core, 1, miner(1), 0, 1)), Ok(()));
     }
 
     /// proof-soundness finding 3: the announcement's frame was read in window

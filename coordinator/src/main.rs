@@ -96,6 +96,9 @@ async fn main() -> anyhow::Result<()> {
     if !dev && cfg.model.is_none() {
         anyhow::bail!("the configuration must name the genesis `model`");
     }
+    if !dev {
+        node::refuse_dev_keys(&cfg)?;
+    }
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
     // Live `coordinator ban`/`unban` (docs/runbook.md); without it they need the coordinator stopped.

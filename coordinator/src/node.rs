@@ -101,6 +101,16 @@ pub struct Config {
     pub relay_inflight_mib: u32,
     /// MiB of submissions read and not yet answered, in all. Default 256.
     pub ingest_inflight_mib: u32,
+    /// MiB of rollouts stored per window, all miners together. Default 4096.
+    pub max_window_mib: u64,
+    /// Distinct miners storing rollouts per window. Default 20 000.
+    pub max_window_miners: u32,
+    /// Windows of rollouts kept; older ones are deleted (0: keep all). Default 240.
+    pub keep_windows: u64,
+    /// Free MiB the data folder's disk must keep: below it new rollouts are
+    /// refused (`internal`, the miner retries) while everything stored is
+    /// still served. Default 1024.
+    pub min_free_mib: u64,
 }
 
 impl Default for Config {
@@ -140,6 +150,10 @@ impl Default for Config {
             penalties_per_sec: l.penalties_per_sec,
             relay_inflight_mib: l.relay_inflight_mib,
             ingest_inflight_mib: l.ingest_inflight_mib,
+            max_window_mib: 4096,
+            max_window_miners: 20_000,
+            keep_windows: l.keep_windows,
+            min_free_mib: l.min_free_mib,
         }
     }
 }
@@ -180,6 +194,41 @@ pub struct Node {
 
 fn keys(list: &[String]) -> anyhow::Result<HashSet<PublicKey>> {
     list.iter().map(|s| Ok(s.parse::<PublicKey>()?)).collect()
+}
+
+/// Refuses a configuration that authorises a `--dev` role key (their
+/// secrets are public: anyone could post verdicts or publish checkpoints).
+/// Called for every start without `--dev`, and by `check-config`.
+pub fn refuse_dev_keys(cfg: &Config) -> anyhow::Result<()> {
+    for role in [Role::Validator, Role::Trainer] {
+        let dev = tributary_protocol::dev::key(role).public().to_string();
+        if cfg.validators.iter().chain(&cfg.trainer).any(|k| k.trim().eq_ignore_ascii_case(&dev)) {
+            anyhow::bail!(
+                "the {} key {dev} is the public --dev key; configure a key of your own (`coordinator keygen`)",
+                role.as_str()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Makes the data folder private to the coordinator's user (0700) and its
+/// secret files 0600: the certificate key (stateless resets and TLS derive
+/// from it) and the database (it holds the master secret every window's
+/// challenge derives from).
+fn restrict(data_dir: &Path) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))?;
+        for f in ["cert.key.der", "coordinator.redb", "coordinator.key"] {
+            let p = data_dir.join(f);
+            if p.exists() {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn read_or_create(path: &Path, make: impl FnOnce() -> anyhow::Result<Vec<u8>>) -> anyhow::Result<Vec<u8>> {
@@ -259,10 +308,11 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     );
     let cert = read_or_create(&cfg.data_dir.join("cert.der"), || {
         let (c, k) = crate::net::self_signed()?;
-        std::fs::write(cfg.data_dir.join("cert.key.der"), k)?;
+        crate::admin::write_private(&cfg.data_dir.join("cert.key.der"), &k)?;
         Ok(c)
     })?;
     let cert_key = std::fs::read(cfg.data_dir.join("cert.key.der"))?;
+    restrict(&cfg.data_dir)?;
     let access = Access {
         miner_allow: cfg.miner_allow.as_deref().map(keys).transpose()?,
         miner_deny: keys(&cfg.miner_deny)?,
@@ -287,6 +337,8 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         sampling: SamplingParams { temperature: cfg.temperature, max_new_tokens: cfg.max_new_tokens },
         max_prompt_tokens: cfg.max_prompt_tokens,
         vocab_size: genesis_vocab(&relay_dir(&cfg.data_dir), &genesis),
+        max_window_bytes: cfg.max_window_mib.saturating_mul(1 << 20),
+        max_window_miners: cfg.max_window_miners,
         difficulty: cfg.difficulty,
         dataset,
         genesis_checkpoint: genesis,
@@ -309,6 +361,8 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         penalties_per_sec: cfg.penalties_per_sec,
         relay_inflight_mib: cfg.relay_inflight_mib,
         ingest_inflight_mib: cfg.ingest_inflight_mib,
+        keep_windows: cfg.keep_windows,
+        min_free_mib: cfg.min_free_mib,
     };
     let _ = crate::http::prometheus();
     let mut entries = store.relay_entries()?;

@@ -52,6 +52,10 @@ pub struct Limits {
     pub relay_inflight_mib: u32,
     /// MiB of submissions read and not yet answered, in all.
     pub ingest_inflight_mib: u32,
+    /// Windows of rollouts kept (0: all).
+    pub keep_windows: u64,
+    /// Free MiB the database's disk must keep before a commit of rollouts.
+    pub min_free_mib: u64,
 }
 
 impl Default for Limits {
@@ -68,6 +72,8 @@ impl Default for Limits {
             penalties_per_sec: 2,
             relay_inflight_mib: 256,
             ingest_inflight_mib: 256,
+            keep_windows: 240,
+            min_free_mib: 1024,
         }
     }
 }
@@ -279,6 +285,28 @@ impl Shared {
         Some(KeySlot { sh: self.clone(), key })
     }
 
+    /// Deletes the rollouts of windows older than the retention
+    /// (`keep_windows` before the current one). Returns how many went.
+    pub fn apply_retention(&self, now: u64) -> u64 {
+        let keep = self.limits.keep_windows;
+        let Some(current) = self.core().current_window(now) else { return 0 };
+        if keep == 0 || current <= keep {
+            return 0;
+        }
+        match self.store.prune_rollouts(current - keep) {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(rollouts = n, before = current - keep, "old windows' rollouts deleted (retention)");
+                }
+                n
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "retention failed");
+                0
+            }
+        }
+    }
+
     /// Forgets rate-limiter state of keys and addresses that are idle.
     pub fn prune_limiters(&self) {
         for l in [&self.byte_limit, &self.rollout_limit] {
@@ -316,9 +344,10 @@ pub fn shared(
     let st = store.clone();
     let seal = Arc::new(Seal { lock: Mutex::new(()), schedule: *core.schedule() });
     let ws = seal.clone();
+    let min_free = limits.min_free_mib.saturating_mul(1 << 20);
     std::thread::Builder::new()
         .name("redb-writer".into())
-        .spawn(move || writer_loop(st, rx, ws))
+        .spawn(move || writer_loop(st, rx, ws, min_free))
         .map_err(|e| StoreError::from(redb::Error::Io(e)))?;
     Ok(Arc::new(Shared {
         core: Mutex::new(core),
@@ -347,7 +376,7 @@ const MAX_COMMIT_ROLLOUTS: usize = 4096;
 /// and each job is answered only after that commit. Admission is decided
 /// by commit time: under the [`Seal`], a rollout whose window has closed is
 /// left out (its submission is refused as `WrongWindow`).
-fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>, seal: Arc<Seal>) {
+fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>, seal: Arc<Seal>, min_free: u64) {
     while let Some(first) = rx.blocking_recv() {
         let mut count = first.rollouts.len();
         let mut jobs = vec![first];
@@ -376,7 +405,26 @@ fn writer_loop(store: Arc<Store>, mut rx: mpsc::Receiver<WriteJob>, seal: Arc<Se
             done.push((j.done, flags));
         }
         let started = Instant::now();
-        let res = if all.is_empty() { Ok(()) } else { store.put_rollouts(&all).map_err(|e| e.to_string()) };
+        // A nearly full disk refuses new rollouts (the miner retries) before
+        // redb hits an I/O error; everything stored is still served.
+        let free = store.free_bytes();
+        let res = if all.is_empty() {
+            Ok(())
+        } else if free.is_some_and(|f| f < min_free) {
+            metrics::counter!("tributary_rollouts_refused_disk_full_total").increment(all.len() as u64);
+            Err(format!("disk nearly full: {} MiB free, {} MiB kept free", free.unwrap_or(0) >> 20, min_free >> 20))
+        } else {
+            store.put_rollouts(&all).map_err(|e| {
+                if Store::is_poisoned(&e) {
+                    // redb refuses everything after an I/O error until it is
+                    // reopened: exit so the supervisor restarts the coordinator
+                    // (every acknowledged rollout is durable).
+                    tracing::error!(error = %e, "database unusable after an I/O error; exiting for a restart");
+                    std::process::exit(75);
+                }
+                e.to_string()
+            })
+        };
         drop(guard);
         if late > 0 {
             tracing::warn!(late, "rollouts refused: their window closed before they could be committed");
@@ -428,6 +476,7 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
         prompt_len: r.prompt_len,
         completion_len: (n - p) as u32,
         max_token: r.tokens.iter().copied().max().unwrap_or(0),
+        bytes: bytes.len() as u32,
     };
     // The digest names the rollout and is what the miner signed: one encode,
     // one hash (the same computation as `Rollout::digest` and `Rollout::verify_signature`).
@@ -560,13 +609,16 @@ impl Server {
                 });
             }
         });
-        // Idle keys and addresses leave the limiters.
+        // Idle keys and addresses leave the limiters; windows past the
+        // retention leave the store.
         let weak = Arc::downgrade(&shared);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 let Some(sh) = weak.upgrade() else { break };
                 sh.prune_limiters();
+                let s = sh.clone();
+                let _ = tokio::task::spawn_blocking(move || s.apply_retention(now_ms())).await;
             }
         });
         Ok(Self { addr, endpoint, shared })
@@ -1114,6 +1166,19 @@ async fn ingest(
                     }
                     Err(reason) => {
                         penalty = Some(candidate.window);
+                        if reason == RejectReason::RateLimited {
+                            let (bytes, miners) = core.window_usage(candidate.window);
+                            let cfg = core.config();
+                            let (max_bytes, max_miners) = (cfg.max_window_bytes, cfg.max_window_miners);
+                            sh.warn_refusal("window_budget", || {
+                                format!(
+                                    "rollout of {} refused: window {} holds {bytes} bytes of {max_bytes} and \
+                                     {miners} miners of {max_miners}",
+                                    peer.short(),
+                                    candidate.window
+                                )
+                            });
+                        }
                         if reason == RejectReason::Schema {
                             let s = candidate.shape;
                             sh.warn_refusal("contract", || {

@@ -4,7 +4,7 @@
 //! committed with `Durability::Immediate`, so whatever was acknowledged
 //! survives a `kill -9`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 use tributary_protocol::checkpoint::ContentId;
@@ -126,6 +126,31 @@ fn split_key(key: &[u8]) -> Result<(WindowId, [u8; 32]), StoreError> {
     Ok((window, digest))
 }
 
+/// Bytes available to unprivileged writers on the file system holding `dir`.
+#[cfg(unix)]
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut s = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `s` points to writable memory
+    // of the struct statvfs fills; it is read only after a successful call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it initialised `s`.
+    let s = unsafe { s.assume_init() };
+    // The field widths differ between platforms (u32 on some).
+    #[allow(clippy::unnecessary_cast)]
+    let (avail, frsize) = (s.f_bavail as u64, s.f_frsize as u64);
+    Some(avail.saturating_mul(frsize))
+}
+
+#[cfg(not(unix))]
+fn free_bytes(_dir: &Path) -> Option<u64> {
+    None
+}
+
 /// The most rollout bytes [`Store::rollouts`] puts in one page.
 pub const PAGE_BYTES: usize = 16 << 20;
 
@@ -197,6 +222,7 @@ fn migrate(tx: &redb::WriteTransaction) -> Result<(), StoreError> {
 #[derive(Debug)]
 pub struct Store {
     db: Database,
+    path: PathBuf,
 }
 
 impl Store {
@@ -221,7 +247,18 @@ impl Store {
             migrate(&tx)?;
         }
         tx.commit()?;
-        Ok(Self { db })
+        Ok(Self { db, path: path.to_path_buf() })
+    }
+
+    /// Bytes free for this process on the database's file system (`None` if unknown).
+    pub fn free_bytes(&self) -> Option<u64> {
+        free_bytes(self.path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Whether `e` left the database unusable until it is opened again
+    /// (redb refuses every operation after an I/O error).
+    pub fn is_poisoned(e: &StoreError) -> bool {
+        matches!(e, StoreError::Db(b) if matches!(**b, redb::Error::PreviousIo))
     }
 
     /// A meta value.
@@ -282,11 +319,14 @@ impl Store {
     pub fn candidates(&self) -> Result<Vec<Candidate>, StoreError> {
         let tx = self.db.begin_read()?;
         let t = tx.open_table(ENTRIES)?;
+        let bodies = tx.open_table(BODIES)?;
         let mut out = Vec::new();
         for item in t.iter()? {
             let (k, v) = item?;
-            let (window, _) = k.value();
+            let (window, seq) = k.value();
             let e = decode_entry(v.value())?;
+            // What it counts against its window's storage budget.
+            let bytes = bodies.get((window, seq))?.map_or(0, |b| b.value().len() as u32);
             out.push(Candidate {
                 window,
                 checkpoint: e.checkpoint,
@@ -297,7 +337,7 @@ impl Store {
                 miner: e.miner,
                 digest: e.digest,
                 content: e.content,
-                shape: Shape::RESTORED,
+                shape: Shape { bytes, ..Shape::RESTORED },
             });
         }
         Ok(out)
@@ -397,6 +437,33 @@ impl Store {
             last = Some(split_key(k.value())?.1);
         }
         Ok((items, None))
+    }
+
+    /// Deletes the rollouts of every window before `before` (bodies, index
+    /// entries, digest index); verdicts, checkpoints and weights documents
+    /// stay. Returns how many rollouts went.
+    pub fn prune_rollouts(&self, before: WindowId) -> Result<u64, StoreError> {
+        if before == 0 {
+            return Ok(0);
+        }
+        let tx = self.db.begin_write()?;
+        let mut n = 0u64;
+        {
+            let mut bodies = tx.open_table(BODIES)?;
+            let mut entries = tx.open_table(ENTRIES)?;
+            let mut digests = tx.open_table(DIGESTS)?;
+            let mut indexed = tx.open_table(INDEXED)?;
+            bodies.retain_in(..(before, 0), |_, _| false)?;
+            entries.retain_in(..(before, 0), |_, _| {
+                n += 1;
+                false
+            })?;
+            let end = before.to_be_bytes();
+            digests.retain_in(..end.as_slice(), |_, _| false)?;
+            indexed.retain_in(..before, |_, _| false)?;
+        }
+        tx.commit()?;
+        Ok(n)
     }
 
     /// Number of stored rollouts.
@@ -569,7 +636,7 @@ mod tests {
             miner: PublicKey([miner; 32]),
             digest: *blake3::hash(&[miner, i]).as_bytes(),
             content: [i; 32],
-            shape: Shape::RESTORED,
+            shape: Shape { bytes: 10, ..Shape::RESTORED },
         }
     }
 
@@ -657,6 +724,23 @@ mod tests {
         let (items, next) = store.rollouts_within(3, None, None, 256, 10).unwrap();
         assert_eq!(items.len(), 1);
         assert!(next.is_some());
+    }
+
+    /// network-security E3: stored rollouts are never deleted (before);
+    /// retention removes whole windows, and what is kept still pages.
+    #[test]
+    fn retention_prunes_old_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("c.redb")).unwrap();
+        let cands: Vec<Candidate> = (0..30).map(|i| cand(3 + u64::from(i % 3), 1 + i % 2, i)).collect();
+        store.put_rollouts(&cands.iter().map(stored).collect::<Vec<_>>()).unwrap();
+        assert_eq!(all(&store, 3, None, 7).len(), 10);
+        assert_eq!(store.prune_rollouts(5).unwrap(), 20);
+        assert!(all(&store, 3, None, 7).is_empty());
+        assert!(all(&store, 4, None, 7).is_empty());
+        assert_eq!(all(&store, 5, None, 7).len(), 10);
+        assert_eq!(store.rollout_count().unwrap(), 10);
+        assert!(store.candidates().unwrap().iter().all(|c| c.window == 5));
     }
 
     #[test]

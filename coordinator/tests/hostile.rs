@@ -386,3 +386,37 @@ async fn a_relayed_handshake_is_refused() {
         f => panic!("the coordinator accepted a relayed handshake: {f:?}"),
     }
 }
+
+/// W6: the certificate key, the database (master secret) and the data folder
+/// are private to the coordinator's user. Before: 0644 / 0755.
+#[cfg(unix)]
+#[tokio::test]
+async fn secrets_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = dev(&data);
+    let _node = start(&cfg).await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    for f in ["cert.key.der", "coordinator.redb", "coordinator.key"] {
+        assert_eq!(mode(&data.join(f)), 0o600, "{f}");
+    }
+}
+
+/// W5: a configuration that authorises a public `--dev` role key is refused
+/// outside `--dev` (and by `check-config`).
+#[test]
+fn dev_keys_are_refused_outside_dev() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Config::dev(dir.path().to_path_buf());
+    assert!(node::refuse_dev_keys(&dev).is_err());
+    let only_validator = Config { validators: dev.validators.clone(), ..Config::default() };
+    assert!(node::refuse_dev_keys(&only_validator).is_err());
+    let own = Config {
+        validators: vec![Keypair::from_seed([7; 32]).public().to_string()],
+        trainer: Some(Keypair::from_seed([8; 32]).public().to_string()),
+        ..Config::default()
+    };
+    assert!(node::refuse_dev_keys(&own).is_ok());
+}

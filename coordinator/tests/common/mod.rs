@@ -14,14 +14,14 @@ use tributary_protocol::rollout::Rollout;
 use tributary_protocol::wire::WindowInfo;
 
 /// Every await in these tests is bounded.
-pub async fn within<T>(f: impl Future<Output = T>) -> T {
+pub(crate) async fn within<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), f).await.expect("timed out")
 }
 
 /// A realistic signed rollout for `key`'s assigned task `group`, index `index`:
 /// 64 prompt tokens and `completion` completion tokens, with the window's
 /// sampling settings (the coordinator's `max_new_tokens` must allow `completion`).
-pub fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32, completion: usize) -> Rollout {
+pub(crate) fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32, completion: usize) -> Rollout {
     let prompt = 64usize;
     let n = prompt + completion;
     let salt = u32::from_le_bytes([key.public().0[0], key.public().0[1], group as u8, index as u8]);
@@ -46,15 +46,15 @@ pub fn rollout(info: &WindowInfo, key: &Keypair, group: u32, index: u32, complet
 }
 
 /// A checkpoint id that is not the window's.
-pub fn other_checkpoint() -> ContentId {
+pub(crate) fn other_checkpoint() -> ContentId {
     ContentId([0xAB; 32])
 }
 
 /// A `coordinator run --dev` child process (killed, not stopped, on drop).
-pub struct Proc {
-    pub child: Child,
-    pub quic: SocketAddr,
-    pub fingerprint: String,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
+    pub(crate) quic: SocketAddr,
+    pub(crate) fingerprint: String,
 }
 
 impl Drop for Proc {
@@ -66,7 +66,7 @@ impl Drop for Proc {
 
 /// Starts `coordinator run --dev` on `data` (long windows) and reads the
 /// lines it prints first.
-pub fn spawn(data: &std::path::Path) -> Proc {
+pub(crate) fn spawn(data: &std::path::Path) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
         .args(["run", "--dev", "--window-ms", "600000", "--data"])
         .arg(data)

@@ -508,6 +508,45 @@ mod tests {
     }
 
     #[test]
+    fn proven_selection_backfills_rejected_groups_and_holds_nothing() {
+        // Window 5, quota 2: g1 and g2 rank first; g1 fails its proof, so g0
+        // takes its place. A pending miner in good standing is proven and
+        // trained, not held; a failed verdict is still dropped unproven.
+        let mut rs = group(1, 5, 0, &[1.0, 0.0, 0.0, 0.0]);
+        rs.extend(group(1, 5, 1, &[1.0, 1.0, 1.0, 0.0]));
+        rs.extend(group(1, 5, 2, &[1.0, 1.0, 0.0, 0.0]));
+        rs.extend(group(3, 5, 0, &[1.0, 0.0, 0.0, 0.0])); // pending, good standing
+        rs.extend(group(2, 5, 1, &[1.0, 0.0, 1.0, 0.0])); // failed verdict
+        let standing = |m: &[u8; 32], _w: u64| match m[0] {
+            2 => Standing::Failed,
+            3 => Standing::Pending { good_standing: true },
+            _ => Standing::Passed,
+        };
+        let c = SelectConfig { max_groups_per_window: 3, ..cfg() };
+        let mut asked = Vec::new();
+        let mut prove = |g: &TrainGroup| {
+            asked.push((g.key.miner[0], g.key.group));
+            Some(if g.key.miner[0] == 1 && g.key.group == 1 {
+                GroupProof::Rejected(Vec::new())
+            } else {
+                GroupProof::Proven(g.rollouts.iter().map(|r| vec![-1.0; r.logprobs.len()]).collect())
+            })
+        };
+        let s = select_proven(rs, &CK, standing, &c, &mut prove);
+        let kept: Vec<(u8, u32)> = s.kept.iter().map(|g| (g.key.miner[0], g.key.group)).collect();
+        assert_eq!(kept, vec![(1, 0), (1, 2), (3, 0)]);
+        assert!(s.held.is_empty() && s.held_groups == 0);
+        assert_eq!(s.dropped[&DropReason::ProofFailed], 1);
+        assert_eq!(s.dropped[&DropReason::FailedVerdict], 1);
+        assert!(!asked.contains(&(2, 1)), "a failed verdict is not worth a proof");
+        assert!(s.kept.iter().all(|g| g.old_logprobs.iter().flatten().all(|&l| l == -1.0)), "the proof's log-probs");
+        // A proof that cannot run (or gives the wrong shape) drops the group.
+        let mut broken = |_: &TrainGroup| None;
+        let s = select_proven(group(1, 5, 0, &[1.0, 0.0, 0.0, 0.0]), &CK, passed, &c, &mut broken);
+        assert_eq!(s.dropped[&DropReason::Unprovable], 1);
+    }
+
+    #[test]
     fn zero_variance_groups_are_dropped() {
         let mut rs = group(1, 5, 0, &[1.0, 1.0, 1.0, 1.0]);
         rs.extend(group(1, 5, 1, &[0.0, 0.0, 0.0, 0.0]));

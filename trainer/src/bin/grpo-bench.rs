@@ -14,6 +14,16 @@
 //! Before the step it also exports the base for transformers and has the
 //! script compare transformers' next-token logits with the reference model's
 //! on the first prompt (this is what proves the export's Q/K un-permutation).
+//!
+//! `--verify` measures instead what the trainer's proof costs on the same
+//! batch against the step it guards ([`trainer::proof`]: one no-grad
+//! evidence forward per group with the checkpoint the rollouts name, then
+//! `verify::verify_tokens` on every rollout), `--rounds` times each, and
+//! prints the medians and their ratio (goal ≤ 0.5):
+//!
+//! ```text
+//! cargo run -p trainer --bin grpo-bench -- --batch .cache/bench/grpo-batch.jsonl --verify --rounds 5
+//! ```
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -60,6 +70,9 @@ struct Args {
     /// Skip the PyTorch comparison.
     #[arg(long)]
     no_pytorch: bool,
+    /// Measure the trainer's proof of the batch against the step (no PyTorch).
+    #[arg(long)]
+    verify: bool,
     /// Folder for the HF export of the base.
     #[arg(long, default_value = ".cache/bench/hf-base")]
     hf: PathBuf,
@@ -162,12 +175,124 @@ fn run_pytorch(
         .collect())
 }
 
+/// The trainer's proof of every rollout of the batch file (as
+/// `trainer::proof::Prover::prove_group` runs it, the window contract taken
+/// from the records): seconds, and how many rollouts passed.
+fn prove_batch(path: &Path, model: &tributary_policy::ReferenceModel, eos: &[u32]) -> Result<(f64, usize, usize)> {
+    use tributary_protocol::offline::RolloutRecord;
+    use tributary_protocol::rollout::{Rollout, SamplingParams};
+    use tributary_protocol::verify::{self, Assignment, VerifyParams};
+    let text = std::fs::read_to_string(path)?;
+    let mut groups: BTreeMap<u32, Vec<(Rollout, tributary_protocol::prf::Seed)>> = BTreeMap::new();
+    let max_new = 128;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let r: RolloutRecord = serde_json::from_str(line)?;
+        let seed: tributary_protocol::prf::Seed = r.window_seed.parse().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let miner = tributary_protocol::identity::decode_hex::<32>(&r.miner).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let rollout = Rollout {
+            window: 0,
+            checkpoint: tributary_protocol::checkpoint::ContentId([0; 32]),
+            env: r.env,
+            group: r.group,
+            rollout: r.rollout,
+            task_id: r.task_id,
+            sampling: SamplingParams { temperature: r.temperature, max_new_tokens: max_new },
+            tokens: r.tokens,
+            prompt_len: r.prompt_len as u32,
+            logprobs: r.logprobs,
+            sketches: r.sketches,
+            reward: r.reward,
+            miner,
+            signature: [0; 64],
+        };
+        groups.entry(r.group).or_default().push((rollout, seed));
+    }
+    let params = VerifyParams::DEFAULT;
+    let vocab = model.dims().vocab_size as u32;
+    let t = Instant::now();
+    let (mut passed, mut total) = (0, 0);
+    for rs in groups.values() {
+        let reqs: Vec<tributary_policy::EvidenceRequest<'_>> = rs
+            .iter()
+            .map(|(r, _)| tributary_policy::EvidenceRequest {
+                tokens: &r.tokens,
+                prompt_len: r.prompt_len as usize,
+                temperature: r.sampling.temperature,
+                eos: eos[0],
+                hidden_positions: &[],
+            })
+            .collect();
+        let evidence = model.evidence(&reqs)?;
+        for ((r, seed), ev) in rs.iter().zip(evidence) {
+            let a = Assignment {
+                window: 0,
+                checkpoint: r.checkpoint,
+                env: r.env,
+                miner: r.miner,
+                task_id: r.task_id,
+                sampling: r.sampling,
+                prompt_tokens: r.prompt(),
+                groups_per_miner: u32::MAX,
+                group_size: u32::MAX,
+                vocab_size: vocab,
+                eos_tokens: eos,
+                sampling_seed: *seed,
+                challenge_secret: *seed,
+            };
+            let v = verify::verify_tokens(r, &a, r.reward, &ev.positions(), &params)?;
+            total += 1;
+            passed += usize::from(v.accepted());
+        }
+    }
+    Ok((t.elapsed().as_secs_f64(), passed, total))
+}
+
+/// `--verify`: the proof's cost against the step's on the same batch.
+fn verify_arm(args: &Args, base: &Checkpoint, samples: &[Sample], cfg: TrainConfig) -> Result<()> {
+    let model = tributary_policy::ReferenceModel::load(base, Device::Cpu)?;
+    let tok = tributary_protocol::tokenizer::Tokenizer::from_checkpoint(base)?;
+    let eos: Vec<u32> = std::iter::once(tok.eos_id()).chain(tok.eog_ids()).collect();
+    let mut trainer = Trainer::from_checkpoint(base, Device::Cpu, cfg)?;
+    let (mut proof, mut step) = (Vec::new(), Vec::new());
+    let mut verdicts = (0, 0);
+    for round in 0..args.rounds.max(1) {
+        let (secs, passed, total) = prove_batch(&args.batch, &model, &eos)?;
+        verdicts = (passed, total);
+        proof.push(secs);
+        let t = Instant::now();
+        trainer.step(samples)?;
+        step.push(t.elapsed().as_secs_f64());
+        eprintln!("round {}: proof {secs:.2} s ({passed}/{total} rollouts pass), step {:.2} s", round + 1, step[round]);
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (p, s) = (median(&proof), median(&step));
+    let list = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("threads={} loadavg={}", args.threads, load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!("| rollouts proven (pass / total) | {} / {} |", verdicts.0, verdicts.1);
+    println!("| trainer proof, median (s) | {p:.2} ({}) |", list(&proof));
+    println!("| GRPO step, median (s) | {s:.2} ({}) |", list(&step));
+    println!("| proof / step (goal ≤ 0.5) | {:.2} |", p / s);
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let threads = tributary_policy::init_threads(Some(args.threads));
     let model = args.model.clone().unwrap_or_else(assets::smollm2_bf16);
     let base = Checkpoint::open(&model).with_context(|| format!("{} (run `trainer init-base`)", model.display()))?;
     let samples = load_samples(&args.batch)?;
+    if args.verify {
+        let cfg =
+            TrainConfig { lr: args.lr, warmup_steps: 1, share_prompts: !args.no_share_prompts, ..Default::default() };
+        return verify_arm(&args, &base, &samples, cfg);
+    }
     let seqs = samples.len();
     let prompt_tokens: usize = samples.iter().map(|s| s.prompt_len).sum();
     let completion_tokens: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();

@@ -13,7 +13,7 @@ use tch::Device;
 use tributary_assets as assets;
 use tributary_policy::{ReferenceModel, pad_batch};
 use tributary_protocol::checkpoint::Checkpoint;
-use tributary_protocol::env::{ArithEnv, Environment, task_seed};
+use tributary_protocol::env::{ArithEnv, Environment, Gsm8kEnv, task_seed};
 use tributary_protocol::offline::OfflineWindow;
 use tributary_protocol::sketch::{self, SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
@@ -43,19 +43,18 @@ fn make_fixture() -> Result<Fixture> {
     let dir = tempfile::tempdir()?;
     let model_path = dir.path().join("tiny.gguf");
     tiny::write_tiny(3, &Checkpoint::open(&assets::smollm2_q4_1())?, &model_path)?;
-    let records = make_records(&model_path, 3, TASKS)?;
+    let records = make_records(&model_path, &Environment::Arith(ArithEnv::new(3)), TASKS)?;
     Ok(Fixture { _dir: dir, model: model_path, records })
 }
 
-/// Honest records of `tasks` groups on the arith environment of `difficulty`,
-/// with the fields `edge-miner generate` writes but without its settings.
-fn make_records(model_path: &Path, difficulty: u32, tasks: u32) -> Result<Vec<Value>> {
+/// Honest records of `tasks` groups on `env`, with the fields `edge-miner
+/// generate` writes but without its settings.
+fn make_records(model_path: &Path, env: &Environment, tasks: u32) -> Result<Vec<Value>> {
     let model = ReferenceModel::open(model_path, Device::Cpu)?;
     let tok = Tokenizer::from_gguf_file(model_path)?;
     let w = OfflineWindow::from_seed(SEED);
     let seed = w.secrets.seed;
     let miner = *w.miner.public().as_bytes();
-    let env = Environment::Arith(ArithEnv::new(difficulty));
     let key = SketchKey::derive(&seed, model.dims().d_model);
     let vocab = model.dims().vocab_size;
     let mut records = Vec::new();
@@ -91,7 +90,7 @@ fn make_records(model_path: &Path, difficulty: u32, tasks: u32) -> Result<Vec<Va
             let reward = env.reward(&task, &tok.decode(text_ids)?);
             // The fields `edge-miner generate` writes (edge-miner/src/offline.rs).
             records.push(json!({
-                "env": "arith", "task_id": task.id, "group": group, "rollout": rollout,
+                "env": env.id(), "task_id": task.id, "group": group, "rollout": rollout,
                 "window_seed": seed.to_string(), "miner": hex::encode(miner), "model": null,
                 "temperature": TEMPERATURE, "tokens": tokens, "prompt_len": prompt.len(),
                 "logprobs": logprobs, "sketches": sketches, "eog": tok.is_eog(*completion.last().context("empty")?),
@@ -278,7 +277,7 @@ proptest! {
 #[test]
 fn records_carry_the_settings_they_were_generated_with() -> Result<()> {
     let f = fixture();
-    let mut records = make_records(&f.model, 102, 1)?;
+    let mut records = make_records(&f.model, &Environment::Arith(ArithEnv::new(102)), 1)?;
     for r in &mut records {
         r["settings"] = json!({
             "env": "arith", "difficulty": 102, "data": null, "dataset": null,
@@ -310,6 +309,41 @@ fn records_carry_the_settings_they_were_generated_with() -> Result<()> {
     run_check(&CheckOptions { rollouts: path, difficulty: None, ..opts }, &mut out)?;
     let text = String::from_utf8(out)?;
     assert!(text.lines().next().is_some_and(|l| l.contains("generated with seed 43")), "{text}");
+    Ok(())
+}
+
+/// A GSM8K record names its data file and the file's blake3: the check
+/// loads that file without `--data`, and refuses a different one.
+#[test]
+fn records_name_their_data_file() -> Result<()> {
+    let f = fixture();
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("gsm8k.jsonl");
+    let text = "{\"question\": \"What is 2 + 3?\", \"answer\": \"2 + 3 = 5 #### 5\"}\n\
+                {\"question\": \"What is 7 * 6?\", \"answer\": \"7 * 6 = 42 #### 42\"}\n";
+    std::fs::write(&data, text)?;
+    let env = Environment::Gsm8k(Gsm8kEnv::from_jsonl(text)?);
+    let mut records = make_records(&f.model, &env, 1)?;
+    for r in &mut records {
+        r["settings"] = json!({
+            "env": "gsm8k", "difficulty": 0, "data": data, "dataset": blake3::hash(text.as_bytes()).to_hex().as_str(),
+            "temperature": TEMPERATURE, "max_new_tokens": MAX_NEW, "seed": SEED,
+        });
+    }
+    let n = records.len();
+    let path = write_jsonl(dir.path(), &lines_of(&records))?;
+    let mut opts = CheckOptions::new(f.model.clone(), path, SEED);
+    opts.threads = Some(1);
+    let mut out = Vec::new();
+    let s = run_check(&opts, &mut out)?;
+    assert_eq!((s.accepted, s.rejected), (n, 0), "{}", String::from_utf8_lossy(&out));
+
+    // Another file under --data is not the dataset the records were generated from.
+    let other = dir.path().join("other.jsonl");
+    std::fs::write(&other, text.replace("#### 42", "#### 43"))?;
+    opts.data = Some(other);
+    let err = run_check(&opts, &mut Vec::new()).err().context("a different data file must be refused")?;
+    assert!(err.to_string().contains("not the dataset"), "{err}");
     Ok(())
 }
 

@@ -61,7 +61,7 @@ pub(crate) fn init_tiny(seed: u64, tokenizer_src: &Path, out: &Path) -> Result<C
 }
 
 /// Print a checkpoint's config, tensors by type, and content id.
-pub fn info(path: &Path) -> Result<()> {
+pub(crate) fn info(path: &Path) -> Result<()> {
     let ck = Checkpoint::open(path).with_context(|| format!("opening {}", path.display()))?;
     let h = ck.header();
     let c = ck.config();

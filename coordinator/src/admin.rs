@@ -32,6 +32,7 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
+use tributary_net::now_ms;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::window::{Schedule, ScheduleError, WindowId};
 
@@ -465,10 +466,6 @@ fn open_stopped(data_dir: &Path) -> Result<Store, AdminError> {
         }
         Err(e) => Err(e.into()),
     }
-}
-
-fn now_ms() -> u64 {
-    crate::server::now_ms()
 }
 
 /// The anchor of a stopped coordinator: recorded, else the store's genesis

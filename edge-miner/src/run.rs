@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
+use tributary_net::now_ms;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{EnvSpec, Environment, completion_reward, task_seed};
 use tributary_protocol::identity::Keypair;
@@ -392,10 +393,6 @@ impl Generator {
         }
         Ok(out)
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Mines until `stop` turns true (or a fatal error).

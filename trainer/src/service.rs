@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tch::Device;
-use tributary_net::{NetError, Session};
+use tributary_net::{NetError, Session, now_ms};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
@@ -170,10 +170,6 @@ impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service").field("progress", &self.progress).finish_non_exhaustive()
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Service {

@@ -38,9 +38,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use tributary_net::{Backoff, ConnectFailure, NetError, Session};
+use tributary_net::{Backoff, ConnectFailure, NetError, Session, now_ms};
 use tributary_policy::{PolicyError, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{EnvSpec, Environment};
@@ -210,10 +210,6 @@ impl ServiceConfig {
             start_window: None,
         }
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A connection to the coordinator that reconnects with exponential backoff.

@@ -25,7 +25,7 @@ use tributary_protocol::sampling::{draw_u, sample_with_logprob};
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::wire::WindowInfo;
 
-const GROUP_SIZE: u32 = 4;
+const GROUP_SIZE: u32 = 2;
 
 struct World {
     _dir: tempfile::TempDir,
@@ -57,7 +57,7 @@ impl World {
             env: EnvId::Arith,
             groups_per_miner: 8,
             group_size: GROUP_SIZE,
-            sampling: SamplingParams { temperature: 0.7, max_new_tokens: 24 },
+            sampling: SamplingParams { temperature: 0.7, max_new_tokens: 16 },
             difficulty: PRACTICE_LEVEL,
             dataset: None,
         };
@@ -217,6 +217,11 @@ fn tampered_unchecked_groups_are_dropped_and_the_step_runs() {
     assert!(old.kept.iter().any(|g| g.key.group == 2), "{:?}", old.dropped);
     let top = old.kept.iter().max_by(|a, b| a.score.total_cmp(&b.score)).map(|g| g.key.group);
     assert_eq!(top, Some(2), "ranked first by its fake rewards");
+    // ... and the over-long one fails the whole step.
+    assert!(old.kept.iter().any(|g| g.key.group == 5), "{:?}", old.dropped);
+    let ckpt = Checkpoint::open(&w.genesis).unwrap();
+    let mut trainer = Trainer::from_checkpoint(&ckpt, Device::Cpu, TrainConfig::default()).unwrap();
+    assert!(trainer.step(&Sample::from_groups(&old.kept)).is_err(), "the poison pill");
 
     let mut p = w.prover();
     let mut records = Vec::new();
@@ -243,8 +248,6 @@ fn tampered_unchecked_groups_are_dropped_and_the_step_runs() {
     assert!(batch.iter().all(|d| !tampered.contains(d)), "a tampered rollout reached the batch");
 
     // The honest group trains, with the trainer's log-probs.
-    let ckpt = Checkpoint::open(&w.genesis).unwrap();
-    let mut trainer = Trainer::from_checkpoint(&ckpt, Device::Cpu, TrainConfig::default()).unwrap();
     assert_eq!(kept, vec![0], "the honest group (practice-level rewards differ with length)");
     assert!(batch.iter().all(|d| honest.contains(d)));
     let samples = Sample::from_groups(&sel.kept);

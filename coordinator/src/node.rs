@@ -103,7 +103,9 @@ pub struct Config {
     pub ingest_inflight_mib: u32,
     /// MiB of rollouts stored per window, all miners together. Default 4096.
     pub max_window_mib: u64,
-    /// Distinct miners storing rollouts per window. Default 20 000.
+    /// Distinct miners storing rollouts per window. Default 5 000 (it also
+    /// bounds each window's standing list, 33 bytes a miner over `ban_windows`
+    /// windows, under its 4 MiB frame).
     pub max_window_miners: u32,
     /// Windows of rollouts kept; older ones are deleted (0: keep all). Default 240.
     pub keep_windows: u64,
@@ -151,7 +153,7 @@ impl Default for Config {
             relay_inflight_mib: l.relay_inflight_mib,
             ingest_inflight_mib: l.ingest_inflight_mib,
             max_window_mib: 4096,
-            max_window_miners: 20_000,
+            max_window_miners: 5_000,
             keep_windows: l.keep_windows,
             min_free_mib: l.min_free_mib,
         }

@@ -124,6 +124,42 @@ impl Keypair {
         file.write_all(format!("{}\n", hex::encode(self.seed())).as_bytes()).map_err(io)?;
         file.sync_all().map_err(io)
     }
+
+    /// Loads the key file at `path`, or, when there is none, creates its
+    /// folder and writes a fresh key there: readable by the owner only
+    /// (0600 on unix), written to a temporary file, synced and renamed into
+    /// place, so a crash never leaves a half-written key that a later start
+    /// would refuse. An existing file that is not a key is an error (it is
+    /// never replaced: it may be the only copy of an identity).
+    pub fn load_or_generate(path: &Path) -> Result<Self, IdentityError> {
+        let shown = path.display().to_string();
+        let io = |source| IdentityError::Io { path: shown.clone(), source };
+        match std::fs::symlink_metadata(path) {
+            Ok(_) => return Self::load(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+        // A leftover from a crashed start of this same process id: `save`
+        // creates its file new, so clear the way.
+        let _ = std::fs::remove_file(&tmp);
+        let key = Self::generate();
+        key.save(&tmp)?;
+        if let Err(e) = std::fs::rename(&tmp, path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+        // The rename itself is durable only once the folder is synced.
+        #[cfg(unix)]
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        Ok(key)
+    }
 }
 
 impl fmt::Debug for Keypair {
@@ -271,6 +307,29 @@ mod tests {
         let bad = dir.path().join("bad.key");
         std::fs::write(&bad, b"not a key").unwrap();
         assert!(matches!(Keypair::load(&bad), Err(IdentityError::BadKeyFile { .. })));
+    }
+
+    #[test]
+    fn load_or_generate_creates_once_then_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested").join("data").join("validator.key");
+        let k = Keypair::load_or_generate(&path).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert_eq!(Keypair::load_or_generate(&path).unwrap().public(), k.public());
+        assert_eq!(Keypair::load(&path).unwrap().public(), k.public());
+        // Only the key file is left in its folder (no temporary file).
+        let names: Vec<_> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("validator.key")]);
+        let bad = dir.path().join("bad.key");
+        std::fs::write(&bad, b"not a key").unwrap();
+        assert!(matches!(Keypair::load_or_generate(&bad), Err(IdentityError::BadKeyFile { .. })));
+        assert_eq!(std::fs::read(&bad).unwrap(), b"not a key", "a bad key file is never replaced");
     }
 
     #[test]

@@ -848,6 +848,37 @@ pub fn verify_tokens(
     Ok(Verdict { checks, sampling_counts: counts })
 }
 
+/// Upper bound (95 %, Wilson) of the rate at which an honest rollout fails
+/// some soft check: 3 of 128 honest arith rollouts at 64 new tokens
+/// (docs/calibration.md §5), all on the distribution check.
+pub const HONEST_SOFT_FAILURE_RATE: f64 = 0.067;
+
+/// `P(X ≥ k)` for `X ~ Binomial(n, p)`.
+pub fn binomial_tail(n: u32, p: f64, k: u32) -> f64 {
+    if k == 0 {
+        return 1.0;
+    }
+    if k > n || p <= 0.0 {
+        return 0.0;
+    }
+    if p >= 1.0 {
+        return 1.0;
+    }
+    let ln_choose = |i: u32| -> f64 { (1..=i).map(|j| f64::from(n - i + j).ln() - f64::from(j).ln()).sum() };
+    (k..=n)
+        .map(|i| (ln_choose(i) + f64::from(i) * p.ln() + f64::from(n - i) * (-p).ln_1p()).exp())
+        .sum::<f64>()
+        .min(1.0)
+}
+
+/// The fewest soft failures among `checked` rollouts that an honest miner
+/// (soft-failure rate `honest_rate`) reaches with probability at most
+/// `p_max`: a soft-failure ban below it would penalise honest miners more
+/// often than that. `checked + 1` (never) when no count is unlikely enough.
+pub fn soft_ban_threshold(checked: u32, honest_rate: f64, p_max: f64) -> u32 {
+    (1..=checked).find(|&k| binomial_tail(checked, honest_rate, k) <= p_max).unwrap_or(checked.saturating_add(1))
+}
+
 impl Failure {
     /// The absolute token position the failure points at, when it points at one.
     pub fn position(&self, prompt_len: usize) -> Option<usize> {
@@ -878,6 +909,22 @@ mod tests {
         assert_eq!(quantile_sorted(&x, 1.0), 10.0);
         assert_eq!(quantile_sorted(&[7.0], 0.1), 7.0);
         assert!(quantile_sorted(&[], 0.1).is_nan());
+    }
+
+    #[test]
+    fn soft_ban_thresholds_bound_the_honest_ban_rate() {
+        // Binomial(4, 0.5): P(X ≥ 3) = 5/16.
+        assert!((binomial_tail(4, 0.5, 3) - 5.0 / 16.0).abs() < 1e-12);
+        assert_eq!(binomial_tail(4, 0.5, 0), 1.0);
+        assert_eq!(binomial_tail(4, 0.5, 5), 0.0);
+        assert_eq!(binomial_tail(4, 0.0, 1), 0.0);
+        // The old gate (3 of 64) bans an honest miner in a large share of its verdicts.
+        assert!(binomial_tail(64, HONEST_SOFT_FAILURE_RATE, 3) > 0.5);
+        let k = soft_ban_threshold(64, HONEST_SOFT_FAILURE_RATE, 1e-6);
+        assert!(binomial_tail(64, HONEST_SOFT_FAILURE_RATE, k) <= 1e-6);
+        assert!(binomial_tail(64, HONEST_SOFT_FAILURE_RATE, k - 1) > 1e-6);
+        assert_eq!(k, 17);
+        assert_eq!(soft_ban_threshold(2, 0.9, 1e-6), 3, "never");
     }
 
     #[test]

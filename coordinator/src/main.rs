@@ -50,10 +50,7 @@ enum Cmd {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
     let (dev, config, model, data, validators, trainer, window_ms) = match Cli::parse().cmd {
         Cmd::Run { dev, config, model, data, validators, trainer, window_ms } => {
             (dev, config, model, data, validators, trainer, window_ms)

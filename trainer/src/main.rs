@@ -253,13 +253,7 @@ fn run(args: RunArgs) -> Result<()> {
 fn main() -> Result<()> {
     // Logs (warnings about rollouts refused by the proof, steps, uploads) on
     // stderr; RUST_LOG picks the level (default: warn and above).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
     match Cli::parse().cmd {
         Cmd::InitBase { src, out } => {
             let src = src.unwrap_or_else(assets::smollm2_q4_1);

@@ -322,10 +322,7 @@ fn check(args: CheckArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
     match Cli::parse().command {
         Command::Check(args) => check(args),
         Command::Run(args) => run(args),

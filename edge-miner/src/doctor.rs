@@ -24,10 +24,11 @@
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tributary_net::{NetError, Session};
+use tributary_net::cli::{ConfigError, ConfigPaths};
+use tributary_net::{NetError, Session, now_ms};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::Keypair;
@@ -120,6 +121,15 @@ pub enum DoctorError {
     Runtime(std::io::Error),
 }
 
+impl ConfigPaths for MinerConfig {
+    fn for_each_path(&mut self, f: &mut dyn FnMut(&mut PathBuf)) {
+        f(&mut self.data);
+        for p in [&mut self.gsm8k, &mut self.model, &mut self.ca].into_iter().flatten() {
+            f(p);
+        }
+    }
+}
+
 impl MinerConfig {
     /// A configuration with every default, for `coordinator` pinned by `fingerprint`.
     pub fn new(coordinator: impl Into<String>, fingerprint: impl Into<String>) -> Self {
@@ -140,19 +150,10 @@ impl MinerConfig {
     /// Reads a config file. Relative `data`, `gsm8k`, `model` and `ca` paths
     /// are taken relative to the file's folder.
     pub fn load(path: &Path) -> Result<Self, DoctorError> {
-        let text = std::fs::read_to_string(path).map_err(|source| DoctorError::Read { path: path.into(), source })?;
-        let mut cfg: Self = toml::from_str(&text)
-            .map_err(|source| DoctorError::Parse { path: path.into(), source: Box::new(source) })?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        if cfg.data.is_relative() {
-            cfg.data = base.join(&cfg.data);
-        }
-        for p in [&mut cfg.gsm8k, &mut cfg.model, &mut cfg.ca] {
-            if let Some(g) = p.as_mut().filter(|g| g.is_relative()) {
-                *g = base.join(&*g);
-            }
-        }
-        Ok(cfg)
+        tributary_net::cli::load_config(path).map_err(|e| match e {
+            ConfigError::Read { path, source } => DoctorError::Read { path, source },
+            ConfigError::Parse { path, source } => DoctorError::Parse { path, source },
+        })
     }
 
     /// The pin spec clients connect with ([`tributary_net::Pin::parse`]):
@@ -439,10 +440,6 @@ fn key_check(data: &Path, checks: &mut Vec<Check>) -> Option<Keypair> {
             None
         }
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn resolve(addr: &str) -> Result<SocketAddr, String> {

@@ -12,6 +12,7 @@ use edge_miner::llama::{LlamaConfig, LlamaCppBackend, default_threads};
 use edge_miner::offline::{self, GenerateOptions, OfflineWindow};
 use edge_miner::quantize::{FileType, quantize};
 use indicatif::{ProgressBar, ProgressStyle};
+use tributary_net::cli::CoordinatorArgs;
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::env::{EnvId, EnvSpec, Environment};
 use tributary_protocol::identity::Keypair;
@@ -149,28 +150,18 @@ fn no_wgpu() -> anyhow::Error {
 /// `edge-miner run`: a config file (`--config`, as the installer writes it;
 /// documented in `docs/config/miner.toml`) and flags, which override it.
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("dev", |a| a.help("Join a `coordinator run --dev` network: the tiny dev model, a key created if missing")),
+    mut_arg("config", |a| a.help("Configuration file (TOML; every key in docs/config/miner.toml); flags override it")),
+    mut_arg("check_config", |a| a.help("Print the resolved configuration (TOML) and exit without mining")),
+    mut_arg("coordinator", |a| a.help("The coordinator's QUIC address, HOST:PORT (config `coordinator`)")),
+    mut_arg("fingerprint", |a| a.help("The coordinator's certificate fingerprint, hex (config `fingerprint`)")),
+    mut_arg("ca", |a| a.help("CA certificate (PEM) that signed the coordinator's certificate (config `ca`)")),
+    mut_arg("data", |a| a.help("Data folder: key, models (config `data`; default miner-data)")),
+)]
 struct RunArgs {
-    /// Join a `coordinator run --dev` network: the tiny dev model, a key created if missing.
-    #[arg(long)]
-    dev: bool,
-    /// Configuration file (TOML; every key in docs/config/miner.toml); flags override it.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Print the resolved configuration (TOML) and exit without mining.
-    #[arg(long)]
-    check_config: bool,
-    /// The coordinator's QUIC address, HOST:PORT (config `coordinator`).
-    #[arg(long)]
-    coordinator: Option<String>,
-    /// The coordinator's certificate fingerprint, hex (config `fingerprint`).
-    #[arg(long, conflicts_with = "ca")]
-    fingerprint: Option<String>,
-    /// CA certificate (PEM) that signed the coordinator's certificate (config `ca`).
-    #[arg(long)]
-    ca: Option<PathBuf>,
-    /// Data folder: key, models (config `data`; default miner-data).
-    #[arg(long)]
-    data: Option<PathBuf>,
+    #[command(flatten)]
+    common: CoordinatorArgs,
     /// A model file to start from (config `model`; default: the slots in the
     /// data folder, else the dev tiny model with --dev, else a download from
     /// the coordinator).
@@ -211,23 +202,21 @@ struct RunArgs {
 impl RunArgs {
     /// The configuration file, if any, with the flags on top.
     fn resolve(&self) -> Result<MinerConfig> {
-        let mut cfg = match &self.config {
+        let common = &self.common;
+        let mut cfg = match &common.config {
             Some(p) => MinerConfig::load(p)?,
             None => {
-                let Some(c) = &self.coordinator else {
+                let Some(c) = &common.coordinator else {
                     bail!("give --config FILE, or --coordinator HOST:PORT with --fingerprint HEX or --ca FILE")
                 };
                 MinerConfig { fingerprint: None, ..MinerConfig::new(c.clone(), "") }
             }
         };
-        if let Some(c) = &self.coordinator {
+        if let Some(c) = &common.coordinator {
             cfg.coordinator = c.clone();
         }
-        if self.fingerprint.is_some() || self.ca.is_some() {
-            cfg.fingerprint = self.fingerprint.clone();
-            cfg.ca = self.ca.clone();
-        }
-        if let Some(d) = &self.data {
+        common.override_pin(&mut cfg.fingerprint, &mut cfg.ca);
+        if let Some(d) = &common.data {
             cfg.data = d.clone();
         }
         if self.model.is_some() {
@@ -257,14 +246,7 @@ fn key_path(data: &std::path::Path) -> PathBuf {
 }
 
 fn init(data: &std::path::Path) -> Result<Keypair> {
-    std::fs::create_dir_all(data)?;
-    let path = key_path(data);
-    if path.exists() {
-        return Ok(Keypair::load(&path)?);
-    }
-    let k = Keypair::generate();
-    k.save(&path)?;
-    Ok(k)
+    Ok(Keypair::load_or_generate(&key_path(data))?)
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -273,7 +255,7 @@ fn run(args: RunArgs) -> Result<()> {
     use std::net::ToSocketAddrs;
     let conf = args.resolve()?;
     let pin = conf.pin()?;
-    if args.check_config {
+    if args.common.check_config {
         print!("{}", toml::to_string(&conf)?);
         return Ok(());
     }
@@ -285,7 +267,7 @@ fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("coordinator {:?} has no address", conf.coordinator))?;
     let data = conf.data.clone();
     let path = key_path(&data);
-    let key = if args.dev {
+    let key = if args.common.dev {
         init(&data)?
     } else {
         Keypair::load(&path).with_context(|| format!("{} (run `edge-miner init`)", path.display()))?
@@ -324,7 +306,9 @@ fn run(args: RunArgs) -> Result<()> {
     cfg.progress = true;
     cfg.model = match conf.model {
         Some(m) => Some(m),
-        None if args.dev => Some(tributary_protocol::dev::ensure_genesis(&data, &tributary_assets::smollm2_q4_1())?),
+        None if args.common.dev => {
+            Some(tributary_protocol::dev::ensure_genesis(&data, &tributary_assets::smollm2_q4_1())?)
+        }
         None => None,
     };
     let rt = tokio::runtime::Runtime::new()?;

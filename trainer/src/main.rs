@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use tributary_assets as assets;
+use tributary_net::cli::{ConfigPaths, CoordinatorArgs, load_config};
 
 mod init;
 
@@ -58,29 +59,16 @@ enum Cmd {
 /// `trainer run`'s flags: each overrides the config file's key of the same
 /// name (`docs/config/trainer.toml` documents every key).
 #[derive(clap::Args)]
+#[command(
+    mut_arg("dev", |a| a.help(
+        "Join a `coordinator run --dev` network: dev trainer key, dev tiny model, rollouts of not-yet-judged miners trusted"
+    )),
+    mut_arg("config", |a| a.help("Configuration file (TOML; every key in docs/config/trainer.toml); flags override it")),
+    mut_arg("data", |a| a.help("State folder (default trainer-data)")),
+)]
 struct RunArgs {
-    /// Join a `coordinator run --dev` network: dev trainer key, dev tiny model,
-    /// rollouts of not-yet-judged miners trusted.
-    #[arg(long)]
-    dev: bool,
-    /// Configuration file (TOML; every key in docs/config/trainer.toml); flags override it.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Print the resolved configuration (TOML) and exit without connecting.
-    #[arg(long)]
-    check_config: bool,
-    /// The coordinator's QUIC address, HOST:PORT.
-    #[arg(long)]
-    coordinator: Option<String>,
-    /// The coordinator's certificate fingerprint (hex).
-    #[arg(long, conflicts_with = "ca")]
-    fingerprint: Option<String>,
-    /// CA certificate (PEM) that signed the coordinator's certificate.
-    #[arg(long)]
-    ca: Option<PathBuf>,
-    /// State folder (default trainer-data).
-    #[arg(long)]
-    data: Option<PathBuf>,
+    #[command(flatten)]
+    common: CoordinatorArgs,
     /// Genesis checkpoint (default with --dev: the dev tiny model).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -148,36 +136,32 @@ impl Default for RunConfig {
     }
 }
 
+impl ConfigPaths for RunConfig {
+    fn for_each_path(&mut self, f: &mut dyn FnMut(&mut PathBuf)) {
+        f(&mut self.data);
+        for p in [&mut self.ca, &mut self.model, &mut self.key, &mut self.gsm8k].into_iter().flatten() {
+            f(p);
+        }
+    }
+}
+
 impl RunArgs {
     /// The configuration file (if any) with the flags on top.
     fn resolve(&self) -> Result<RunConfig> {
-        use anyhow::Context as _;
-        let mut c = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                let mut c: RunConfig = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-                let base = path.parent().unwrap_or(std::path::Path::new("."));
-                if c.data.is_relative() {
-                    c.data = base.join(&c.data);
-                }
-                for p in [&mut c.ca, &mut c.model, &mut c.key, &mut c.gsm8k] {
-                    if let Some(p) = p.as_mut().filter(|p| p.is_relative()) {
-                        *p = base.join(&*p);
-                    }
-                }
-                c
-            }
+        let common = &self.common;
+        let mut c = match &common.config {
+            Some(path) => load_config::<RunConfig>(path)?,
             None => RunConfig::default(),
         };
         macro_rules! over {
             ($($f:ident),*) => {$( if self.$f.is_some() { c.$f = self.$f.clone(); } )*};
         }
-        over!(coordinator, model, key, metrics, gsm8k);
-        if self.fingerprint.is_some() || self.ca.is_some() {
-            c.fingerprint = self.fingerprint.clone();
-            c.ca = self.ca.clone();
+        over!(model, key, metrics, gsm8k);
+        if common.coordinator.is_some() {
+            c.coordinator.clone_from(&common.coordinator);
         }
-        if let Some(d) = &self.data {
+        common.override_pin(&mut c.fingerprint, &mut c.ca);
+        if let Some(d) = &common.data {
             c.data = d.clone();
         }
         c.lr = self.lr.unwrap_or(c.lr);
@@ -199,10 +183,10 @@ impl RunConfig {
 
 fn run(args: RunArgs) -> Result<()> {
     use trainer::service::{Service, ServiceConfig, dev_genesis, serve_metrics};
-    let dev = args.dev;
+    let dev = args.common.dev;
     let conf = args.resolve()?;
     let (coordinator, fingerprint) = conf.coordinator()?;
-    if args.check_config {
+    if args.common.check_config {
         print!("{}", toml::to_string(&conf)?);
         return Ok(());
     }

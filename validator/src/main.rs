@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use tributary_net::cli::{ConfigPaths, CoordinatorArgs, load_config};
 use validator::check::{CheckOptions, run_check};
 
 #[derive(Parser, Debug)]
@@ -25,28 +26,14 @@ enum Command {
 /// `validator run`'s flags: each overrides the config file's key of the same
 /// name (`docs/config/validator.toml` documents every key).
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("dev", |a| a.help("Join a `coordinator run --dev` network with the well-known dev validator key")),
+    mut_arg("config", |a| a.help("Configuration file (TOML; every key in docs/config/validator.toml); flags override it")),
+    mut_arg("data", |a| a.help("Data folder (key, downloaded checkpoints; default validator-data)")),
+)]
 struct RunArgs {
-    /// Join a `coordinator run --dev` network with the well-known dev validator key.
-    #[arg(long)]
-    dev: bool,
-    /// Configuration file (TOML; every key in docs/config/validator.toml); flags override it.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Print the resolved configuration (TOML) and exit without connecting.
-    #[arg(long)]
-    check_config: bool,
-    /// The coordinator's QUIC address, HOST:PORT.
-    #[arg(long)]
-    coordinator: Option<String>,
-    /// The coordinator's certificate fingerprint (hex).
-    #[arg(long, conflicts_with = "ca")]
-    fingerprint: Option<String>,
-    /// CA certificate (PEM) that signed the coordinator's certificate.
-    #[arg(long)]
-    ca: Option<PathBuf>,
-    /// Data folder (key, downloaded checkpoints; default validator-data).
-    #[arg(long)]
-    data: Option<PathBuf>,
+    #[command(flatten)]
+    common: CoordinatorArgs,
     /// Check every rollout of every miner (default: grail's sample).
     #[arg(long)]
     all: bool,
@@ -136,35 +123,32 @@ impl Default for RunConfig {
     }
 }
 
+impl ConfigPaths for RunConfig {
+    fn for_each_path(&mut self, f: &mut dyn FnMut(&mut PathBuf)) {
+        f(&mut self.data);
+        for p in [&mut self.ca, &mut self.gsm8k].into_iter().flatten() {
+            f(p);
+        }
+    }
+}
+
 impl RunArgs {
     /// The configuration file (if any) with the flags on top.
     fn resolve(&self) -> Result<RunConfig> {
-        let mut c = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-                let mut c: RunConfig = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-                let base = path.parent().unwrap_or(std::path::Path::new("."));
-                if c.data.is_relative() {
-                    c.data = base.join(&c.data);
-                }
-                for p in [&mut c.ca, &mut c.gsm8k] {
-                    if let Some(p) = p.as_mut().filter(|p| p.is_relative()) {
-                        *p = base.join(&*p);
-                    }
-                }
-                c
-            }
+        let common = &self.common;
+        let mut c = match &common.config {
+            Some(path) => load_config::<RunConfig>(path)?,
             None => RunConfig::default(),
         };
         macro_rules! over {
             ($($f:ident),*) => {$( if self.$f.is_some() { c.$f = self.$f.clone(); } )*};
         }
-        over!(coordinator, miner_fraction, min_miners, max_miners, rollouts_per_miner, gsm8k, threads, metrics);
-        if self.fingerprint.is_some() || self.ca.is_some() {
-            c.fingerprint = self.fingerprint.clone();
-            c.ca = self.ca.clone();
+        over!(miner_fraction, min_miners, max_miners, rollouts_per_miner, gsm8k, threads, metrics);
+        if common.coordinator.is_some() {
+            c.coordinator.clone_from(&common.coordinator);
         }
-        if let Some(d) = &self.data {
+        common.override_pin(&mut c.fingerprint, &mut c.ca);
+        if let Some(d) = &common.data {
             c.data = d.clone();
         }
         c.all |= self.all;
@@ -192,22 +176,15 @@ fn run(args: RunArgs) -> Result<()> {
     use validator::service::{SampleConfig, Service, ServiceConfig};
     let conf = args.resolve()?;
     let (coordinator, pin) = conf.coordinator()?;
-    if args.check_config {
+    if args.common.check_config {
         print!("{}", toml::to_string(&conf)?);
         return Ok(());
     }
     std::fs::create_dir_all(&conf.data)?;
-    let key = if args.dev {
+    let key = if args.common.dev {
         tributary_protocol::dev::key(tributary_protocol::wire::Role::Validator)
     } else {
-        let path = conf.data.join("validator.key");
-        if path.exists() {
-            Keypair::load(&path)?
-        } else {
-            let k = Keypair::generate();
-            k.save(&path)?;
-            k
-        }
+        Keypair::load_or_generate(&conf.data.join("validator.key"))?
     };
     println!("validator={}", key.public());
     tributary_policy::init_threads(conf.threads);

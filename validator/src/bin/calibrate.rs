@@ -30,7 +30,7 @@ use edge_miner::offline::{GenerateOptions, Job, OfflineWindow, RolloutRecord, ge
 use edge_miner::quantize::{FileType, quantize};
 use tributary_policy::{EvidenceRequest, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
-use tributary_protocol::env::{Environment, Gsm8kEnv};
+use tributary_protocol::env::{EnvId, EnvSpec, Environment};
 use tributary_protocol::gguf::{self, GgmlType};
 use tributary_protocol::rollout::{Rollout, SamplingParams};
 use tributary_protocol::sampling;
@@ -44,9 +44,15 @@ struct Args {
     /// The honest checkpoint (BF16 GGUF).
     #[arg(long)]
     model: PathBuf,
+    /// Environment of the honest tasks: gsm8k (needs --data) or arith (--difficulty).
+    #[arg(long, default_value = "gsm8k")]
+    env: EnvId,
+    /// Difficulty of the arith environment.
+    #[arg(long, default_value_t = 102)]
+    difficulty: u32,
     /// GSM8K JSONL file.
     #[arg(long)]
-    data: PathBuf,
+    data: Option<PathBuf>,
     /// Honest tasks (one group each).
     #[arg(long, default_value_t = 25)]
     tasks: usize,
@@ -72,7 +78,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     cheater_tasks: usize,
     /// Cheaters to run (comma separated): tiny, q4_0, q8_0, q4_1, perturb-<rel>,
-    /// edit, other-model.
+    /// edit, other-model; `none` for the honest figures only.
     #[arg(
         long,
         value_delimiter = ',',
@@ -122,7 +128,8 @@ fn main() -> Result<()> {
     let threads = tributary_policy::init_threads(args.threads);
     std::fs::create_dir_all(&args.work)?;
     let tokenizer = Tokenizer::from_gguf_file(&args.model)?;
-    let env = Environment::Gsm8k(Gsm8kEnv::load(&args.data)?);
+    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None };
+    let env = Environment::build(&spec, args.data.as_deref())?;
     let window = OfflineWindow::from_seed(args.seed);
     let run = Run { tokenizer, env, window, params: VerifyParams::DEFAULT, threads, args };
     let a = &run.args;
@@ -188,6 +195,9 @@ fn main() -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for name in run.args.cheaters.clone() {
+        if name == "none" {
+            continue;
+        }
         match run.cheater(&name, &honest, honest_id) {
             Ok(recs) if recs.is_empty() => println!("| {name} | 0 | – | | | | | | | | |"),
             Ok(recs) => {
@@ -232,7 +242,13 @@ impl Run {
         load: &dyn Fn(&Path) -> Result<Box<dyn Backend>>,
     ) -> Result<(Vec<RolloutRecord>, Generated)> {
         let a = &self.args;
-        let file = a.work.join(format!("{name}-s{}-g{}-n{}.jsonl", a.seed, a.group, a.max_new_tokens));
+        // gsm8k caches keep their old names; other environments name theirs.
+        let tag = match a.env {
+            EnvId::Gsm8k => name.to_owned(),
+            EnvId::Arith => format!("{name}-arith{}", a.difficulty),
+            other => format!("{name}-{other}"),
+        };
+        let file = a.work.join(format!("{tag}-s{}-g{}-n{}.jsonl", a.seed, a.group, a.max_new_tokens));
         let mut have = complete_groups(&file, a.group)?;
         if have.is_empty() {
             // A cache written by an earlier version: `{name}-s…-t{N}-g…-n….jsonl`.
@@ -248,7 +264,14 @@ impl Run {
             let mut backend = load(model)?;
             let id = Checkpoint::open(model).map(|c| c.content_id()).ok();
             let opts = GenerateOptions { first_task: done, tasks: tasks - done, ..self.gen_opts() };
-            let job = Job { tokenizer: &self.tokenizer, env: &self.env, model: id, window: &self.window, opts: &opts };
+            let job = Job {
+                tokenizer: &self.tokenizer,
+                env: &self.env,
+                model: id,
+                data: None,
+                window: &self.window,
+                opts: &opts,
+            };
             let mut w = std::fs::OpenOptions::new().append(true).open(&file)?;
             let started = Instant::now();
             let mut pending = Vec::new();
@@ -650,6 +673,7 @@ fn report_honest(title: &str, figs: &[Figures], p: &VerifyParams) {
         100.0 * amb as f64 / positions.max(1) as f64,
         figs.len() - accepted
     );
+    report_soft(figs, p);
     let over = ratio.iter().filter(|&&r| r > 1.0).count();
     let dlp_over = figs.iter().flat_map(|f| f.dlp.iter()).filter(|&&d| d.exp() - 1.0 > p.logprob_is_eps).count();
     println!(
@@ -660,6 +684,57 @@ fn report_honest(title: &str, figs: &[Figures], p: &VerifyParams) {
         ratio.len(),
         edges.iter().filter(|e| !e.1 && e.0 > p.sample_eps).count()
     );
+}
+
+/// Wilson's 95 % upper bound of a rate of `k` in `n`.
+fn wilson_upper(k: usize, n: usize) -> f64 {
+    let (k, n, z) = (k as f64, n.max(1) as f64, 1.96f64);
+    let centre = (k + z * z / 2.0) / (n + z * z);
+    let half = z / (n + z * z) * (k * (n - k) / n + z * z / 4.0).sqrt();
+    (centre + half).min(1.0)
+}
+
+/// The honest soft-failure rate of each soft check, and what it means for a
+/// verdict over the validator's sample of 64 rollouts: `P(ban | honest)` at
+/// the coordinator's threshold of 3 soft failures, and the smallest
+/// threshold that keeps it at most 1e-6 (at the rate's 95 % upper bound).
+fn report_soft(figs: &[Figures], p: &VerifyParams) {
+    const N: u32 = 64;
+    let n = figs.len().max(1) as f64;
+    let long = figs.iter().filter(|f| f.edge.len() >= p.distribution.min_steps).count();
+    let count = |kind: Option<CheckKind>| {
+        figs.iter()
+            .filter(|f| {
+                f.verdict
+                    .checks
+                    .iter()
+                    .any(|c| c.severity == Severity::Soft && c.failed() && kind.is_none_or(|k| c.kind == k))
+            })
+            .count()
+    };
+    println!(
+        "soft failures ({} rollouts, {long} of them ≥ {} tokens; verdict of {N} rollouts):",
+        figs.len(),
+        p.distribution.min_steps
+    );
+    println!("| soft check | honest failures | rate | 95% upper | P(≥ 3 of {N}) | threshold for P ≤ 1e-6 |");
+    println!("|---|---|---|---|---|---|");
+    for (name, kind) in [
+        ("distribution", Some(CheckKind::Distribution)),
+        ("sampling coverage", Some(CheckKind::SamplingCoverage)),
+        ("any soft check", None),
+    ] {
+        let k = count(kind);
+        let rate = k as f64 / n;
+        let upper = wilson_upper(k, figs.len());
+        let threshold = verify::soft_ban_threshold(N, upper, 1e-6);
+        println!(
+            "| {name} | {k} | {:.2}% | {:.2}% | {:.3e} | {threshold} |",
+            100.0 * rate,
+            100.0 * upper,
+            verify::binomial_tail(N, rate, 3)
+        );
+    }
 }
 
 fn hard_failures(figs: &[Figures]) -> BTreeMap<CheckKind, usize> {

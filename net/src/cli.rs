@@ -1,0 +1,173 @@
+//! The command line and configuration files the client roles share: the
+//! flags that say how to reach the coordinator and where the data folder is
+//! ([`CoordinatorArgs`], flattened into each role's `run`), and the reading
+//! of a role's TOML file ([`load_config`]) with its relative paths taken
+//! relative to the file's folder.
+//!
+//! Each role keeps its own help wording for these flags (its binary
+//! overrides a flag's help with clap's `mut_arg`), its own config struct and
+//! its own defaults.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+
+/// How a client finds and pins its coordinator, and where it keeps its data.
+/// Each overrides the config file's key of the same name.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct CoordinatorArgs {
+    /// Join a `coordinator run --dev` network with the role's well-known dev key.
+    #[arg(long)]
+    pub dev: bool,
+    /// Configuration file (TOML); flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print the resolved configuration (TOML) and exit without connecting.
+    #[arg(long)]
+    pub check_config: bool,
+    /// The coordinator's QUIC address, HOST:PORT.
+    #[arg(long)]
+    pub coordinator: Option<String>,
+    /// The coordinator's certificate fingerprint (hex).
+    #[arg(long, conflicts_with = "ca")]
+    pub fingerprint: Option<String>,
+    /// CA certificate (PEM) that signed the coordinator's certificate.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+    /// Data folder.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+}
+
+impl CoordinatorArgs {
+    /// Puts the pin flags over a configuration's pin. Either flag replaces
+    /// both keys: a client pins one way, so a `--ca` on the command line
+    /// drops the file's `fingerprint` (and the other way round).
+    pub fn override_pin(&self, fingerprint: &mut Option<String>, ca: &mut Option<PathBuf>) {
+        if self.fingerprint.is_some() || self.ca.is_some() {
+            fingerprint.clone_from(&self.fingerprint);
+            ca.clone_from(&self.ca);
+        }
+    }
+}
+
+/// A configuration file's paths that are relative to the file's folder
+/// (data folders, model and key files, the CA certificate).
+pub trait ConfigPaths {
+    /// Calls `f` on every path of the configuration (absent ones skipped).
+    fn for_each_path(&mut self, f: &mut dyn FnMut(&mut PathBuf));
+}
+
+/// Errors reading a configuration file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this role (its message names an
+    /// unknown key and lists the known ones).
+    #[error("parsing {}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+}
+
+/// Reads the TOML configuration file at `path`; every relative path in it
+/// becomes relative to the file's folder, so a config works from any
+/// current directory.
+pub fn load_config<T: DeserializeOwned + ConfigPaths>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    let mut cfg: T =
+        toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    cfg.for_each_path(&mut |p| {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    });
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Default, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Conf {
+        data: PathBuf,
+        ca: Option<PathBuf>,
+        model: Option<PathBuf>,
+        name: Option<String>,
+    }
+
+    impl ConfigPaths for Conf {
+        fn for_each_path(&mut self, f: &mut dyn FnMut(&mut PathBuf)) {
+            f(&mut self.data);
+            for p in [&mut self.ca, &mut self.model].into_iter().flatten() {
+                f(p);
+            }
+        }
+    }
+
+    #[test]
+    fn relative_paths_follow_the_file_and_absolute_ones_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("role.toml");
+        std::fs::write(&path, "data = \"d\"\nca = \"/etc/ca.pem\"\nname = \"x/y\"\n").unwrap();
+        let c: Conf = load_config(&path).unwrap();
+        assert_eq!(c.data, dir.path().join("d"));
+        assert_eq!(c.ca, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(c.model, None);
+        assert_eq!(c.name.as_deref(), Some("x/y"), "only paths move");
+    }
+
+    #[test]
+    fn unknown_keys_and_missing_files_are_typed_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("role.toml");
+        std::fs::write(&path, "zz_not_a_key = 1\n").unwrap();
+        let e = load_config::<Conf>(&path).unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { .. }), "{e:?}");
+        let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+        assert!(cause.contains("unknown field `zz_not_a_key`, expected one of"), "{cause}");
+        let e = load_config::<Conf>(&dir.path().join("absent.toml")).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+    }
+
+    #[derive(clap::Parser, Debug)]
+    #[command(mut_arg("data", |a| a.help("Role data folder")))]
+    struct Cli {
+        #[command(flatten)]
+        common: CoordinatorArgs,
+        #[arg(long)]
+        extra: Option<u32>,
+    }
+
+    #[test]
+    fn a_pin_flag_replaces_both_pins_and_the_two_conflict() {
+        let cli = Cli::try_parse_from(["x", "--ca", "c.pem", "--extra", "3"]).unwrap();
+        let (mut fp, mut ca) = (Some("ab".to_string()), None);
+        cli.common.override_pin(&mut fp, &mut ca);
+        assert_eq!((fp, ca), (None, Some(PathBuf::from("c.pem"))));
+        let none = Cli::try_parse_from(["x"]).unwrap();
+        let (mut fp, mut ca) = (Some("ab".to_string()), None);
+        none.common.override_pin(&mut fp, &mut ca);
+        assert_eq!((fp.as_deref(), ca), (Some("ab"), None));
+        assert!(Cli::try_parse_from(["x", "--ca", "c.pem", "--fingerprint", "ab"]).is_err());
+        use clap::CommandFactory;
+        let help = Cli::command().render_help().to_string();
+        assert!(help.contains("Role data folder"), "{help}");
+    }
+}

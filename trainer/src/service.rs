@@ -119,7 +119,10 @@ pub struct ServiceConfig {
     pub select: SelectConfig,
     /// A full payload every this many publications.
     pub full_every: u64,
-    /// Treat rollouts of miners not yet judged as passed (dev networks without validators).
+    /// Treat rollouts of miners not yet judged as passed (dev networks
+    /// without validators). Either way they are proven by the trainer and
+    /// trained without waiting for a verdict; only the standing reported
+    /// to [`select_proven`] differs.
     pub trust_unjudged: bool,
     /// How often to check the clock.
     pub poll: Duration,

@@ -33,11 +33,16 @@ use tributary_protocol::env::{EnvId, task_seed};
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::SamplingParams;
+use tributary_protocol::verify;
 use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
 use tributary_protocol::wire::{
     CheckpointBody, MinerStanding, RejectReason, Role, TrainerStatsBody, TrainerStatsError, VerdictBody, WeightsBody,
     WindowInfo,
 };
+
+/// The most probability with which an honest miner may be banned by one
+/// verdict's soft failures (issue 15: soft checks never ban an honest miner).
+pub const SOFT_BAN_PROBABILITY: f64 = 1e-6;
 
 /// Who may do what.
 #[derive(Debug, Clone, Default)]
@@ -100,7 +105,9 @@ pub struct CoreConfig {
     pub access: Access,
     /// Windows a hard failure bans a miner for.
     pub ban_windows: u64,
-    /// Soft failures in one verdict that count as a hard failure.
+    /// The fewest soft failures in one verdict that count as a hard failure;
+    /// the binomial gate ([`SOFT_BAN_PROBABILITY`]) raises it for the number
+    /// of rollouts checked.
     pub soft_failure_threshold: u32,
     /// Windows the weights look back over (grail: 12).
     pub weight_windows: u64,
@@ -593,7 +600,17 @@ impl Core {
     }
 
     fn fails(&self, v: &VerdictBody) -> bool {
-        v.hard_failure || v.soft_failures >= self.cfg.soft_failure_threshold.max(1)
+        v.hard_failure || v.soft_failures >= self.soft_ban_threshold(v.checked)
+    }
+
+    /// The soft failures among `checked` rollouts that ban: at least the
+    /// configured floor, and never fewer than an honest miner (soft-failure
+    /// rate [`verify::HONEST_SOFT_FAILURE_RATE`], calibrated) reaches with
+    /// probability above [`SOFT_BAN_PROBABILITY`]. A small sample can then
+    /// never ban on soft failures alone.
+    pub fn soft_ban_threshold(&self, checked: u32) -> u32 {
+        let gate = verify::soft_ban_threshold(checked, verify::HONEST_SOFT_FAILURE_RATE, SOFT_BAN_PROBABILITY);
+        gate.max(self.cfg.soft_failure_threshold.max(1))
     }
 
     /// The verdicts recorded on `miner` in `window`, by validator.
@@ -1003,9 +1020,16 @@ mod tests {
         assert!((get(a).unwrap() - 16.0 / 17.0).abs() < 1e-12);
         assert!((get(b).unwrap() - 1.0 / 17.0).abs() < 1e-12);
         assert_eq!(get(c), None);
-        // Soft failures over the threshold ban too.
+        // Soft failures ban only past the binomial gate: of 10 checked, 6 is
+        // within an honest miner's reach at p = 1e-6 (the floor of 2 is not
+        // enough), 7 is not.
+        assert_eq!(core.soft_ban_threshold(10), 7);
+        assert_eq!(core.soft_ban_threshold(4), 5, "4 checked rollouts never soft-ban");
         let mut soft = verdict(1, b, 10, false);
-        soft.soft_failures = 2;
+        soft.soft_failures = 6;
+        core.record_verdict(closed, &soft, true).unwrap();
+        assert!(!core.is_banned(&b, 2), "6 soft failures of 10 are within honest reach");
+        soft.soft_failures = 7;
         core.record_verdict(closed, &soft, true).unwrap();
         assert!(core.is_banned(&b, 2));
     }

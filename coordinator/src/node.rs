@@ -70,7 +70,9 @@ pub struct Config {
     pub miner_deny: Vec<String>,
     /// Windows a hard failure bans for. Default 14 (grail).
     pub ban_windows: u64,
-    /// Soft failures in one verdict that ban. Default 3.
+    /// The fewest soft failures in one verdict that ban. Default 3; the
+    /// binomial gate raises it so that an honest miner's chance of a soft
+    /// ban per verdict stays at most 1e-6 (e.g. 17 of 64 checked).
     pub soft_failure_threshold: u32,
     /// Windows the weights look back over. Default 12 (grail).
     pub weight_windows: u64,

@@ -378,6 +378,9 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         entries.push(e);
     }
     let relay = Arc::new(Relay::open(&relay_dir(&cfg.data_dir), entries)?);
+    for (_, ann) in store.checkpoints()? {
+        relay.set_announcement(ann);
+    }
     let shared = server::shared(core, store, key, limits, relay)?;
     crate::admin::apply_overrides(&cfg.data_dir, &mut shared.core())?;
     let fingerprint = crate::net::fingerprint(&cert);

@@ -118,6 +118,8 @@ pub struct Relay {
     dir: PathBuf,
     entries: Mutex<BTreeMap<ContentId, Entry>>,
     peers: Mutex<HashMap<PublicKey, PeerCheckpoint>>,
+    /// The trainer's signed announcement of each published checkpoint.
+    announcements: Mutex<HashMap<ContentId, PublishCheckpoint>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -147,8 +149,23 @@ impl Relay {
             let p = dir.join(sub);
             std::fs::create_dir_all(&p).map_err(io(&p))?;
         }
+        // Uploads a crash or a lost connection left half-written.
+        for e in std::fs::read_dir(dir.join("incoming")).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
         let entries = entries.into_iter().map(|e| (e.id, e)).collect();
-        Ok(Self { dir: dir.to_owned(), entries: Mutex::new(entries), peers: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            dir: dir.to_owned(),
+            entries: Mutex::new(entries),
+            peers: Mutex::new(HashMap::new()),
+            announcements: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Keeps the trainer's signed announcement of a checkpoint, sent with
+    /// every path that ends at it ([`CheckpointPath::announcement`]).
+    pub fn set_announcement(&self, ann: PublishCheckpoint) {
+        lock(&self.announcements).insert(ann.body.id, ann);
     }
 
     /// Path of a checkpoint's full file.
@@ -263,7 +280,12 @@ impl Relay {
             Some(id) => entries.get(&id).ok_or(RelayError::NotFound(id))?,
             None => entries.values().max_by_key(|e| e.seq).ok_or(RelayError::NotFound(ContentId([0; 32])))?,
         };
-        let mut out = CheckpointPath { target: target.id, from_window: target.from_window, steps: Vec::new() };
+        let mut out = CheckpointPath {
+            target: target.id,
+            from_window: target.from_window,
+            steps: Vec::new(),
+            announcement: lock(&self.announcements).get(&target.id).cloned(),
+        };
         if have == Some(target.id) {
             return Ok(out);
         }

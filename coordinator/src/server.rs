@@ -1413,6 +1413,7 @@ async fn receive_checkpoint(
         }
         from = next;
     }
+    sh.relay.set_announcement(p.clone());
     sh.relay.insert(entry);
     metrics::counter!("tributary_checkpoints_published_total").increment(1);
     tracing::info!(id = %p.body.id, window = p.body.window, from, "checkpoint published");

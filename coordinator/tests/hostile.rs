@@ -276,12 +276,24 @@ async fn a_checkpoint_uploaded_across_a_boundary_never_changes_an_open_window() 
     assert!(matches!(within(t.recv()).await.unwrap(), Frame::CheckpointStored(_)));
     let r = rollout(&info, &key, 0, 0, info.sampling.max_new_tokens as usize);
     assert!(matches!(submit(&mut m, 1, &r).await, Frame::Ack(_)), "an honest W+1 rollout is acknowledged");
-    let core = node.shared.core();
-    assert!(core.verdicts_on(w + 1, &key.public()).is_empty(), "no door penalty");
-    assert!(!core.is_banned(&key.public(), w + 1));
-    assert_eq!(core.checkpoint_for(w + 1), genesis);
-    assert_eq!(core.checkpoint_for(w + 2), id);
-    drop(core);
+    {
+        let core = node.shared.core();
+        assert!(core.verdicts_on(w + 1, &key.public()).is_empty(), "no door penalty");
+        assert!(!core.is_banned(&key.public(), w + 1));
+        assert_eq!(core.checkpoint_for(w + 1), genesis);
+        assert_eq!(core.checkpoint_for(w + 2), id);
+    }
+    // Miners get the trainer's signed announcement with the path (W4).
+    let Frame::CheckpointPath(path) =
+        within(m.request(&Frame::GetCheckpointPath(GetCheckpointPath { have: Some(genesis), want: None })))
+            .await
+            .unwrap()
+    else {
+        panic!("expected a path")
+    };
+    let ann = path.announcement.expect("the announcement comes with the path");
+    assert!(ann.verify().is_ok());
+    assert_eq!((ann.body.id, ann.body.trainer), (id, trainer.public()));
     // What a restart restores agrees.
     let stored = node.shared.store.checkpoints().unwrap();
     assert_eq!(stored.iter().map(|(from, a)| (*from, a.body.id)).collect::<Vec<_>>(), vec![(w + 2, id)]);

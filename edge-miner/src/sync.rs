@@ -78,6 +78,55 @@ pub enum SyncError {
     /// No slot is free (both hold live models).
     #[error("no free model slot")]
     NoFreeSlot,
+    /// The checkpoint's announcement is not the trainer's.
+    #[error("checkpoint announcement refused: {0}")]
+    Announcement(String),
+}
+
+/// The file (in the models folder) holding the trainer key this miner
+/// trusts: pinned from the first signed announcement it sees.
+pub const TRAINER_PIN_FILE: &str = "trainer.pub";
+
+/// Checks the trainer's signed announcement of a path's target before
+/// anything is downloaded: its signature, that it names the target, that
+/// its signer is the trainer this miner pinned (the first one it saw, kept
+/// in [`TRAINER_PIN_FILE`]), and that every step delivering the announced
+/// payload carries the announced hash. A path without an announcement is
+/// the genesis checkpoint's.
+pub fn check_announcement(dir: &Path, path: &CheckpointPath) -> Result<(), SyncError> {
+    let Some(a) = &path.announcement else { return Ok(()) };
+    let refuse = |m: String| Err(SyncError::Announcement(m));
+    if a.verify().is_err() {
+        return refuse(format!("bad trainer signature on {}", a.body.id));
+    }
+    if a.body.id != path.target {
+        return refuse(format!("announcement names {}, path ends at {}", a.body.id, path.target));
+    }
+    let pin = dir.join(TRAINER_PIN_FILE);
+    match std::fs::read_to_string(&pin) {
+        Ok(text) => {
+            let pinned: tributary_protocol::identity::PublicKey =
+                text.trim().parse().map_err(|e| SyncError::Announcement(format!("{}: {e}", pin.display())))?;
+            if pinned != a.body.trainer {
+                return refuse(format!("signed by {}, this miner trusts trainer {pinned}", a.body.trainer));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&pin, format!("{}\n", a.body.trainer)).map_err(io(&pin))?;
+            tracing::info!(trainer = %a.body.trainer, "trainer key pinned");
+        }
+        Err(e) => return Err(SyncError::Io { path: pin, source: e }),
+    }
+    let announced_base = match a.body.kind {
+        tributary_protocol::wire::CheckpointKind::Full => None,
+        tributary_protocol::wire::CheckpointKind::Delta { base } => Some(base),
+    };
+    for s in &path.steps {
+        if s.id == path.target && s.base == announced_base && s.payload_hash != a.body.payload_hash {
+            return refuse(format!("step to {} is not the announced payload", s.id));
+        }
+    }
+    Ok(())
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SyncError + '_ {
@@ -399,6 +448,10 @@ pub async fn sync_once(
     if Some(target) == active || Some(target) == staged {
         return Ok(());
     }
+    if let Err(e) = check_announcement(&models.dir, &path) {
+        emit(SyncEvent::Refused { id: target, reason: e.to_string() });
+        return Err(e);
+    }
     // Free a slot: a staged model that is no longer wanted is dropped, and so
     // is a model swapped out since the start of this round, before the slot
     // it ran from can be written (no swap can follow: nothing is staged).
@@ -418,7 +471,13 @@ pub async fn sync_once(
     let mut prepared = None;
     for attempt in 0..cfg.attempts.max(1) {
         // First attempt: the path as given; later ones: a full download.
-        let steps = if attempt == 0 { path.steps.clone() } else { ask_path(uplink, None, Some(target)).await?.steps };
+        let steps = if attempt == 0 {
+            path.steps.clone()
+        } else {
+            let full = ask_path(uplink, None, Some(target)).await?;
+            check_announcement(&models.dir, &full)?;
+            full.steps
+        };
         match prepare(uplink, models, slot, active, &steps, target, cfg.progress).await {
             Ok(bytes) => {
                 prepared = Some((bytes, steps.iter().all(|s| s.base.is_some()) && !steps.is_empty()));
@@ -659,4 +718,56 @@ async fn download_full(
         return Err(SyncError::BadPayload("full checkpoint hash or content id mismatch".into()));
     }
     Ok(step.len - start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_protocol::identity::Keypair;
+    use tributary_protocol::wire::{CheckpointBody, CheckpointKind, PublishCheckpoint};
+
+    fn path(trainer: &Keypair, id: ContentId, hash: [u8; 32]) -> CheckpointPath {
+        let body = CheckpointBody {
+            id,
+            kind: CheckpointKind::Full,
+            len: 10,
+            payload_hash: [5; 32],
+            window: 3,
+            trainer: trainer.public(),
+        };
+        CheckpointPath {
+            target: id,
+            from_window: 4,
+            steps: vec![PathStep { id, base: None, len: 10, payload_hash: hash }],
+            announcement: Some(PublishCheckpoint::sign(body, trainer)),
+        }
+    }
+
+    /// network-security W4: the coordinator alone cannot name a model. The
+    /// first trainer key seen is pinned; a path signed by another key, a
+    /// forged signature, an announcement of another checkpoint or a payload
+    /// other than the announced one are refused before any download.
+    #[test]
+    fn announcements_are_the_pinned_trainers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (trainer, other) = (Keypair::from_seed([1; 32]), Keypair::from_seed([2; 32]));
+        let id = ContentId([9; 32]);
+        check_announcement(dir.path(), &path(&trainer, id, [5; 32])).unwrap();
+        assert!(dir.path().join(TRAINER_PIN_FILE).is_file());
+        check_announcement(dir.path(), &path(&trainer, id, [5; 32])).unwrap();
+        let refused = |p: &CheckpointPath| matches!(check_announcement(dir.path(), p), Err(SyncError::Announcement(_)));
+        assert!(refused(&path(&other, id, [5; 32])), "another trainer");
+        let mut forged = path(&trainer, id, [5; 32]);
+        if let Some(a) = &mut forged.announcement {
+            a.body.window += 1;
+        }
+        assert!(refused(&forged), "forged signature");
+        let mut elsewhere = path(&trainer, id, [5; 32]);
+        elsewhere.target = ContentId([8; 32]);
+        assert!(refused(&elsewhere), "announcement of another checkpoint");
+        assert!(refused(&path(&trainer, id, [6; 32])), "not the announced payload");
+        // The genesis path has no announcement.
+        let genesis = CheckpointPath { target: id, from_window: 0, steps: vec![], announcement: None };
+        check_announcement(dir.path(), &genesis).unwrap();
+    }
 }

@@ -145,6 +145,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                         payload_hash: id
                     })
                     .collect(),
+                announcement: None,
             })),
         (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(base, id, offset)| Frame::GetDelta(GetDelta {
             base: ContentId(base),

@@ -106,6 +106,10 @@ pub struct CheckpointPath {
     pub from_window: WindowId,
     /// Downloads, applied in order.
     pub steps: Vec<PathStep>,
+    /// The trainer's signed announcement of `target` (`None` for the genesis
+    /// checkpoint): a miner checks its signature, its trainer key and its
+    /// payload hash, so the coordinator alone cannot name a model.
+    pub announcement: Option<PublishCheckpoint>,
 }
 
 /// Asks for part of a stored delta payload (from `base` to `id`), from `offset`.

@@ -610,6 +610,43 @@ fn parse_key(s: &str) -> Result<PublicKey, AdminError> {
     s.parse().map_err(|e| AdminError::Invalid(format!("miner key {s:?}: {e}")))
 }
 
+/// Checks a coordinator configuration (its keys parse, its schedule is
+/// valid, it authorises no `--dev` key unless `dev`) and prints its main
+/// settings as `key=value` lines, starting with `config=ok`. `path` names it
+/// in errors. `check-config` and `run --check-config` (the file with the
+/// flags on top).
+pub fn check_config(
+    cfg: &crate::node::Config,
+    path: &Path,
+    dev: bool,
+    out: &mut dyn std::io::Write,
+) -> Result<(), AdminError> {
+    let err = |detail: String| AdminError::Config { path: path.to_path_buf(), detail };
+    for k in cfg.validators.iter().chain(&cfg.miner_deny).chain(cfg.miner_allow.iter().flatten()).chain(&cfg.trainer) {
+        k.parse::<PublicKey>().map_err(|e| err(format!("key {k:?}: {e}")))?;
+    }
+    Schedule::new(0, cfg.window_ms, cfg.grace_ms).map_err(|e| err(e.to_string()))?;
+    if !dev {
+        crate::node::refuse_dev_keys(cfg).map_err(|e| err(e.to_string()))?;
+    }
+    let model = cfg.model.as_ref().map_or("-".into(), |m| m.display().to_string());
+    let lines = [
+        "config=ok".to_string(),
+        format!("listen={}", cfg.listen),
+        format!("http={}", cfg.http),
+        format!("data_dir={}", cfg.data_dir.display()),
+        format!("model={model}"),
+        format!("window_ms={}", cfg.window_ms),
+        format!("env={}", cfg.env.as_str()),
+        format!("validators={}", cfg.validators.len()),
+        format!("trainer={}", cfg.trainer.as_deref().unwrap_or("-")),
+    ];
+    for l in lines {
+        writeln!(out, "{l}").map_err(|e| AdminError::Invalid(format!("stdout: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Runs an operator subcommand; what it did goes to stdout as `key=value` lines.
 pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminError> {
     let w = |out: &mut dyn std::io::Write, s: String| {
@@ -694,22 +731,7 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
             let err = |detail: String| AdminError::Config { path: config.clone(), detail };
             let text = std::fs::read_to_string(config).map_err(|e| err(e.to_string()))?;
             let cfg: crate::node::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
-            for k in
-                cfg.validators.iter().chain(&cfg.miner_deny).chain(cfg.miner_allow.iter().flatten()).chain(&cfg.trainer)
-            {
-                k.parse::<PublicKey>().map_err(|e| err(format!("key {k:?}: {e}")))?;
-            }
-            Schedule::new(0, cfg.window_ms, cfg.grace_ms).map_err(|e| err(e.to_string()))?;
-            crate::node::refuse_dev_keys(&cfg).map_err(|e| err(e.to_string()))?;
-            w(out, "config=ok".into())?;
-            w(out, format!("listen={}", cfg.listen))?;
-            w(out, format!("http={}", cfg.http))?;
-            w(out, format!("data_dir={}", cfg.data_dir.display()))?;
-            w(out, format!("model={}", cfg.model.as_ref().map_or("-".into(), |m| m.display().to_string())))?;
-            w(out, format!("window_ms={}", cfg.window_ms))?;
-            w(out, format!("env={}", cfg.env.as_str()))?;
-            w(out, format!("validators={}", cfg.validators.len()))?;
-            w(out, format!("trainer={}", cfg.trainer.as_deref().unwrap_or("-")))?;
+            check_config(&cfg, config, false, out)?;
         }
         AdminCmd::Inspect { data, config } => {
             let store = open_stopped(data)?;

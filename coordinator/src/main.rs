@@ -43,6 +43,9 @@ enum Cmd {
         /// Window length in milliseconds (overrides the config).
         #[arg(long)]
         window_ms: Option<u64>,
+        /// Check the configuration (the file with the flags on top), print its main settings and exit without starting.
+        #[arg(long)]
+        check_config: bool,
     },
     #[command(flatten)]
     Admin(coordinator::admin::AdminCmd),
@@ -51,9 +54,9 @@ enum Cmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
-    let (dev, config, model, data, validators, trainer, window_ms) = match Cli::parse().cmd {
-        Cmd::Run { dev, config, model, data, validators, trainer, window_ms } => {
-            (dev, config, model, data, validators, trainer, window_ms)
+    let (dev, config, model, data, validators, trainer, window_ms, check_config) = match Cli::parse().cmd {
+        Cmd::Run { dev, config, model, data, validators, trainer, window_ms, check_config } => {
+            (dev, config, model, data, validators, trainer, window_ms, check_config)
         }
         Cmd::Admin(cmd) => return Ok(coordinator::admin::cli(&cmd, &mut std::io::stdout().lock())?),
     };
@@ -92,6 +95,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if !dev && cfg.model.is_none() {
         anyhow::bail!("the configuration must name the genesis `model`");
+    }
+    if check_config {
+        let path = config.clone().unwrap_or_default();
+        return Ok(coordinator::admin::check_config(&cfg, &path, dev, &mut std::io::stdout().lock())?);
     }
     if !dev {
         node::refuse_dev_keys(&cfg)?;

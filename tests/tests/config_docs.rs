@@ -1,6 +1,6 @@
 //! The documented configurations in `docs/config/` cannot drift from the
 //! code: each file is read by the real parser of the binary that uses it
-//! (`coordinator check-config`, `validator run --check-config`,
+//! (`coordinator run --check-config`, `validator run --check-config`,
 //! `trainer run --check-config`, `edge-miner run --check-config`), as
 //! written and with every commented-out key switched on; and every key the
 //! parser knows (it lists them when refusing an unknown one) is documented
@@ -25,7 +25,7 @@ fn bin_dir() -> PathBuf {
 /// The command that reads a documented config file.
 fn check(name: &str, file: &Path) -> Output {
     let (bin, before, after): (&str, &[&str], &[&str]) = match name {
-        "coordinator.toml" => ("coordinator", &["check-config", "--config"], &[]),
+        "coordinator.toml" => ("coordinator", &["run", "--config"], &["--check-config"]),
         "validator.toml" => ("validator", &["run", "--config"], &["--check-config"]),
         "trainer.toml" => ("trainer", &["run", "--config"], &["--check-config"]),
         "miner.toml" => ("edge-miner", &["run", "--config"], &["--check-config"]),

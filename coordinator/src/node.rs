@@ -293,13 +293,7 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let store = Arc::new(Store::open(&cfg.data_dir.join("coordinator.redb"))?);
     let key_path = cfg.data_dir.join("coordinator.key");
-    let key = if key_path.exists() {
-        Keypair::load(&key_path)?
-    } else {
-        let k = Keypair::generate();
-        k.save(&key_path)?;
-        k
-    };
+    let key = Keypair::load_or_generate(&key_path)?;
     let master: [u8; 32] = store
         .meta_or_init("master_secret", || rand::random::<[u8; 32]>().to_vec())?
         .try_into()

@@ -599,7 +599,8 @@ impl Core {
         out.into_iter().collect()
     }
 
-    fn fails(&self, v: &VerdictBody) -> bool {
+    /// Whether a verdict fails its miner (and so bans it for `ban_windows`).
+    pub fn fails(&self, v: &VerdictBody) -> bool {
         v.hard_failure || v.soft_failures >= self.soft_ban_threshold(v.checked)
     }
 

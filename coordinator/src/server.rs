@@ -872,7 +872,27 @@ async fn serve_requests(
             }
             (Role::Validator, Frame::PostVerdict(v)) => {
                 let ok = v.verify().is_ok();
-                let res = sh.core().record_verdict(now, &v.body, ok);
+                let res = {
+                    let mut core = sh.core();
+                    core.record_verdict(now, &v.body, ok).map(|()| {
+                        let b = &v.body;
+                        if core.fails(b) {
+                            let through = core.miners().get(&b.miner).and_then(|m| m.banned_through);
+                            tracing::warn!(
+                                miner = %b.miner.short(),
+                                window = b.window,
+                                validator = %peer.short(),
+                                checked = b.checked,
+                                valid = b.valid,
+                                hard = b.hard_failure,
+                                soft = b.soft_failures,
+                                banned_through = ?through,
+                                reasons = ?b.reasons,
+                                "miner failed a verdict and is banned"
+                            );
+                        }
+                    })
+                };
                 match res {
                     Ok(()) => match sh.store.put_verdict(&v) {
                         Ok(()) => Frame::VerdictAck(VerdictAck { window: v.body.window, miner: v.body.miner }),

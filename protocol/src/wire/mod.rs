@@ -36,10 +36,13 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/0";
+pub const ALPN: &[u8] = b"tributary/1";
 
-/// Version sent in [`Hello`]; peers refuse other versions.
-pub const PROTOCOL_VERSION: u16 = 0;
+/// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
+/// handshake signature covers the TLS session's exporter keying material,
+/// and a checkpoint path carries the trainer's signed announcement; version
+/// 0 peers cannot talk to version 1 ones.
+pub const PROTOCOL_VERSION: u16 = 1;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;

@@ -787,31 +787,7 @@ pub fn verify_rollout(
     evidence: &Evidence,
     p: &VerifyParams,
 ) -> Result<Verdict, VerifyError> {
-    let structure = check_structure(r, a, p);
-    if structure.failed() {
-        return Ok(Verdict { checks: vec![structure], sampling_counts: SamplingCounts::default() });
-    }
-    if evidence.sketches.len() != r.tokens.len() {
-        return Err(VerifyError::Sketches { expected: r.tokens.len(), got: evidence.sketches.len() });
-    }
-    let ev = &evidence.positions[..];
-    if ev.len() != r.completion().len() {
-        return Err(VerifyError::Positions { expected: r.completion().len(), got: ev.len() });
-    }
-    let positions = challenged(r, &a.challenge_secret, p);
-    let (sampling, coverage, counts) = check_sampling(r, ev, &a.sampling_seed, p);
-    let checks = vec![
-        structure,
-        check_prompt(r, a),
-        check_reward(r, recomputed_reward, p),
-        check_sketches(r, &positions, &evidence.sketches, p),
-        check_logprobs(r, ev, p),
-        sampling,
-        coverage,
-        check_distribution(ev, p),
-        check_termination(r, ev, a.eos_tokens, &a.sampling_seed, p),
-    ];
-    Ok(Verdict { checks, sampling_counts: counts })
+    verify_with(r, a, recomputed_reward, &evidence.positions, Some(&evidence.sketches), p)
 }
 
 /// Every check but the sketch, on the per-position evidence alone: what a
@@ -827,24 +803,43 @@ pub fn verify_tokens(
     ev: &[PositionEvidence],
     p: &VerifyParams,
 ) -> Result<Verdict, VerifyError> {
+    verify_with(r, a, recomputed_reward, ev, None, p)
+}
+
+/// The checks of [`verify_rollout`], with the sketch check only when the
+/// reference's sketches are given ([`verify_tokens`] runs without them).
+fn verify_with(
+    r: &Rollout,
+    a: &Assignment<'_>,
+    recomputed_reward: f32,
+    ev: &[PositionEvidence],
+    sketches: Option<&[u32]>,
+    p: &VerifyParams,
+) -> Result<Verdict, VerifyError> {
     let structure = check_structure(r, a, p);
     if structure.failed() {
         return Ok(Verdict { checks: vec![structure], sampling_counts: SamplingCounts::default() });
+    }
+    if let Some(s) = sketches
+        && s.len() != r.tokens.len()
+    {
+        return Err(VerifyError::Sketches { expected: r.tokens.len(), got: s.len() });
     }
     if ev.len() != r.completion().len() {
         return Err(VerifyError::Positions { expected: r.completion().len(), got: ev.len() });
     }
     let (sampling, coverage, counts) = check_sampling(r, ev, &a.sampling_seed, p);
-    let checks = vec![
-        structure,
-        check_prompt(r, a),
-        check_reward(r, recomputed_reward, p),
+    let mut checks = vec![structure, check_prompt(r, a), check_reward(r, recomputed_reward, p)];
+    if let Some(s) = sketches {
+        checks.push(check_sketches(r, &challenged(r, &a.challenge_secret, p), s, p));
+    }
+    checks.extend([
         check_logprobs(r, ev, p),
         sampling,
         coverage,
         check_distribution(ev, p),
         check_termination(r, ev, a.eos_tokens, &a.sampling_seed, p),
-    ];
+    ]);
     Ok(Verdict { checks, sampling_counts: counts })
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -88,10 +88,8 @@ pub const ROLLOUTS_ANSWER_BYTES: usize = (wire::MAX_BODY_LEN / 2) as usize;
 /// Answers queued per connection (request/response clients have a few in flight).
 const ANSWER_QUEUE: usize = 64;
 
-/// Wall-clock milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+/// Milliseconds since the Unix epoch (the one clock every role reads).
+pub use tributary_net::now_ms;
 
 struct WriteJob {
     rollouts: Vec<StoredRollout>,

@@ -7,14 +7,13 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{rollout, within};
+use common::{oversized, rollout, within};
 use coordinator::core::{Candidate, Shape};
 use coordinator::net::{self, NetError, Session};
 use coordinator::node::{self, Config, Node};
 use coordinator::server::now_ms;
 use coordinator::store::StoredRollout;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
-use tributary_protocol::env::task_seed;
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::wire::*;
@@ -88,24 +87,7 @@ async fn the_door_refuses_rollouts_outside_the_generation_contract() {
     assert!(matches!(submit(&mut s, 0, &rollout(&info, &key, 0, 0, max)).await, Frame::Ack(_)));
 
     let n = 16_384usize;
-    let mut huge = Rollout {
-        window: info.window,
-        checkpoint: info.checkpoint,
-        env: info.env,
-        group: 0,
-        rollout: 1,
-        task_id: task_seed(&info.seed, key.public().as_bytes(), 0),
-        sampling: info.sampling,
-        tokens: (0..n as u32).map(|j| 0xF000_0000 | j).collect(),
-        prompt_len: 1,
-        logprobs: vec![-1.0; n - 1],
-        sketches: vec![1_073_741_823; n],
-        reward: 0.0,
-        miner: [0; 32],
-        signature: [0; 64],
-    };
-    huge.sampling.max_new_tokens = n as u32;
-    huge.sign(&key);
+    let huge = oversized(&info, &key, 0, 1, n);
     assert!(huge.encode().len() > 200_000);
     let mut bad = vec![("E2's 229 KB rollout", huge)];
     let mut r = rollout(&info, &key, 0, 2, max);

@@ -28,11 +28,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{rollout, within};
+use common::{oversized, rollout, within};
 use coordinator::net::{self, Session};
 use coordinator::server::now_ms;
 use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::task_seed;
 use tributary_protocol::identity::{self, Keypair};
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::wire::*;
@@ -183,24 +182,7 @@ async fn oversize(c: Coord, stop: Arc<AtomicBool>, a: Arc<Attacks>) {
             }
             let n = 16_384usize;
             for g in 0..info.groups_per_miner {
-                let mut r = Rollout {
-                    window: info.window,
-                    checkpoint: info.checkpoint,
-                    env: info.env,
-                    group: g,
-                    rollout: 0,
-                    task_id: task_seed(&info.seed, key.public().as_bytes(), g),
-                    sampling: info.sampling,
-                    tokens: (0..n as u32).map(|j| 0xF000_0000 | j).collect(),
-                    prompt_len: 1,
-                    logprobs: vec![-1.0; n - 1],
-                    sketches: vec![1_073_741_823; n],
-                    reward: 0.0,
-                    miner: [0; 32],
-                    signature: [0; 64],
-                };
-                r.sampling.max_new_tokens = n as u32;
-                r.sign(&key);
+                let r = oversized(&info, &key, g, 0, n);
                 match s.request(&Frame::Submit(Submit { seq: 0, rollout: Blob(r.encode()) })).await {
                     Ok(Frame::Refused(_)) => {
                         a.oversize_refused.fetch_add(1, Ordering::Relaxed);

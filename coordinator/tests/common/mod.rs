@@ -18,6 +18,31 @@ pub(crate) async fn within<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), f).await.expect("timed out")
 }
 
+/// E2's oversized rollout: a signed rollout of `n` tokens (one prompt token,
+/// completion ids past any vocabulary) for `key`'s task `group`, claiming
+/// `max_new_tokens = n` — within the frame limit, outside the window's contract.
+pub(crate) fn oversized(info: &WindowInfo, key: &Keypair, group: u32, index: u32, n: usize) -> Rollout {
+    let mut r = Rollout {
+        window: info.window,
+        checkpoint: info.checkpoint,
+        env: info.env,
+        group,
+        rollout: index,
+        task_id: task_seed(&info.seed, key.public().as_bytes(), group),
+        sampling: info.sampling,
+        tokens: (0..n as u32).map(|j| 0xF000_0000 | j).collect(),
+        prompt_len: 1,
+        logprobs: vec![-1.0; n - 1],
+        sketches: vec![1_073_741_823; n],
+        reward: 0.0,
+        miner: [0; 32],
+        signature: [0; 64],
+    };
+    r.sampling.max_new_tokens = n as u32;
+    r.sign(key);
+    r
+}
+
 /// A realistic signed rollout for `key`'s assigned task `group`, index `index`:
 /// 64 prompt tokens and `completion` completion tokens, with the window's
 /// sampling settings (the coordinator's `max_new_tokens` must allow `completion`).

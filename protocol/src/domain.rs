@@ -14,6 +14,9 @@ pub mod sign {
     pub const ROLLOUT: &str = "tributary/rollout/v1";
     /// A peer's proof of key possession in the connection handshake.
     pub const HANDSHAKE: &str = "tributary/handshake/v1";
+    /// The coordinator's proof, in each handshake, that it holds the key it
+    /// names (a client checks it against the key it pinned).
+    pub const COORDINATOR_HANDSHAKE: &str = "tributary/coordinator-handshake/v1";
     /// A validator's verdict on one miner's rollouts in one window.
     pub const VERDICT: &str = "tributary/verdict/v1";
     /// The coordinator's weights document.
@@ -29,6 +32,8 @@ pub mod sign {
 pub mod context {
     /// The protocol's PRF ([`crate::prf`]).
     pub const PRF: &str = "tributary 2025 prf v1";
+    /// A network's id from its coordinator's key ([`crate::wire::NetworkId`]).
+    pub const NETWORK_ID: &str = "tributary 2025 network id v1";
     /// A window's public seed from the master secret ([`crate::window`]).
     pub const WINDOW_SEED: &str = "tributary 2025 window seed v1";
     /// A window's challenge secret from the master secret.
@@ -51,6 +56,8 @@ pub mod context {
     pub const PROBLEM_SPLIT: &str = "tributary 2025 problem split v1";
     /// The QUIC stateless-reset key of an endpoint.
     pub const QUIC_STATELESS_RESET: &str = "tributary 2025 quic stateless reset v1";
+    /// Validator committees and the groups they prove ([`crate::assign`]).
+    pub const VALIDATOR_ASSIGNMENT: &str = "tributary 2025 validator assignment v1";
 }
 
 /// The whole registry, by name: what the uniqueness test walks.
@@ -65,6 +72,8 @@ pub const ALL: &[(&str, &str)] = &[
     ("context::WINDOW_SEED", context::WINDOW_SEED),
     ("context::CHALLENGE_SECRET", context::CHALLENGE_SECRET),
     ("context::CHALLENGE_COMMIT", context::CHALLENGE_COMMIT),
+    ("sign::COORDINATOR_HANDSHAKE", sign::COORDINATOR_HANDSHAKE),
+    ("context::NETWORK_ID", context::NETWORK_ID),
     ("context::CONTENT_ID", context::CONTENT_ID),
     ("context::OFFLINE_MASTER", context::OFFLINE_MASTER),
     ("context::OFFLINE_MINER", context::OFFLINE_MINER),
@@ -73,6 +82,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("context::VALIDATOR_GROUP_SAMPLE", context::VALIDATOR_GROUP_SAMPLE),
     ("context::PROBLEM_SPLIT", context::PROBLEM_SPLIT),
     ("context::QUIC_STATELESS_RESET", context::QUIC_STATELESS_RESET),
+    ("context::VALIDATOR_ASSIGNMENT", context::VALIDATOR_ASSIGNMENT),
 ];
 
 #[cfg(test)]

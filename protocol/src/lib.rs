@@ -4,6 +4,7 @@
 //! returns a typed error on bad input and never panics.
 #![deny(missing_docs)]
 
+pub mod assign;
 pub mod chat;
 pub mod checkpoint;
 pub mod delta;

@@ -25,9 +25,10 @@
 //! configured trainer key's step reports are taken ([`Core::check_trainer_stats`]).
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
+use tributary_protocol::assign;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{EnvId, task_seed};
 use tributary_protocol::identity::PublicKey;
@@ -115,6 +116,10 @@ pub struct CoreConfig {
     pub unique_cap_per_window: u64,
     /// Superlinear exponent (grail: 4).
     pub weight_exponent: i32,
+    /// Validators judging each miner per window ([`tributary_protocol::assign`]).
+    pub committee: u32,
+    /// Rollouts each validator proves per window at most (its assigned share).
+    pub validator_budget: u32,
 }
 
 /// A decoded, signature-checked rollout's facts that the door checks need.
@@ -169,6 +174,15 @@ impl Shape {
         max_token: 0,
         bytes: 0,
     };
+}
+
+/// What one miner stored in one window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Submitted {
+    /// Rollouts stored.
+    pub rollouts: u32,
+    /// The groups they belong to.
+    pub groups: BTreeSet<u32>,
 }
 
 /// Per-window bookkeeping.
@@ -234,6 +248,9 @@ pub struct Core {
     miners: HashMap<PublicKey, MinerStats>,
     /// (window, miner) → validator → verdict.
     verdicts: BTreeMap<(WindowId, PublicKey), BTreeMap<PublicKey, VerdictBody>>,
+    /// (window, miner) → what it stored: what the assignment and the weights
+    /// are computed from, kept for the windows the weights look back on.
+    submitted: BTreeMap<(WindowId, PublicKey), Submitted>,
     rejected_anonymous: BTreeMap<&'static str, u64>,
     /// The latest instant the core was told of: a window that opened by then
     /// may have been handed out, so no publication may change its checkpoint.
@@ -251,6 +268,7 @@ impl Core {
             books: BTreeMap::new(),
             miners: HashMap::new(),
             verdicts: BTreeMap::new(),
+            submitted: BTreeMap::new(),
             rejected_anonymous: BTreeMap::new(),
             clock: Cell::new(0),
         }
@@ -426,7 +444,43 @@ impl Core {
     /// The reserved rollout is durable: count it.
     pub fn commit(&mut self, c: &Candidate) {
         self.miners.entry(c.miner).or_default().accepted += 1;
+        let s = self.submitted.entry((c.window, c.miner)).or_default();
+        s.rollouts = s.rollouts.saturating_add(1);
+        s.groups.insert(c.group);
     }
+
+    /// What `miner` stored in `window` (while the weights may still look at it).
+    pub fn submitted(&self, window: WindowId, miner: &PublicKey) -> Option<&Submitted> {
+        self.submitted.get(&(window, *miner))
+    }
+
+    /// The assignment settings published with every reveal: the authorised
+    /// validators (sorted), the committee size and each validator's budget.
+    pub fn assign_spec(&self) -> assign::Spec {
+        let mut validators: Vec<PublicKey> = self.cfg.access.validators.iter().copied().collect();
+        validators.sort_unstable();
+        assign::Spec { validators, committee: self.cfg.committee, budget: self.cfg.validator_budget }
+    }
+
+    /// The challenge secret of `window` with the assignment settings, once
+    /// its submissions have closed ([`Core::reveal`]).
+    pub fn reveal_with_assignment(&self, window: WindowId, now_ms: u64) -> Option<(Seed, assign::Spec)> {
+        self.reveal(window, now_ms).map(|s| (s, self.assign_spec()))
+    }
+
+    /// Which validators judge which of `window`'s miners, and on which
+    /// groups: what every validator computes from the reveal
+    /// ([`assign::Assignment::compute`]); `None` before the reveal.
+    pub fn assignment(&self, window: WindowId, now_ms: u64) -> Option<assign::Assignment> {
+        let (challenge, spec) = self.reveal_with_assignment(window, now_ms)?;
+        let work: BTreeMap<PublicKey, BTreeSet<u32>> = self
+            .submitted
+            .range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32])))
+            .map(|((_, m), s)| (*m, s.groups.clone()))
+            .collect();
+        Some(assign::Assignment::compute(&spec, window, &challenge, self.cfg.group_size, &work))
+    }
+
 
     /// Storing the reserved rollout failed: release its reservations.
     pub fn abort(&mut self, c: &Candidate) {
@@ -632,26 +686,78 @@ impl Core {
         }
     }
 
-    /// Grail's superlinear weights over the `weight_windows` windows ending at
-    /// `upto`: per miner, U = Σ valid rollouts (the most conservative
-    /// validator's estimate each window), capped at `cap·windows`; zero if the
-    /// miner failed in that span or is banned; weight ∝ U^exponent, normalised.
+    /// Superlinear weights over the `weight_windows` windows ending at
+    /// `upto`, normalised by what each miner was asked to do and by what was
+    /// checked (grail's A/C, over the whole span rather than per window).
+    ///
+    /// Per miner: `A` = rollouts it stored in the span, each window capped at
+    /// `unique_cap_per_window` (the door already caps it at what the miner
+    /// was assigned, `groups_per_miner × group_size`); `C` = rollouts checked
+    /// and `S` = soft-failed ones, from the most conservative verdict of each
+    /// window it was judged in. The score is `A · q`, where `q` is the share
+    /// of checked rollouts that passed *beyond an honest miner's own noise*:
+    /// `q = 1 − max(0, S − h·C − 2·√(h(1−h)C)) / C` with `h` the calibrated
+    /// honest soft-failure rate ([`verify::HONEST_SOFT_FAILURE_RATE`]). The
+    /// weight is `score^weight_exponent`, normalised. Zero if the miner failed
+    /// a verdict in the span or is banned, or was never judged in the span.
+    ///
+    /// Why this and not a sum of per-window extrapolations: a window in which
+    /// the budget left a miner unjudged no longer counts as zero work (`A`
+    /// counts every window it stored rollouts in, `q` pools every window it
+    /// was checked in), and an honest miner's soft-failure noise is not
+    /// rewarded or punished, so two identical honest miners get the same
+    /// score unless the noise goes past two standard deviations — under
+    /// exponent 4 a 5 % difference in score is a 22 % difference in weight.
+    /// A miner that soft-fails more than honest miners do loses one unit of
+    /// `q` per excess failure; a hard failure still bans. When the coordinator
+    /// holds no count for a judged window (verdicts restored without their
+    /// rollouts), that window's most conservative `estimated_valid` stands in.
     pub fn weights(&self, upto: WindowId, coordinator: PublicKey) -> WeightsBody {
         let from = upto.saturating_sub(self.cfg.weight_windows.saturating_sub(1));
-        let cap = (self.cfg.unique_cap_per_window.saturating_mul(self.cfg.weight_windows)) as f64;
-        let mut totals: BTreeMap<PublicKey, (u64, bool)> = BTreeMap::new();
-        for ((_, miner), by_validator) in
-            self.verdicts.range((from, PublicKey([0; 32]))..=(upto, PublicKey([0xff; 32])))
-        {
-            let entry = totals.entry(*miner).or_default();
-            let valid = by_validator.values().map(|v| u64::from(v.estimated_valid.max(v.valid))).min().unwrap_or(0);
-            entry.0 += valid;
-            entry.1 |= by_validator.values().any(|v| self.fails(v));
+        let cap = self.cfg.unique_cap_per_window;
+        let lo = |w| (w, PublicKey([0; 32]));
+        let hi = |w| (w, PublicKey([0xff; 32]));
+        #[derive(Default)]
+        struct Tally {
+            asked: u64,
+            stand_in: u64,
+            checked: u64,
+            soft: u64,
+            judged: bool,
+            failed: bool,
         }
-        let scores: Vec<(PublicKey, f64)> = totals
+        let mut tallies: BTreeMap<PublicKey, Tally> = BTreeMap::new();
+        for ((_, miner), s) in self.submitted.range(lo(from)..=hi(upto)) {
+            tallies.entry(*miner).or_default().asked += u64::from(s.rollouts).min(cap);
+        }
+        for ((w, miner), by_validator) in self.verdicts.range(lo(from)..=hi(upto)) {
+            let t = tallies.entry(*miner).or_default();
+            t.failed |= by_validator.values().any(|v| self.fails(v));
+            // The most conservative verdict: the lowest share of valid rollouts.
+            let Some(v) = by_validator.values().filter(|v| v.checked > 0).min_by(|a, b| {
+                let share = |v: &VerdictBody| f64::from(v.valid) / f64::from(v.checked);
+                share(a).total_cmp(&share(b)).then(a.valid.cmp(&b.valid))
+            }) else {
+                continue;
+            };
+            t.judged = true;
+            t.checked += u64::from(v.checked);
+            t.soft += u64::from(v.checked.saturating_sub(v.valid));
+            if !self.submitted.contains_key(&(*w, *miner)) {
+                t.stand_in += u64::from(v.estimated_valid.max(v.valid)).min(cap);
+            }
+        }
+        let h = verify::HONEST_SOFT_FAILURE_RATE;
+        let scores: Vec<(PublicKey, f64)> = tallies
             .into_iter()
-            .filter(|(miner, (_, failed))| !failed && !self.is_banned(miner, upto))
-            .map(|(miner, (u, _))| (miner, (u as f64).min(cap).powi(self.cfg.weight_exponent)))
+            .filter(|(miner, t)| t.judged && !t.failed && !self.is_banned(miner, upto))
+            .map(|(miner, t)| {
+                let c = t.checked as f64;
+                let tolerated = h * c + 2.0 * (h * (1.0 - h) * c).sqrt();
+                let q = if c > 0.0 { 1.0 - (t.soft as f64 - tolerated).max(0.0) / c } else { 0.0 };
+                let score = t.asked as f64 * q.clamp(0.0, 1.0) + t.stand_in as f64;
+                (miner, score.powi(self.cfg.weight_exponent))
+            })
             .filter(|(_, s)| *s > 0.0)
             .collect();
         let sum: f64 = scores.iter().map(|(_, s)| s).sum();
@@ -683,6 +789,10 @@ impl Core {
     pub fn prune(&mut self, now_ms: u64) {
         let s = self.cfg.schedule;
         self.books.retain(|w, _| s.closes_at(*w) > now_ms);
+        // The weights of window `W` are signed once `W + 1` ends and look back
+        // `weight_windows` windows from `W`.
+        let keep_from = self.current_window(now_ms).unwrap_or(0).saturating_sub(self.cfg.weight_windows + 2);
+        self.submitted.retain(|(w, _), _| *w >= keep_from);
     }
 
     /// Rejections not tied to an authenticated miner.
@@ -720,6 +830,8 @@ mod tests {
             weight_windows: 12,
             unique_cap_per_window: 5000,
             weight_exponent: 4,
+            committee: 2,
+            validator_budget: 4096,
         }
     }
 

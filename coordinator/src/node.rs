@@ -78,6 +78,14 @@ pub struct Config {
     pub weight_windows: u64,
     /// Valid rollouts counted per window at most. Default 5000 (grail).
     pub unique_cap_per_window: u64,
+    /// The superlinear exponent of the weights (weight ∝ score^exponent). Default 4 (grail).
+    pub weight_exponent: i32,
+    /// Validators that judge each miner every window (fewer if fewer are
+    /// authorised). Default 2.
+    pub committee: u32,
+    /// Rollouts each validator proves per window for its assignment (every
+    /// validator must be able to). Default 4096.
+    pub validator_budget: u32,
     /// Connection attempts per second per address. Default 20.
     pub connections_per_sec: u32,
     /// KiB per second per miner. Default 65 536.
@@ -142,6 +150,9 @@ impl Default for Config {
             soft_failure_threshold: 3,
             weight_windows: 12,
             unique_cap_per_window: 5000,
+            weight_exponent: 4,
+            committee: tributary_protocol::assign::DEFAULT_COMMITTEE,
+            validator_budget: tributary_protocol::assign::DEFAULT_BUDGET,
             connections_per_sec: l.connections_per_sec,
             kib_per_sec: l.kib_per_sec,
             rollouts_per_sec: l.rollouts_per_sec,
@@ -345,7 +356,9 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         soft_failure_threshold: cfg.soft_failure_threshold,
         weight_windows: cfg.weight_windows,
         unique_cap_per_window: cfg.unique_cap_per_window,
-        weight_exponent: 4,
+        weight_exponent: cfg.weight_exponent,
+        committee: cfg.committee,
+        validator_budget: cfg.validator_budget,
     });
     let limits = Limits {
         connections_per_sec: cfg.connections_per_sec,

@@ -819,8 +819,8 @@ async fn serve_requests(
                     None => err(ErrorCode::NotYet, "window not open"),
                 }
             }
-            (_, Frame::GetReveal(g)) => match sh.core().reveal(g.window, now) {
-                Some(secret) => Frame::Reveal(Reveal { window: g.window, secret: secret.0 }),
+            (_, Frame::GetReveal(g)) => match sh.core().reveal_with_assignment(g.window, now) {
+                Some((secret, assign)) => Frame::Reveal(Reveal { window: g.window, secret: secret.0, assign }),
                 None => err(ErrorCode::NotYet, "submissions still open"),
             },
             (_, Frame::GetWeights(_)) => {

@@ -67,7 +67,13 @@ fn frame() -> impl Strategy<Value = Frame> {
                 dataset: Some(seed),
             })),
         any::<u64>().prop_map(|window| Frame::GetReveal(GetReveal { window })),
-        (any::<u64>(), any::<[u8; 32]>()).prop_map(|(window, secret)| Frame::Reveal(Reveal { window, secret })),
+        (any::<u64>(), any::<[u8; 32]>(), proptest::collection::vec(key(), 0..40), any::<(u32, u32)>()).prop_map(
+            |(window, secret, validators, (committee, budget))| Frame::Reveal(Reveal {
+                window,
+                secret,
+                assign: tributary_protocol::assign::Spec { validators, committee, budget }
+            })
+        ),
         (any::<u64>(), blob(4096)).prop_map(|(seq, rollout)| Frame::Submit(Submit { seq, rollout })),
         (any::<u64>(), any::<[u8; 32]>()).prop_map(|(seq, digest)| Frame::Ack(Ack { seq, digest })),
         (any::<u64>(), reason()).prop_map(|(seq, reason)| Frame::Refused(Refused { seq, reason })),

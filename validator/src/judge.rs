@@ -20,10 +20,11 @@
 //! penalising verdict is logged at `warn` with the rollout's digest, the
 //! check, the position and the figures.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use tributary_policy::{EvidenceRequest, ModelConfig, PolicyError, ReferenceModel, SequenceEvidence};
+use tributary_protocol::assign;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{Environment, completion_reward, task_seed};
 use tributary_protocol::identity::PublicKey;
@@ -57,16 +58,23 @@ impl Reference for ReferenceModel {
     }
 }
 
-/// Which miners and rollouts of a window are checked (grail §7.3 shape).
+/// What a validator proves *beyond* its assignment
+/// ([`tributary_protocol::assign`]: the miners whose committee it is on, and
+/// their assigned groups, which it always proves). Extra miners are picked in
+/// an order drawn from the challenge secret and this validator's key
+/// ([`assign::rank_for_validator`]), so two validators' extras differ; their
+/// groups in the miner's assigned order ([`assign::group_order`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleConfig {
-    /// Fraction of the window's miners checked.
+    /// Fraction of the window's miners checked besides the assigned ones.
     pub miner_fraction: f64,
-    /// At least this many miners (when there are that many).
+    /// At least this many extra miners (when there are that many).
     pub min_miners: usize,
-    /// At most this many miners.
+    /// At most this many extra miners.
     pub max_miners: usize,
-    /// Rollouts checked per miner (whole groups, chosen by the challenge secret); 0: all.
+    /// Rollouts checked per extra miner, and at least per assigned miner
+    /// (whole groups); 0: all of an extra miner's, only the assigned groups of
+    /// an assigned one.
     pub rollouts_per_miner: usize,
 }
 
@@ -75,7 +83,11 @@ impl SampleConfig {
     pub const ALL: SampleConfig =
         SampleConfig { miner_fraction: 1.0, min_miners: usize::MAX, max_miners: usize::MAX, rollouts_per_miner: 0 };
 
-    /// grail's: a quarter of the miners, at least 2, at most 35; 64 rollouts each.
+    /// The assignment and nothing more (the default).
+    pub const ASSIGNED: SampleConfig =
+        SampleConfig { miner_fraction: 0.0, min_miners: 0, max_miners: 0, rollouts_per_miner: 0 };
+
+    /// grail's shape as extras: a quarter of the miners, at least 2, at most 35; 64 rollouts each.
     pub const GRAIL: SampleConfig =
         SampleConfig { miner_fraction: 0.25, min_miners: 2, max_miners: 35, rollouts_per_miner: 64 };
 
@@ -440,12 +452,74 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
         Ok(stats)
     }
 
-    /// One window's judgement over its fetched bytes, signed by nobody yet:
-    /// one [`MinerReport`] per sampled miner.
+    /// The groups to prove per miner (and whether the miner is assigned):
+    /// `spec`'s assignment for `validator`, its assigned groups topped up to
+    /// `rollouts_per_miner`; then the extra miners of [`JudgeConfig::sample`].
+    fn choose(
+        &self,
+        contract: &Contract<'_>,
+        validator: PublicKey,
+        spec: &assign::Spec,
+        by_miner: &BTreeMap<PublicKey, Vec<Rollout>>,
+    ) -> BTreeMap<PublicKey, (bool, BTreeSet<u32>)> {
+        let (w, challenge) = (contract.window, &contract.challenge);
+        let work: BTreeMap<PublicKey, BTreeSet<u32>> =
+            by_miner.iter().map(|(m, rs)| (*m, rs.iter().map(|r| r.group).collect())).collect();
+        let a = assign::Assignment::compute(spec, w, challenge, contract.group_size, &work);
+        let sample = &self.cfg.sample;
+        // Whole groups in the miner's order until `want` rollouts (0: all).
+        let top_up = |m: &PublicKey, groups: &mut BTreeSet<u32>, want: usize| {
+            let sizes = |g: u32| by_miner.get(m).map_or(0, |rs| rs.iter().filter(|r| r.group == g).count());
+            let mut have: usize = groups.iter().map(|&g| sizes(g)).sum();
+            for g in assign::group_order(challenge, w, m, &work[m]) {
+                if want != 0 && have >= want {
+                    break;
+                }
+                if groups.insert(g) {
+                    have += sizes(g);
+                }
+            }
+        };
+        let mut chosen: BTreeMap<PublicKey, (bool, BTreeSet<u32>)> = BTreeMap::new();
+        for (m, duty) in a.of_validator(&validator) {
+            let mut groups: BTreeSet<u32> = duty.groups.iter().copied().collect();
+            if sample.rollouts_per_miner > 0 {
+                top_up(m, &mut groups, sample.rollouts_per_miner);
+            }
+            chosen.insert(*m, (true, groups));
+        }
+        let mut others: Vec<PublicKey> = work.keys().filter(|m| !chosen.contains_key(m)).copied().collect();
+        others.sort_by_cached_key(|m| assign::rank_for_validator(challenge, w, &validator, m));
+        others.truncate(sample.miners_checked(work.len()));
+        for m in others {
+            let mut groups = BTreeSet::new();
+            top_up(&m, &mut groups, sample.rollouts_per_miner);
+            chosen.insert(m, (false, groups));
+        }
+        chosen
+    }
+
+    /// One window's judgement over its fetched bytes with no assignment (no
+    /// validator set): only what [`JudgeConfig::sample`] picks.
     pub fn window(
         &self,
         contract: &Contract<'_>,
         validator: PublicKey,
+        blobs: Vec<Vec<u8>>,
+    ) -> Result<WindowReport, JudgeError> {
+        let none = assign::Spec { validators: vec![], committee: 0, budget: 0 };
+        self.window_assigned(contract, validator, &none, blobs)
+    }
+
+    /// One window's judgement over its fetched bytes, signed by nobody yet:
+    /// one [`MinerReport`] per miner judged — those `spec`'s assignment gives
+    /// `validator` (their assigned groups), and the extras of
+    /// [`JudgeConfig::sample`].
+    pub fn window_assigned(
+        &self,
+        contract: &Contract<'_>,
+        validator: PublicKey,
+        spec: &assign::Spec,
         blobs: Vec<Vec<u8>>,
     ) -> Result<WindowReport, JudgeError> {
         let window = contract.window;
@@ -462,17 +536,18 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
             }
         }
         drop(blobs);
-        // Miners sampled deterministically in the challenge secret: unknown to miners at submission.
-        let mut miners: Vec<PublicKey> = by_miner.keys().copied().collect();
-        miners.sort_by_key(|m| deterministic_rank(&contract.challenge, m));
-        miners.truncate(self.cfg.sample.miners_checked(miners.len()));
+        // The groups to prove, per miner: the assignment's, then the extras;
+        // all drawn from the challenge secret, unknown to miners at submission.
+        let chosen = self.choose(contract, validator, spec, &by_miner);
+        report.assigned = chosen.values().filter(|(assigned, _)| *assigned).count();
         // Each case with its miner and that miner's rollout count in the window.
         let mut cases: Vec<Case<'_>> = Vec::new();
         let mut owners: Vec<(PublicKey, usize)> = Vec::new();
-        for m in &miners {
+        for (m, (_, groups)) in &chosen {
             let all = by_miner.remove(m).unwrap_or_default();
             let total = all.len();
-            let sampled = sample_rollouts(&self.cfg.sample, &contract.challenge, all);
+            let mut sampled: Vec<Rollout> = all.into_iter().filter(|r| groups.contains(&r.group)).collect();
+            sampled.sort_by_key(|r| (r.group, r.rollout));
             let body = VerdictBody {
                 window,
                 miner: *m,
@@ -592,6 +667,8 @@ pub struct WindowReport {
     pub miners: BTreeMap<PublicKey, MinerReport>,
     /// Seconds spent verifying.
     pub seconds: f64,
+    /// Miners judged because the assignment names this validator.
+    pub assigned: usize,
 }
 
 /// The absolute position a failure points at, when it names one.
@@ -652,41 +729,6 @@ pub fn log_outcome(case: &Case<'_>) {
         }
         None => {}
     }
-}
-
-fn deterministic_rank(seed: &Seed, miner: &PublicKey) -> [u8; 32] {
-    let mut h = blake3::Hasher::new_derive_key("tributary 2025 validator sample v1");
-    h.update(&seed.0);
-    h.update(miner.as_bytes());
-    *h.finalize().as_bytes()
-}
-
-/// Whole groups, in an order fixed by the challenge secret, until the
-/// per-miner budget is reached (all when the budget is 0 or not smaller).
-fn sample_rollouts(sample: &SampleConfig, challenge: &Seed, mut all: Vec<Rollout>) -> Vec<Rollout> {
-    let budget = sample.rollouts_per_miner;
-    if budget == 0 || all.len() <= budget {
-        return all;
-    }
-    let rank = |g: u32| {
-        let mut h = blake3::Hasher::new_derive_key("tributary 2025 validator group sample v1");
-        h.update(&challenge.0);
-        h.update(&g.to_le_bytes());
-        *h.finalize().as_bytes()
-    };
-    all.sort_by_key(|r| (rank(r.group), r.rollout));
-    let mut out = Vec::new();
-    let mut last = None;
-    for r in all {
-        if last != Some(r.group) {
-            if out.len() >= budget {
-                break;
-            }
-            last = Some(r.group);
-        }
-        out.push(r);
-    }
-    out
 }
 
 /// Copies across miners: the same prompt and completion under two keys. A

@@ -34,19 +34,19 @@ enum Command {
 struct RunArgs {
     #[command(flatten)]
     common: CoordinatorArgs,
-    /// Check every rollout of every miner (default: grail's sample).
+    /// Check every rollout of every miner (default: the window's assignment only).
     #[arg(long)]
     all: bool,
-    /// Fraction of the window's miners checked.
+    /// Fraction of the window's other miners checked besides the assignment.
     #[arg(long)]
     miner_fraction: Option<f64>,
-    /// At least this many miners.
+    /// At least this many extra miners.
     #[arg(long)]
     min_miners: Option<usize>,
-    /// At most this many miners.
+    /// At most this many extra miners.
     #[arg(long)]
     max_miners: Option<usize>,
-    /// Rollouts checked per miner (whole groups); 0: all.
+    /// Rollouts checked per extra miner, and at least per assigned one (whole groups); 0: all of an extra miner's.
     #[arg(long)]
     rollouts_per_miner: Option<usize>,
     /// Most rollouts per reference forward pass (default 8).
@@ -82,13 +82,13 @@ struct RunConfig {
     data: PathBuf,
     /// Check every rollout of every miner. Default false (grail's sample).
     all: bool,
-    /// Fraction of the window's miners checked. Default 0.25 (1.0 with `all`).
+    /// Fraction of the window's other miners checked as extras. Default 0 (1.0 with `all`).
     miner_fraction: Option<f64>,
-    /// At least this many miners. Default 2 (every miner with `all`).
+    /// At least this many extra miners. Default 0 (every miner with `all`).
     min_miners: Option<usize>,
-    /// At most this many miners. Default 35 (every miner with `all`).
+    /// At most this many extra miners. Default 0 (every miner with `all`).
     max_miners: Option<usize>,
-    /// Rollouts checked per miner (whole groups); 0: all. Default 64 (0 with `all`).
+    /// Rollouts checked per extra miner, and at least per assigned one (whole groups). Default 0.
     rollouts_per_miner: Option<usize>,
     /// Most rollouts per reference forward pass. Default 8.
     batch: usize,
@@ -189,7 +189,7 @@ fn run(args: RunArgs) -> Result<()> {
     println!("validator={}", key.public());
     tributary_policy::init_threads(conf.threads);
     let mut cfg = ServiceConfig::new(coordinator, pin, key, conf.data.clone());
-    let mut sample = if conf.all { SampleConfig::ALL } else { SampleConfig::GRAIL };
+    let mut sample = if conf.all { SampleConfig::ALL } else { SampleConfig::ASSIGNED };
     if let Some(f) = conf.miner_fraction {
         sample.miner_fraction = f;
     }

@@ -2,8 +2,10 @@
 //!
 //! For every window `W`, once the coordinator reveals `W`'s challenge secret
 //! (checked against the commitment published at open), the service fetches
-//! `W`'s rollouts, picks a sample ([`SampleConfig`]), proves each sampled
-//! rollout on the reference model of the window's checkpoint (downloaded
+//! `W`'s rollouts, proves the groups the window's assignment gives this
+//! validator ([`tributary_protocol::assign`], from the reveal: the
+//! authorised validators, committee size and budget) plus any extras of its
+//! [`SampleConfig`], each on the reference model of the window's checkpoint (downloaded
 //! from the coordinator's relay when missing) and posts one signed verdict per
 //! miner. The judgement is [`crate::judge`]'s (the same as `validator
 //! check`'s); this module adds what only a networked validator can do:
@@ -42,6 +44,7 @@ use std::time::{Duration, Instant};
 
 use tributary_net::{Backoff, ConnectFailure, NetError, Session, now_ms};
 use tributary_policy::{PolicyError, ReferenceModel};
+use tributary_protocol::assign;
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{EnvSpec, Environment};
 use tributary_protocol::identity::{Keypair, PublicKey};
@@ -190,7 +193,7 @@ impl ServiceConfig {
         }
     }
 
-    /// Defaults: grail sampling, batches of 8 rollouts / 8192 tokens, polls of
+    /// Defaults: the assignment only, batches of 8 rollouts / 8192 tokens, polls of
     /// 500 ms, backoff 200 ms doubling to 30 s, 20 attempts.
     pub fn new(coordinator: SocketAddr, fingerprint: impl Into<String>, key: Keypair, dir: PathBuf) -> Self {
         Self {
@@ -198,7 +201,7 @@ impl ServiceConfig {
             fingerprint: fingerprint.into(),
             key,
             dir,
-            sample: SampleConfig::GRAIL,
+            sample: SampleConfig::ASSIGNED,
             batch: 8,
             batch_tokens: 8192,
             gsm8k: None,
@@ -380,13 +383,13 @@ impl Service {
         }
     }
 
-    async fn reveal(&mut self, info: &WindowInfo) -> Result<Seed, ServiceError> {
+    async fn reveal(&mut self, info: &WindowInfo) -> Result<(Seed, assign::Spec), ServiceError> {
         match self.client.request(&Frame::GetReveal(GetReveal { window: info.window })).await? {
             Frame::Reveal(r) if r.window == info.window => {
                 if !verify_reveal(info.window, &info.commitment, &r.secret) {
                     return Err(ServiceError::BadReveal(info.window));
                 }
-                Ok(Seed(r.secret))
+                Ok((Seed(r.secret), r.assign))
             }
             f => Err(ServiceError::Unexpected(f.tag())),
         }
@@ -488,7 +491,7 @@ impl Service {
     pub async fn verify_window(&mut self, w: WindowId) -> Result<WindowReport, ServiceError> {
         let started = Instant::now();
         let info = self.window_info(w).await?;
-        let challenge = self.reveal(&info).await?;
+        let (challenge, spec) = self.reveal(&info).await?;
         let blobs = self.fetch(w).await?;
         self.ensure_model(info.checkpoint).await?;
         let cfg = self.cfg.judge_config();
@@ -499,7 +502,7 @@ impl Service {
         };
         let contract = Contract::of_window(&info, env, challenge);
         let judge = Judge::new(&cfg, &loaded.tokenizer, &loaded.model);
-        let mut report = tokio::task::block_in_place(|| judge.window(&contract, validator, blobs))?;
+        let mut report = tokio::task::block_in_place(|| judge.window_assigned(&contract, validator, &spec, blobs))?;
         report.seconds = started.elapsed().as_secs_f64();
         metrics::histogram!("tributary_validator_window_seconds").record(report.seconds);
         metrics::counter!("tributary_validator_rollouts_proved_total").increment(report.proved as u64);

@@ -148,8 +148,8 @@ frames! {
     WindowInfo = 11, max SMALL, WindowInfo;
     /// Ask for a challenge reveal.
     GetReveal = 12, max SMALL, GetReveal;
-    /// A challenge reveal.
-    Reveal = 13, max SMALL, Reveal;
+    /// A challenge reveal (with the validator set: 33 bytes a validator).
+    Reveal = 13, max 64 << 10, Reveal;
     /// Submit a rollout.
     Submit = 20, max MAX_ROLLOUT_LEN + 64, Submit;
     /// A rollout is durable.

@@ -61,11 +61,15 @@ pub struct GetReveal {
     pub window: WindowId,
 }
 
-/// A window's revealed challenge secret.
+/// A window's revealed challenge secret, with the assignment settings that,
+/// together with it, fix which validators judge which miners
+/// ([`crate::assign::Assignment::compute`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reveal {
     /// The window.
     pub window: WindowId,
     /// The secret; check it with [`crate::window::verify_reveal`].
     pub secret: [u8; 32],
+    /// The authorised validators, committee size and per-validator budget.
+    pub assign: crate::assign::Spec,
 }

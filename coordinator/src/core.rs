@@ -41,6 +41,8 @@ use tributary_protocol::wire::{
     WindowInfo,
 };
 
+use crate::bans::{Party, Tribunal, ValidatorStatus};
+
 /// The most probability with which an honest miner may be banned by one
 /// verdict's soft failures (issue 15: soft checks never ban an honest miner).
 pub const SOFT_BAN_PROBABILITY: f64 = 1e-6;
@@ -210,8 +212,8 @@ pub struct MinerStats {
 /// Why a verdict was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum VerdictError {
-    /// The signer is not a configured validator.
-    #[error("not a configured validator")]
+    /// The signer is neither a configured validator nor the trainer.
+    #[error("not a configured validator or the trainer")]
     Unauthorized,
     /// The signature does not verify.
     #[error("bad signature")]
@@ -246,8 +248,15 @@ pub struct Core {
     checkpoints: BTreeMap<WindowId, ContentId>,
     books: BTreeMap<WindowId, WindowBook>,
     miners: HashMap<PublicKey, MinerStats>,
-    /// (window, miner) → validator → verdict.
+    /// (window, miner) → validator → verdict (the coordinator's own
+    /// included; the trainer's and flagged validators' are elsewhere).
     verdicts: BTreeMap<(WindowId, PublicKey), BTreeMap<PublicKey, VerdictBody>>,
+    /// Flagged validators' verdicts, set aside until an operator clears them.
+    set_aside: BTreeMap<(WindowId, PublicKey), BTreeMap<PublicKey, VerdictBody>>,
+    /// Evidence, confirmations and refutations ([`crate::bans`]).
+    tribunal: Tribunal,
+    /// The coordinator's own key (its door penalties and re-checks confirm a failure).
+    coordinator: Option<PublicKey>,
     /// (window, miner) → what it stored: what the assignment and the weights
     /// are computed from, kept for the windows the weights look back on.
     submitted: BTreeMap<(WindowId, PublicKey), Submitted>,
@@ -268,6 +277,9 @@ impl Core {
             books: BTreeMap::new(),
             miners: HashMap::new(),
             verdicts: BTreeMap::new(),
+            set_aside: BTreeMap::new(),
+            tribunal: Tribunal::default(),
+            coordinator: None,
             submitted: BTreeMap::new(),
             rejected_anonymous: BTreeMap::new(),
             clock: Cell::new(0),
@@ -481,7 +493,6 @@ impl Core {
         Some(assign::Assignment::compute(&spec, window, &challenge, self.cfg.group_size, &work))
     }
 
-
     /// Storing the reserved rollout failed: release its reservations.
     pub fn abort(&mut self, c: &Candidate) {
         if let Some(book) = self.books.get_mut(&c.window) {
@@ -572,9 +583,12 @@ impl Core {
         self.checkpoints.insert(from, id);
     }
 
-    /// Records a verdict: checks the signer and timing, then applies bans.
+    /// Records a verdict of a validator or of the trainer's proof: checks the
+    /// signer and timing, then applies it ([`Core::apply_verdict`]).
     pub fn record_verdict(&mut self, now_ms: u64, body: &VerdictBody, signature_ok: bool) -> Result<(), VerdictError> {
-        if !self.cfg.access.permits(Role::Validator, &body.validator) {
+        if !self.cfg.access.permits(Role::Validator, &body.validator)
+            && !self.cfg.access.permits(Role::Trainer, &body.validator)
+        {
             return Err(VerdictError::Unauthorized);
         }
         if !signature_ok {
@@ -630,19 +644,33 @@ impl Core {
             hard_failure: true,
             soft_failures: 0,
             reasons: vec![],
+            passed: vec![],
+            evidence: vec![],
         };
         body.add_reason(&format!("door: {}", reason.as_str()));
         Some(body)
     }
 
     /// What the verdicts say about every miner known in `window`: passed or
-    /// failed once judged; `Suspect` if unjudged but banned or failed within
-    /// the ban span.
+    /// failed once judged (failed: a confirmed failure, [`crate::bans`]);
+    /// `Suspect` while a failure waits for confirmation, or if unjudged but
+    /// banned or failed within the ban span.
     pub fn standing(&self, window: WindowId) -> Vec<(PublicKey, MinerStanding)> {
         let mut out: BTreeMap<PublicKey, MinerStanding> = BTreeMap::new();
         for ((_, miner), by) in self.verdicts.range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32]))) {
-            let failed = by.values().any(|v| self.fails(v));
-            out.insert(*miner, if failed { MinerStanding::Failed } else { MinerStanding::Passed });
+            let st = if by.values().any(|v| self.fails(v)) {
+                MinerStanding::Failed
+            } else if by.values().any(|v| self.claims_failure(v)) {
+                MinerStanding::Suspect
+            } else {
+                MinerStanding::Passed
+            };
+            out.insert(*miner, st);
+        }
+        for v in self.tribunal.trainer_verdicts(window) {
+            if self.claims_failure(v) {
+                out.insert(v.miner, MinerStanding::Failed);
+            }
         }
         for (miner, m) in &self.miners {
             let recent = m.failures.iter().any(|w| *w <= window && window <= w.saturating_add(self.cfg.ban_windows));
@@ -653,9 +681,128 @@ impl Core {
         out.into_iter().collect()
     }
 
-    /// Whether a verdict fails its miner (and so bans it for `ban_windows`).
+    /// Whether a verdict fails its miner (and so bans it for `ban_windows`):
+    /// it claims a failure, its signer counts (not a flagged validator), and
+    /// the failure of its miner's window is confirmed ([`Core::confirmed`]).
     pub fn fails(&self, v: &VerdictBody) -> bool {
+        self.claims_failure(v) && !self.tribunal.is_flagged(&v.validator) && self.confirmed(v.window, &v.miner)
+    }
+
+    /// Whether a verdict says its miner failed: a hard failure, or soft
+    /// failures past the binomial gate.
+    pub fn claims_failure(&self, v: &VerdictBody) -> bool {
         v.hard_failure || v.soft_failures >= self.soft_ban_threshold(v.checked)
+    }
+
+    /// Whether `miner`'s failure in `window` is confirmed: by the
+    /// coordinator itself (a door penalty, a model-free re-check), by the
+    /// trainer's proof, or by two validators whose verdicts count.
+    pub fn confirmed(&self, window: WindowId, miner: &PublicKey) -> bool {
+        if self.tribunal.trainer_verdict(window, miner).is_some_and(|v| self.claims_failure(v)) {
+            return true;
+        }
+        let mut validators = 0;
+        for v in self.verdicts.get(&(window, *miner)).into_iter().flat_map(|by| by.values()) {
+            if self.claims_failure(v) {
+                match self.party(&v.validator) {
+                    Party::Validator => validators += 1,
+                    Party::Coordinator | Party::Trainer => return true,
+                }
+            }
+        }
+        validators >= 2
+    }
+
+    /// Whether a counted verdict fails `miner` in `window` but nobody confirmed it yet.
+    pub fn pending(&self, window: WindowId, miner: &PublicKey) -> bool {
+        let claimed =
+            self.verdicts.get(&(window, *miner)).is_some_and(|by| by.values().any(|v| self.claims_failure(v)));
+        claimed && !self.confirmed(window, miner)
+    }
+
+    /// Sets the coordinator's own key: its verdicts (door penalties,
+    /// re-checks) confirm a failure by themselves. Set before restoring verdicts.
+    pub fn set_coordinator(&mut self, key: PublicKey) {
+        self.coordinator = Some(key);
+    }
+
+    /// The role of a verdict's signer.
+    pub fn party(&self, signer: &PublicKey) -> Party {
+        if self.coordinator.as_ref() == Some(signer) {
+            Party::Coordinator
+        } else if self.cfg.access.permits(Role::Trainer, signer) {
+            Party::Trainer
+        } else {
+            Party::Validator
+        }
+    }
+
+    /// Whether `validator`'s verdicts are set aside (its evidence was refuted).
+    pub fn is_flagged(&self, validator: &PublicKey) -> bool {
+        self.tribunal.is_flagged(validator)
+    }
+
+    /// The authorised validators (and any flagged key): flagged or not,
+    /// refutations, verdicts that count (`/api/validators`).
+    pub fn validator_statuses(&self) -> Vec<ValidatorStatus> {
+        let mut counted: HashMap<PublicKey, usize> = HashMap::new();
+        for v in self.verdicts.values().flat_map(|by| by.keys()) {
+            *counted.entry(*v).or_default() += 1;
+        }
+        let validators = self.cfg.access.validators.iter().copied();
+        self.tribunal.statuses(validators, |k| counted.get(k).copied().unwrap_or(0))
+    }
+
+    /// An operator clears `validator`: its verdicts count again (failures
+    /// they confirm ban), until another refutation. Returns its refutations
+    /// so far, which [`Core::restore_clear`] takes back at start.
+    pub fn clear_validator(&mut self, validator: &PublicKey) -> usize {
+        let n = self.tribunal.clear(validator);
+        self.restore_set_aside(validator);
+        n
+    }
+
+    /// Re-applies an operator's clear of `validator` (at start, after the verdicts).
+    pub fn restore_clear(&mut self, validator: PublicKey, refutations: usize) {
+        self.tribunal.set_cleared(validator, refutations);
+        self.restore_set_aside(&validator);
+    }
+
+    fn restore_set_aside(&mut self, validator: &PublicKey) {
+        if self.tribunal.is_flagged(validator) {
+            return;
+        }
+        let mut back = Vec::new();
+        for (k, by) in self.set_aside.iter_mut() {
+            if let Some(v) = by.remove(validator) {
+                back.push((*k, v));
+            }
+        }
+        self.set_aside.retain(|_, by| !by.is_empty());
+        for (k, v) in back {
+            self.verdicts.entry(k).or_default().insert(*validator, v);
+            if self.confirmed(k.0, &k.1) {
+                self.ban(k.0, k.1);
+            }
+        }
+    }
+
+    fn set_aside_verdicts(&mut self, validator: &PublicKey) {
+        for (k, by) in self.verdicts.iter_mut() {
+            if let Some(v) = by.remove(validator) {
+                self.set_aside.entry(*k).or_default().insert(*validator, v);
+            }
+        }
+        self.verdicts.retain(|_, by| !by.is_empty());
+    }
+
+    fn ban(&mut self, window: WindowId, miner: PublicKey) {
+        let m = self.miners.entry(miner).or_default();
+        let through = window.saturating_add(self.cfg.ban_windows);
+        m.banned_through = Some(m.banned_through.map_or(through, |t| t.max(through)));
+        if !m.failures.contains(&window) {
+            m.failures.push(window);
+        }
     }
 
     /// The soft failures among `checked` rollouts that ban: at least the
@@ -673,16 +820,24 @@ impl Core {
         self.verdicts.get(&(window, *miner)).map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 
-    /// Applies a verdict without checks (startup restore).
+    /// Applies a verdict without checks (startup restore): its evidence
+    /// and passing proofs go to the ban rules ([`crate::bans`]), which may
+    /// flag a validator whose evidence they refute (its verdicts are set
+    /// aside); the trainer's verdict is kept apart from the validators'
+    /// (it is no sample for the weights); a confirmed failure bans.
     pub fn apply_verdict(&mut self, body: &VerdictBody) {
-        self.verdicts.entry((body.window, body.miner)).or_default().insert(body.validator, body.clone());
-        if self.fails(body) {
-            let m = self.miners.entry(body.miner).or_default();
-            let through = body.window.saturating_add(self.cfg.ban_windows);
-            m.banned_through = Some(m.banned_through.map_or(through, |t| t.max(through)));
-            if !m.failures.contains(&body.window) {
-                m.failures.push(body.window);
-            }
+        let party = self.party(&body.validator);
+        for flagged in self.tribunal.note(body, party) {
+            tracing::warn!(validator = %flagged, "validator flagged: another party's proof refutes its evidence");
+            self.set_aside_verdicts(&flagged);
+        }
+        let key = (body.window, body.miner);
+        if party != Party::Trainer {
+            let book = if self.tribunal.is_flagged(&body.validator) { &mut self.set_aside } else { &mut self.verdicts };
+            book.entry(key).or_default().insert(body.validator, body.clone());
+        }
+        if self.claims_failure(body) && !self.tribunal.is_flagged(&body.validator) && self.confirmed(key.0, &key.1) {
+            self.ban(key.0, key.1);
         }
     }
 
@@ -789,6 +944,9 @@ impl Core {
     pub fn prune(&mut self, now_ms: u64) {
         let s = self.cfg.schedule;
         self.books.retain(|w, _| s.closes_at(*w) > now_ms);
+        // Proofs and claims matter while a window's verdicts may still come.
+        let current = self.current_window(now_ms).unwrap_or(0);
+        self.tribunal.prune(current.saturating_sub(self.cfg.ban_windows.max(self.cfg.weight_windows) + 2));
         // The weights of window `W` are signed once `W + 1` ends and look back
         // `weight_windows` windows from `W`.
         let keep_from = self.current_window(now_ms).unwrap_or(0).saturating_sub(self.cfg.weight_windows + 2);
@@ -875,6 +1033,8 @@ mod tests {
             hard_failure: hard,
             soft_failures: 0,
             reasons: vec![],
+            passed: vec![],
+            evidence: vec![],
         }
     }
 
@@ -1107,9 +1267,43 @@ mod tests {
         assert_eq!(core.checkpoint_for(4), ContentId([2; 32]));
     }
 
+    /// A second authorised validator (key 101) and the trainer (key 77).
+    fn cfg_two_validators() -> CoreConfig {
+        let mut c = cfg();
+        c.access.validators.insert(second().validator);
+        c.access.trainer = Some(Keypair::from_seed([77; 32]).public());
+        c
+    }
+
+    /// `v` as signed by the second validator.
+    fn by(signer: u8, mut v: VerdictBody) -> VerdictBody {
+        v.validator = Keypair::from_seed([signer; 32]).public();
+        v
+    }
+
+    fn second() -> VerdictBody {
+        by(101, verdict(0, miner(0), 0, false))
+    }
+
+    /// A hard failure of rollout `digest` with its evidence (sampling, model-based).
+    fn failing(window: WindowId, m: PublicKey, digest: [u8; 32]) -> VerdictBody {
+        let mut v = verdict(window, m, 0, true);
+        v.checked = 2;
+        v.add_evidence(tributary_protocol::wire::FailureEvidence {
+            digest,
+            group: 0,
+            rollout: 1,
+            check: tributary_protocol::wire::FailedCheck::Sampling,
+            hard: true,
+            position: Some(44),
+            figures: tributary_protocol::wire::Figures::Sampling { u: 0.5, lo: 0.1, hi: 0.2, outside: 1 },
+        });
+        v
+    }
+
     #[test]
     fn verdicts_bans_and_weights() {
-        let mut core = Core::new(cfg());
+        let mut core = Core::new(cfg_two_validators());
         let (a, b, c) = (miner(1), miner(2), miner(3));
         let closed = at(2) + 200;
         // Before close: refused.
@@ -1122,6 +1316,11 @@ mod tests {
         core.record_verdict(closed, &verdict(1, a, 20, false), true).unwrap();
         core.record_verdict(closed, &verdict(1, b, 10, false), true).unwrap();
         core.record_verdict(closed, &verdict(1, c, 30, true), true).unwrap();
+        // One validator's failure waits for a second party.
+        assert!(!core.is_banned(&c, 2) && core.pending(1, &c));
+        assert!(core.standing(1).contains(&(c, MinerStanding::Suspect)));
+        core.record_verdict(closed, &by(101, verdict(1, c, 30, true)), true).unwrap();
+        assert!(core.standing(1).contains(&(c, MinerStanding::Failed)));
         // c is banned for windows 2..=4, and not in window 5.
         assert!(core.is_banned(&c, 2) && core.is_banned(&c, 4));
         assert!(!core.is_banned(&c, 5));
@@ -1141,9 +1340,12 @@ mod tests {
         let mut soft = verdict(1, b, 10, false);
         soft.soft_failures = 6;
         core.record_verdict(closed, &soft, true).unwrap();
+        core.record_verdict(closed, &by(101, soft.clone()), true).unwrap();
         assert!(!core.is_banned(&b, 2), "6 soft failures of 10 are within honest reach");
         soft.soft_failures = 7;
         core.record_verdict(closed, &soft, true).unwrap();
+        assert!(!core.is_banned(&b, 2), "one validator's soft failures wait for a second");
+        core.record_verdict(closed, &by(101, soft), true).unwrap();
         assert!(core.is_banned(&b, 2));
     }
 
@@ -1151,6 +1353,7 @@ mod tests {
     fn door_penalties_fail_the_window_and_standing_reports_it() {
         let mut core = Core::new(cfg());
         let coord = miner(99);
+        core.set_coordinator(coord);
         let (a, b) = (miner(1), miner(2));
         // Only signature and checkpoint refusals, only for an open window, once.
         assert!(core.door_penalty(at(1), 1, &a, RejectReason::Unassigned, coord).is_none());
@@ -1247,5 +1450,80 @@ mod tests {
         let w = core.weights(1, miner(99));
         assert_eq!(w.weights.len(), 2);
         assert!(w.weights.iter().all(|(_, x)| (*x - 0.5).abs() < 1e-12));
+    }
+
+    /// issue 16: a validator posting a false failing verdict against an
+    /// honest miner bans nobody; another validator's passing proof of the
+    /// same rollout flags it, its verdicts stop counting (standing, bans,
+    /// confirmations) until an operator clears it.
+    #[test]
+    fn a_refuted_validator_is_flagged_and_its_verdicts_set_aside_until_cleared() {
+        let mut core = Core::new(cfg_two_validators());
+        let closed = at(2) + 200;
+        let (honest, other) = (miner(1), miner(2));
+        let liar = Keypair::from_seed([100; 32]).public();
+        let good = second().validator;
+        core.record_verdict(closed, &failing(1, honest, [5; 32]), true).unwrap();
+        assert!(!core.is_banned(&honest, 2) && core.pending(1, &honest));
+        assert!(!core.is_flagged(&liar));
+        let mut pass = by(101, verdict(1, honest, 2, false));
+        pass.add_passed([5; 32]);
+        pass.add_passed([6; 32]);
+        core.record_verdict(closed, &pass, true).unwrap();
+        assert!(core.is_flagged(&liar) && !core.is_flagged(&good));
+        assert!(!core.is_banned(&honest, 2) && !core.pending(1, &honest));
+        assert_eq!(core.standing(1), vec![(honest, MinerStanding::Passed)]);
+        assert_eq!(core.verdicts_on(1, &honest), vec![pass.clone()]);
+        let st = core.validator_statuses();
+        let s = st.iter().find(|s| s.key == liar.to_string()).unwrap();
+        assert!(s.flagged && s.refuted == 1 && s.verdicts == 0, "{s:?}");
+        assert_eq!(s.refutations[0].digest, hex::encode([5; 32]));
+        // While flagged, its failures confirm nothing: with the good
+        // validator's failure on `other`, that one waits for another party.
+        core.record_verdict(closed, &failing(1, other, [7; 32]), true).unwrap();
+        core.record_verdict(closed, &by(101, failing(1, other, [7; 32])), true).unwrap();
+        assert!(!core.is_banned(&other, 2) && core.pending(1, &other));
+        // Cleared: its verdicts count again, and the two failures on `other` ban.
+        assert_eq!(core.clear_validator(&liar), 1);
+        assert!(!core.is_flagged(&liar));
+        assert!(core.is_banned(&other, 2));
+        assert!(!core.is_banned(&honest, 2), "the refuted failure alone still bans nobody");
+        // A restart replays the verdicts, then the operator's clear.
+        let mut again = Core::new(cfg_two_validators());
+        for v in [failing(1, honest, [5; 32]), pass, failing(1, other, [7; 32]), by(101, failing(1, other, [7; 32]))] {
+            again.apply_verdict(&v);
+        }
+        assert!(again.is_flagged(&liar));
+        again.restore_clear(liar, 1);
+        assert!(!again.is_flagged(&liar) && again.is_banned(&other, 2));
+    }
+
+    /// issue 16: the trainer's own proof failure bans alone (the trainer may
+    /// post verdicts), and is kept out of the validators' verdicts (weights);
+    /// its passing proof refutes a validator's sampling evidence.
+    #[test]
+    fn the_trainers_proof_confirms_a_failure_and_refutes_false_evidence() {
+        let mut core = Core::new(cfg_two_validators());
+        let closed = at(2) + 200;
+        let (cheat, honest) = (miner(1), miner(2));
+        core.record_verdict(closed, &failing(1, cheat, [5; 32]), true).unwrap();
+        assert!(!core.is_banned(&cheat, 2));
+        core.record_verdict(closed, &by(77, failing(1, cheat, [5; 32])), true).unwrap();
+        assert!(core.is_banned(&cheat, 2));
+        assert_eq!(core.standing(1), vec![(cheat, MinerStanding::Failed)]);
+        assert_eq!(core.verdicts_on(1, &cheat).len(), 1, "the trainer's verdict is not a validator's");
+        // The trainer alone, on a window no validator judged: failed there.
+        core.record_verdict(closed, &by(77, failing(0, honest, [8; 32])), true).unwrap();
+        assert!(core.standing(0).contains(&(honest, MinerStanding::Failed)));
+        // A false sampling failure that the trainer proved passing flags its validator.
+        let mut c = cfg_two_validators();
+        c.access.validators.remove(&second().validator);
+        let mut core = Core::new(c);
+        core.record_verdict(closed, &failing(1, honest, [9; 32]), true).unwrap();
+        let mut pass = by(77, verdict(1, honest, 1, false));
+        pass.add_passed([9; 32]);
+        core.record_verdict(closed, &pass, true).unwrap();
+        assert!(core.is_flagged(&Keypair::from_seed([100; 32]).public()));
+        assert!(!core.is_banned(&honest, 2));
     }
 }

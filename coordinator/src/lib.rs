@@ -2,8 +2,10 @@
 //!
 //! # Layout
 //! - [`core`]: the sans-IO state machine (windows, admission, verdicts, weights, bans).
+//! - [`bans`]: bans need evidence (confirmation, refutation, flagged validators, the model-free re-check).
 //! - [`admin`]: operator commands on a stopped coordinator (ban, unban, window length, inspect).
 
+pub mod bans;
 pub mod core;
 pub use tributary_net as net;
 pub mod admin;

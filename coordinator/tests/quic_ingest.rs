@@ -139,6 +139,8 @@ async fn stream_ack_and_refuse_bad_input() {
             hard_failure: false,
             soft_failures: 0,
             reasons: vec![],
+            passed: vec![],
+            evidence: vec![],
         },
         &key,
     );

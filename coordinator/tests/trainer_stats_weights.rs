@@ -129,6 +129,8 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
             soft_failures: 0,
             reasons: vec![],
         },
+            passed: vec![],
+            evidence: vec![],
         &validator,
     );
     assert!(matches!(within(v.request(&Frame::PostVerdict(verdict))).await.unwrap(), Frame::VerdictAck(_)));

@@ -103,6 +103,8 @@ fn frame() -> impl Strategy<Value = Frame> {
                 })
             }
         ),
+                        passed: vec![[n[0] as u8; 32]],
+                        evidence: vec![],
         (any::<u64>(), key()).prop_map(|(window, miner)| Frame::VerdictAck(VerdictAck { window, miner })),
         Just(Frame::GetWeights(GetWeights)),
         (any::<u64>(), proptest::collection::vec((key(), 0.0f64..1.0), 0..10), key(), sig()).prop_map(

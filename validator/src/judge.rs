@@ -36,7 +36,7 @@ use tributary_protocol::verify::{
     self, Assignment, CheckKind, CheckOutcome, Evidence, Failure, Severity, Status, Verdict, VerifyError, VerifyParams,
 };
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{VerdictBody, WindowInfo};
+use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, VerdictBody, WindowInfo};
 
 /// The reference model as the judge sees it: its shape and one batched
 /// evidence pass. [`ReferenceModel`] is the real one; tests wrap it (to count
@@ -289,6 +289,9 @@ pub struct Case<'e> {
     prompt: Vec<u32>,
     /// The reward recomputed from the completion.
     reward: f32,
+    /// The reference model's log-prob at the token a log-prob failure names
+    /// (the figure a second party compares).
+    reference_logprob: Option<f32>,
     /// `None` until judged.
     pub outcome: Option<Outcome>,
 }
@@ -369,7 +372,8 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
     /// Every check that needs no model (module docs): the returned case is
     /// either judged (rejected) or waits for [`Judge::prove`].
     pub fn prepare<'e>(&self, rollout: Rollout, contract: Contract<'e>) -> Case<'e> {
-        let mut case = Case { rollout, contract, prompt: Vec::new(), reward: f32::NAN, outcome: None };
+        let mut case =
+            Case { rollout, contract, prompt: Vec::new(), reward: f32::NAN, reference_logprob: None, outcome: None };
         case.outcome = self.cheap(&mut case).err().map(Err);
         case
     }
@@ -418,7 +422,7 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
         let plan = plan_batches(&refs, self.cfg.batch.max(1), self.cfg.batch_tokens.max(1));
         let mut keys: Vec<(Seed, SketchKey)> = Vec::new();
         let mut stats = ProveStats::default();
-        let mut results: Vec<(usize, Outcome)> = Vec::with_capacity(pending.len());
+        let mut results: Vec<(usize, Outcome, Option<f32>)> = Vec::with_capacity(pending.len());
         for batch in plan {
             let items: Vec<Item<'_>> = batch
                 .iter()
@@ -443,11 +447,19 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
                 let v = verify::verify_rollout(&case.rollout, &a, case.reward, &ev, params)?;
                 stats.proved += 1;
                 stats.tokens += case.rollout.tokens.len();
-                results.push((pending[j], if v.accepted() { Ok(v) } else { Err(RolloutFailure::Checked(v)) }));
+                let reference = v.failures().find_map(|(_, f)| match *f {
+                    Failure::LogprobDeviation { worst_index: i, .. } | Failure::BadLogprob { index: i, .. } => {
+                        ev.positions.get(i).map(|p| p.logprob_t1)
+                    }
+                    _ => None,
+                });
+                let outcome = if v.accepted() { Ok(v) } else { Err(RolloutFailure::Checked(v)) };
+                results.push((pending[j], outcome, reference));
             }
         }
-        for (k, outcome) in results {
+        for (k, outcome, reference) in results {
             cases[k].outcome = Some(outcome);
+            cases[k].reference_logprob = reference;
         }
         Ok(stats)
     }
@@ -558,6 +570,8 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
                 hard_failure: false,
                 soft_failures: 0,
                 reasons: vec![],
+                passed: vec![],
+                evidence: vec![],
             };
             report.miners.insert(*m, MinerReport { body, failed: BTreeMap::new() });
             for r in sampled {
@@ -610,7 +624,9 @@ impl MinerReport {
         self.failed.contains_key(name)
     }
 
-    /// Counts one judged rollout of a miner with `total` rollouts in the window.
+    /// Counts one judged rollout of a miner with `total` rollouts in the
+    /// window: its reasons, its evidence (digest, check, position, figures)
+    /// for each failed check, or its digest among those proved passing.
     fn record(&mut self, case: &Case<'_>, total: usize) {
         let r = &case.rollout;
         let checks = |v: &Verdict, body: &mut VerdictBody, failed: &mut BTreeMap<String, u32>| {
@@ -620,11 +636,17 @@ impl MinerReport {
                     *failed.entry(name.to_owned()).or_default() += 1;
                     let sev = severity_name(c.severity);
                     body.add_reason(&format!("{name} ({sev}) group {} rollout {}: {f:?}", r.group, r.rollout));
+                    let mut e = FailureEvidence::of_check(r, c.kind, c.severity, f);
+                    if let Figures::Logprob { reference, .. } = &mut e.figures {
+                        *reference = case.reference_logprob;
+                    }
+                    body.add_evidence(e);
                 }
             }
         };
         match &case.outcome {
             Some(Ok(v)) => {
+                self.body.add_passed(r.digest());
                 if v.soft_failed() {
                     self.body.soft_failures += 1;
                 } else {
@@ -643,12 +665,47 @@ impl MinerReport {
                 self.body.hard_failure = true;
                 *self.failed.entry(f.name().to_owned()).or_default() += 1;
                 self.body.add_reason(&format!("group {} rollout {}: {f}", r.group, r.rollout));
+                for e in failure_evidence(r, f) {
+                    self.body.add_evidence(e);
+                }
             }
             None => {}
         }
         let checked = f64::from(self.body.checked.max(1));
         self.body.estimated_valid =
             ((f64::from(self.body.valid) * total as f64 / checked).round() as u64).min(u64::from(u32::MAX)) as u32;
+    }
+}
+
+/// The evidence of a rejection that is not a failed check's: the
+/// signature, the environment, the context, a copy (with the copy's own
+/// failed checks, whose figures the copy's judgement did not keep).
+fn failure_evidence(r: &Rollout, f: &RolloutFailure) -> Vec<FailureEvidence> {
+    let one = |check, position, figures| vec![FailureEvidence::of_rollout(r, check, position, figures)];
+    match f {
+        RolloutFailure::Signature => one(FailedCheck::Signature, None, Figures::None),
+        RolloutFailure::Environment(_) => one(FailedCheck::Environment, None, Figures::None),
+        RolloutFailure::Structure(StructureFailure::ExceedsContext { context, .. }) => {
+            one(FailedCheck::Context, Some(*context), Figures::None)
+        }
+        RolloutFailure::Structure(StructureFailure::Undecodable(_)) => one(FailedCheck::Structure, None, Figures::None),
+        RolloutFailure::CopiedFrom { owner, own } => {
+            let mut out = one(FailedCheck::Copy, None, Figures::Copy { owner: *owner });
+            for k in own {
+                let mut e = FailureEvidence::of_rollout(r, FailedCheck::of(*k), None, Figures::None);
+                e.hard = k.severity() == Severity::Hard;
+                out.push(e);
+            }
+            out
+        }
+        RolloutFailure::Checked(v) => v
+            .checks
+            .iter()
+            .filter_map(|c| match &c.status {
+                Status::Fail(x) => Some(FailureEvidence::of_check(r, c.kind, c.severity, x)),
+                _ => None,
+            })
+            .collect(),
     }
 }
 

@@ -169,7 +169,7 @@ frames! {
     /// A batch of rollouts.
     Rollouts = 31, max MAX_BODY_LEN, Rollouts;
     /// Post a signed verdict.
-    PostVerdict = 32, max SMALL, Verdict;
+    PostVerdict = 32, max MAX_VERDICT_LEN, Verdict;
     /// Verdict stored.
     VerdictAck = 33, max SMALL, VerdictAck;
     /// Ask for weights.

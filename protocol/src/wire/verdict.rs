@@ -4,10 +4,12 @@ use serde::{Deserialize, Serialize};
 
 use super::{Frame, Signed, SignedBody, Tag, WireError, canonical};
 use crate::identity::{self, PublicKey};
+use crate::rollout::Rollout;
+use crate::verify::{CheckKind, Failure, Severity};
 use crate::window::WindowId;
 
 /// A validator's findings about one miner in one window (the signed part of a [`Verdict`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerdictBody {
     /// The window checked.
     pub window: WindowId,
@@ -28,6 +30,259 @@ pub struct VerdictBody {
     /// The failed checks with their figures, one line each (at most
     /// [`MAX_VERDICT_REASONS`] lines of at most [`MAX_REASON_LEN`] bytes).
     pub reasons: Vec<String>,
+    /// Digests of rollouts this signer proved to pass every hard check (at
+    /// most [`MAX_VERDICT_PASSED`]): what refutes another party's failing
+    /// evidence on the same rollout.
+    #[serde(deserialize_with = "bounded::<_, _, MAX_VERDICT_PASSED>")]
+    pub passed: Vec<[u8; 32]>,
+    /// What a second party needs to re-check each failure cheaply (at most
+    /// [`MAX_VERDICT_EVIDENCE`], hard failures first).
+    #[serde(deserialize_with = "bounded::<_, _, MAX_VERDICT_EVIDENCE>")]
+    pub evidence: Vec<FailureEvidence>,
+}
+
+/// Most [`FailureEvidence`] records in a [`VerdictBody`].
+pub const MAX_VERDICT_EVIDENCE: usize = 8;
+
+/// Most passing digests in a [`VerdictBody`].
+pub const MAX_VERDICT_PASSED: usize = 256;
+
+/// The largest [`VerdictBody`] frame: the passing digests, the reasons and the evidence.
+pub const MAX_VERDICT_LEN: u32 = 16 << 10;
+
+/// The check a [`FailureEvidence`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum FailedCheck {
+    /// The rollout's signature does not verify.
+    Signature,
+    /// The task's prompt could not be derived.
+    Environment,
+    /// Structure, contract, lengths, ranges ([`CheckKind::Structure`]).
+    Structure,
+    /// More tokens than the model's context.
+    Context,
+    /// Prompt tokens differ from the assigned task's.
+    Prompt,
+    /// The reward differs from the one recomputed from the completion.
+    Reward,
+    /// Sketches at challenged positions.
+    Sketch,
+    /// Log-probs against the reference model.
+    Logprob,
+    /// The exact seeded-sampling check.
+    Sampling,
+    /// Share of positions the sampling check could decide (soft).
+    SamplingCoverage,
+    /// Token-distribution statistics (soft).
+    Distribution,
+    /// Length limit / end-of-generation rules.
+    Termination,
+    /// A copy of another miner's rollout that fails its own checks.
+    Copy,
+}
+
+impl FailedCheck {
+    /// The evidence name of a protocol check.
+    pub fn of(kind: CheckKind) -> Self {
+        match kind {
+            CheckKind::Structure => FailedCheck::Structure,
+            CheckKind::Prompt => FailedCheck::Prompt,
+            CheckKind::Reward => FailedCheck::Reward,
+            CheckKind::Sketch => FailedCheck::Sketch,
+            CheckKind::Logprob => FailedCheck::Logprob,
+            CheckKind::Sampling => FailedCheck::Sampling,
+            CheckKind::SamplingCoverage => FailedCheck::SamplingCoverage,
+            CheckKind::Distribution => FailedCheck::Distribution,
+            CheckKind::Termination => FailedCheck::Termination,
+        }
+    }
+
+    /// The check's name (as in verdict reasons and metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailedCheck::Signature => "signature",
+            FailedCheck::Environment => "environment",
+            FailedCheck::Structure => "structure",
+            FailedCheck::Context => "context",
+            FailedCheck::Prompt => "prompt",
+            FailedCheck::Reward => "reward",
+            FailedCheck::Sketch => "sketch",
+            FailedCheck::Logprob => "logprob",
+            FailedCheck::Sampling => "sampling",
+            FailedCheck::SamplingCoverage => "sampling_coverage",
+            FailedCheck::Distribution => "distribution",
+            FailedCheck::Termination => "termination",
+            FailedCheck::Copy => "copy",
+        }
+    }
+
+    /// Whether whoever holds the rollout and its window's contract can
+    /// re-run the check without a model: the signature, the structure and
+    /// contract, the prompt re-derived from the task, the reward recomputed
+    /// from the completion.
+    pub fn model_free(self) -> bool {
+        matches!(self, FailedCheck::Signature | FailedCheck::Structure | FailedCheck::Prompt | FailedCheck::Reward)
+    }
+}
+
+/// The reference figures of a failure: what the checker computed against
+/// what the rollout claims, enough to re-check it at the named position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Figures {
+    /// Nothing beyond the check and position.
+    None,
+    /// A draw outside the claimed token's CDF interval.
+    Sampling {
+        /// The seeded draw.
+        u: f64,
+        /// The claimed token's interval start (the checker's).
+        lo: f64,
+        /// Its end.
+        hi: f64,
+        /// Positions outside in the rollout.
+        outside: u32,
+    },
+    /// A log-prob off the reference.
+    Logprob {
+        /// The rollout's log-prob.
+        claimed: f32,
+        /// The checker's, when it had it.
+        reference: Option<f32>,
+        /// |claimed − reference| in nats (or the value, if not finite).
+        delta: f64,
+    },
+    /// Sketches too far from the checker's.
+    Sketch {
+        /// Distance at the worst position.
+        distance: u32,
+        /// Its tolerance.
+        tolerance: u32,
+        /// Challenged positions that failed.
+        failed: u32,
+        /// Challenged positions checked.
+        checked: u32,
+    },
+    /// The reported reward against the recomputed one.
+    Reward {
+        /// The rollout's.
+        claimed: f32,
+        /// Recomputed from the completion.
+        recomputed: f32,
+    },
+    /// Prompt lengths (the position is the first differing token).
+    Prompt {
+        /// The assigned task's prompt length.
+        expected_len: u32,
+        /// The rollout's.
+        got_len: u32,
+    },
+    /// The miner whose identical rollout passes.
+    Copy {
+        /// Its key.
+        owner: PublicKey,
+    },
+}
+
+/// One failed check of one rollout, as a second party needs it to re-check
+/// the failure cheaply: which rollout (its digest), which check, where, and
+/// the figures on both sides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailureEvidence {
+    /// The rollout's digest ([`Rollout::digest`]).
+    pub digest: [u8; 32],
+    /// Its group index.
+    pub group: u32,
+    /// Its index in the group.
+    pub rollout: u32,
+    /// The check.
+    pub check: FailedCheck,
+    /// Whether the check is hard (rejects the rollout).
+    pub hard: bool,
+    /// The absolute token position, when the failure names one.
+    pub position: Option<u32>,
+    /// The figures.
+    pub figures: Figures,
+}
+
+impl FailureEvidence {
+    /// The evidence of a failed protocol check on `r`.
+    pub fn of_check(r: &Rollout, kind: CheckKind, severity: Severity, f: &Failure) -> Self {
+        let position = f.position(r.prompt_len as usize).and_then(|p| u32::try_from(p).ok());
+        let figures = match *f {
+            Failure::SampleOutside { outside, u, lo, hi, .. } => {
+                Figures::Sampling { u, lo, hi, outside: u32::try_from(outside).unwrap_or(u32::MAX) }
+            }
+            Failure::LogprobDeviation { worst_index, worst_delta, .. } => Figures::Logprob {
+                claimed: r.logprobs.get(worst_index).copied().unwrap_or(f32::NAN),
+                reference: None,
+                delta: worst_delta,
+            },
+            Failure::BadLogprob { value, .. } => {
+                Figures::Logprob { claimed: value, reference: None, delta: f64::from(value) }
+            }
+            Failure::SketchMismatch { failed, checked, distance, tolerance, .. } => Figures::Sketch {
+                distance,
+                tolerance,
+                failed: u32::try_from(failed).unwrap_or(u32::MAX),
+                checked: u32::try_from(checked).unwrap_or(u32::MAX),
+            },
+            Failure::RewardMismatch { reported, recomputed } => Figures::Reward { claimed: reported, recomputed },
+            Failure::PromptMismatch { expected_len, got_len, .. } => Figures::Prompt {
+                expected_len: u32::try_from(expected_len).unwrap_or(u32::MAX),
+                got_len: u32::try_from(got_len).unwrap_or(u32::MAX),
+            },
+            _ => Figures::None,
+        };
+        Self {
+            digest: r.digest(),
+            group: r.group,
+            rollout: r.rollout,
+            check: FailedCheck::of(kind),
+            hard: severity == Severity::Hard,
+            position,
+            figures,
+        }
+    }
+
+    /// The evidence of a failure that is not a protocol check's (signature,
+    /// environment, context, copy).
+    pub fn of_rollout(r: &Rollout, check: FailedCheck, position: Option<usize>, figures: Figures) -> Self {
+        Self {
+            digest: r.digest(),
+            group: r.group,
+            rollout: r.rollout,
+            check,
+            hard: true,
+            position: position.and_then(|p| u32::try_from(p).ok()),
+            figures,
+        }
+    }
+}
+
+/// A sequence of at most `N` elements: a longer one is an error before it is allocated.
+fn bounded<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>, const N: usize>(d: D) -> Result<Vec<T>, D::Error> {
+    struct Bounded<T, const N: usize>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>, const N: usize> serde::de::Visitor<'de> for Bounded<T, N> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "at most {N} elements")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let hint = seq.size_hint().unwrap_or(0);
+            if hint > N {
+                return Err(serde::de::Error::invalid_length(hint, &self));
+            }
+            let mut out = Vec::with_capacity(hint);
+            while let Some(x) = seq.next_element()? {
+                if out.len() == N {
+                    return Err(serde::de::Error::invalid_length(out.len() + 1, &self));
+                }
+                out.push(x);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded::<T, N>(std::marker::PhantomData))
 }
 
 /// Most reason lines in a [`VerdictBody`].
@@ -48,6 +303,30 @@ impl VerdictBody {
             end -= 1;
         }
         self.reasons.push(line[..end].to_owned());
+    }
+
+    /// Adds a failure's evidence; a hard failure displaces a soft one when
+    /// the list is full, otherwise records beyond [`MAX_VERDICT_EVIDENCE`] are dropped.
+    pub fn add_evidence(&mut self, e: FailureEvidence) {
+        if self.evidence.len() < MAX_VERDICT_EVIDENCE {
+            self.evidence.push(e);
+        } else if e.hard
+            && let Some(soft) = self.evidence.iter().position(|x| !x.hard)
+        {
+            self.evidence[soft] = e;
+        }
+    }
+
+    /// Adds a rollout proved passing (beyond [`MAX_VERDICT_PASSED`] it is not listed).
+    pub fn add_passed(&mut self, digest: [u8; 32]) {
+        if self.passed.len() < MAX_VERDICT_PASSED && !self.passed.contains(&digest) {
+            self.passed.push(digest);
+        }
+    }
+
+    /// Digests of the rollouts this verdict says fail a hard check.
+    pub fn hard_failed(&self) -> impl Iterator<Item = &[u8; 32]> {
+        self.evidence.iter().filter(|e| e.hard).map(|e| &e.digest)
     }
 }
 

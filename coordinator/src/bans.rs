@@ -1,0 +1,410 @@
+//! Bans need evidence (issue 16 item 2).
+//!
+//! A validator's failing verdict carries, per failed rollout, what a second
+//! party needs to re-check it ([`FailureEvidence`]: digest, check, position,
+//! figures), and the digests of the rollouts it proved passing. A failure
+//! bans its miner only once it is *confirmed*:
+//!
+//! - by the coordinator itself: its door penalties, or a failure it re-ran
+//!   without a model ([`Rechecker`]: signature, structure and contract,
+//!   prompt re-derived from the task, reward recomputed from the completion)
+//!   on the rollout the evidence names — it then signs its own verdict, so
+//!   the confirmation is stored like any verdict;
+//! - by the trainer's own proof (the gradient gate posts a verdict for the
+//!   failures it found);
+//! - by a second validator posting a failing verdict on the same miner and
+//!   window (a rollout digest names its miner and window).
+//!
+//! A single unconfirmed failure is *pending*: the miner's standing for that
+//! window is `Suspect`, and it is not banned. When another party's passing
+//! proof of the same rollout refutes a validator's hard evidence, that
+//! validator is *flagged*: its verdicts stop counting (they are set aside,
+//! not deleted) until an operator clears it (`coordinator clear-validator`).
+//! The trainer's proof has no sketch check and no cross-miner copy check,
+//! so its passes refute neither.
+//!
+//! [`Tribunal`] is the sans-IO bookkeeping [`crate::core::Core`] keeps;
+//! [`Rechecker`] is the model-free re-check the server runs on stored rollouts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::Serialize;
+use tributary_protocol::env::{Environment, completion_reward, task_seed};
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::prf::Seed;
+use tributary_protocol::rollout::Rollout;
+use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
+use tributary_protocol::verify::{self, Assignment, Severity, Status, VerifyParams};
+use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, VerdictBody, WindowInfo};
+
+/// Who signed a verdict, as the ban rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Party {
+    /// The coordinator's own key (door penalties, model-free re-checks).
+    Coordinator,
+    /// The configured trainer (its gradient gate's proof).
+    Trainer,
+    /// An authorised validator.
+    Validator,
+}
+
+impl Party {
+    /// Whether this party's passing proof of a rollout refutes hard evidence
+    /// of `check` on it: the trainer runs neither the sketch check nor the
+    /// cross-miner copy check.
+    pub fn refutes(self, check: FailedCheck) -> bool {
+        match self {
+            Party::Validator => true,
+            Party::Trainer => !matches!(check, FailedCheck::Sketch | FailedCheck::Copy),
+            Party::Coordinator => false,
+        }
+    }
+}
+
+/// A validator's hard evidence that another party's passing proof contradicts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Refutation {
+    /// The window.
+    pub window: WindowId,
+    /// The miner.
+    pub miner: PublicKey,
+    /// The rollout (hex digest).
+    pub digest: String,
+    /// The check the validator said failed.
+    pub check: &'static str,
+    /// Who proved the rollout passing.
+    pub by: PublicKey,
+    /// Its role.
+    pub by_party: Party,
+}
+
+/// What `/api/validators` shows of one validator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ValidatorStatus {
+    /// Its key (hex).
+    pub key: String,
+    /// Whether its verdicts are set aside until an operator clears it.
+    pub flagged: bool,
+    /// Refutations of its evidence so far.
+    pub refuted: usize,
+    /// Refutations an operator cleared.
+    pub cleared: usize,
+    /// Verdicts it posted that count (not set aside).
+    pub verdicts: usize,
+    /// Its latest refutations (at most [`SHOWN_REFUTATIONS`]).
+    pub refutations: Vec<Refutation>,
+}
+
+/// Refutations listed per validator in [`ValidatorStatus`].
+pub const SHOWN_REFUTATIONS: usize = 8;
+
+/// Hard evidence a validator posted on one rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    check: FailedCheck,
+    miner: PublicKey,
+}
+
+/// The ban rules' bookkeeping: passing proofs and failure claims per
+/// rollout, the trainer's verdicts, refutations and operator clears.
+#[derive(Debug, Default)]
+pub struct Tribunal {
+    /// (window, digest) → who proved the rollout passing.
+    passed: BTreeMap<(WindowId, [u8; 32]), BTreeMap<PublicKey, Party>>,
+    /// (window, digest) → validator → its hard evidence on the rollout.
+    claims: BTreeMap<(WindowId, [u8; 32]), BTreeMap<PublicKey, Claim>>,
+    /// (window, miner) → the trainer's verdict.
+    trainer: BTreeMap<(WindowId, PublicKey), VerdictBody>,
+    /// validator → (window, digest) → the refutation of its evidence there.
+    refuted: BTreeMap<PublicKey, BTreeMap<(WindowId, [u8; 32]), Refutation>>,
+    /// validator → refutations an operator cleared (it is flagged while it has more).
+    cleared: BTreeMap<PublicKey, usize>,
+}
+
+impl Tribunal {
+    /// Whether `validator`'s verdicts are set aside.
+    pub fn is_flagged(&self, validator: &PublicKey) -> bool {
+        let refuted = self.refuted.get(validator).map_or(0, BTreeMap::len);
+        refuted > self.cleared.get(validator).copied().unwrap_or(0)
+    }
+
+    /// The trainer's verdict on `miner` in `window`, if it posted one.
+    pub fn trainer_verdict(&self, window: WindowId, miner: &PublicKey) -> Option<&VerdictBody> {
+        self.trainer.get(&(window, *miner))
+    }
+
+    /// The trainer's verdicts on `window`.
+    pub fn trainer_verdicts(&self, window: WindowId) -> impl Iterator<Item = &VerdictBody> {
+        self.trainer.range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32]))).map(|(_, v)| v)
+    }
+
+    /// Records `v`'s passing digests and hard evidence, signed by `party`;
+    /// returns the validators this newly flags.
+    pub fn note(&mut self, v: &VerdictBody, party: Party) -> Vec<PublicKey> {
+        let was: BTreeSet<PublicKey> = self.refuted.keys().filter(|k| self.is_flagged(k)).copied().collect();
+        if party == Party::Trainer {
+            self.trainer.insert((v.window, v.miner), v.clone());
+        }
+        if party != Party::Coordinator {
+            for d in &v.passed {
+                let key = (v.window, *d);
+                self.passed.entry(key).or_default().insert(v.validator, party);
+                let claims: Vec<(PublicKey, Claim)> =
+                    self.claims.get(&key).map(|c| c.iter().map(|(k, c)| (*k, *c)).collect()).unwrap_or_default();
+                for (claimant, c) in claims {
+                    if claimant != v.validator && party.refutes(c.check) {
+                        self.refute(claimant, key, c, v.validator, party);
+                    }
+                }
+            }
+        }
+        if party == Party::Validator {
+            for e in v.evidence.iter().filter(|e| e.hard) {
+                let key = (v.window, e.digest);
+                let claim = Claim { check: e.check, miner: v.miner };
+                self.claims.entry(key).or_default().insert(v.validator, claim);
+                let provers: Vec<(PublicKey, Party)> =
+                    self.passed.get(&key).map(|p| p.iter().map(|(k, p)| (*k, *p)).collect()).unwrap_or_default();
+                for (by, by_party) in provers {
+                    if by != v.validator && by_party.refutes(e.check) && !self.is_flagged(&by) {
+                        self.refute(v.validator, key, claim, by, by_party);
+                    }
+                }
+            }
+        }
+        self.refuted.keys().filter(|k| self.is_flagged(k) && !was.contains(k)).copied().collect()
+    }
+
+    fn refute(&mut self, validator: PublicKey, key: (WindowId, [u8; 32]), c: Claim, by: PublicKey, by_party: Party) {
+        self.refuted.entry(validator).or_default().entry(key).or_insert_with(|| Refutation {
+            window: key.0,
+            miner: c.miner,
+            digest: hex::encode(key.1),
+            check: c.check.as_str(),
+            by,
+            by_party,
+        });
+    }
+
+    /// An operator clears `validator`: its refutations so far no longer
+    /// flag it (a later one does). Returns the count to persist.
+    pub fn clear(&mut self, validator: &PublicKey) -> usize {
+        let n = self.refuted.get(validator).map_or(0, BTreeMap::len);
+        self.cleared.insert(*validator, n);
+        n
+    }
+
+    /// Restores a clear recorded by an operator (at start).
+    pub fn set_cleared(&mut self, validator: PublicKey, refutations: usize) {
+        self.cleared.insert(validator, refutations);
+    }
+
+    /// The status of each of `validators` (and of any other flagged key).
+    pub fn statuses(
+        &self,
+        validators: impl IntoIterator<Item = PublicKey>,
+        counted: impl Fn(&PublicKey) -> usize,
+    ) -> Vec<ValidatorStatus> {
+        let mut keys: BTreeSet<PublicKey> = validators.into_iter().collect();
+        keys.extend(self.refuted.keys().copied());
+        keys.into_iter()
+            .map(|k| {
+                let refs = self.refuted.get(&k);
+                let mut refutations: Vec<Refutation> = refs.map(|r| r.values().cloned().collect()).unwrap_or_default();
+                refutations.sort_by_key(|r| std::cmp::Reverse(r.window));
+                refutations.truncate(SHOWN_REFUTATIONS);
+                ValidatorStatus {
+                    key: k.to_string(),
+                    flagged: self.is_flagged(&k),
+                    refuted: refs.map_or(0, BTreeMap::len),
+                    cleared: self.cleared.get(&k).copied().unwrap_or(0),
+                    verdicts: counted(&k),
+                    refutations,
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets proofs and claims of windows before `from` (refutations stay).
+    pub fn prune(&mut self, from: WindowId) {
+        let keep = |k: &(WindowId, [u8; 32])| k.0 >= from;
+        self.passed.retain(|k, _| keep(k));
+        self.claims.retain(|k, _| keep(k));
+        self.trainer.retain(|(w, _), _| *w >= from);
+    }
+}
+
+/// Why the coordinator cannot re-check rollouts.
+#[derive(Debug, thiserror::Error)]
+pub enum RecheckError {
+    /// The genesis model's tokenizer could not be built.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
+    /// The genesis model could not be read.
+    #[error("genesis model: {0}")]
+    Checkpoint(#[from] tributary_protocol::checkpoint::CheckpointError),
+}
+
+/// The coordinator's model-free re-check of a stored rollout: what the
+/// validator's and the trainer's cheap stage run, from the genesis model's
+/// tokenizer (every checkpoint of a network shares it) and the window's
+/// contract.
+pub struct Rechecker {
+    tokenizer: Tokenizer,
+    eos: Vec<u32>,
+    vocab: u32,
+    gsm8k: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for Rechecker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rechecker").field("vocab", &self.vocab).finish_non_exhaustive()
+    }
+}
+
+impl Rechecker {
+    /// A re-checker with the tokenizer of the GGUF file `genesis`; `gsm8k`
+    /// is the dataset file of a gsm8k network (without it gsm8k prompts and
+    /// rewards cannot be re-derived, and such failures wait for a second party).
+    pub fn open(genesis: &Path, gsm8k: Option<&Path>) -> Result<Self, RecheckError> {
+        let tokenizer = Tokenizer::from_gguf_file(genesis)?;
+        let eos = tokenizer.eog_ids().collect();
+        // The model's vocabulary, as the validator's structure check uses it
+        // (the tokenizer's may be smaller).
+        let vocab = tributary_protocol::checkpoint::Checkpoint::open(genesis)?.config().vocab_size;
+        let vocab = u32::try_from(vocab).unwrap_or(u32::MAX);
+        Ok(Self { tokenizer, eos, vocab, gsm8k: gsm8k.map(Path::to_path_buf) })
+    }
+
+    /// The first model-free hard check `r` fails under `info`'s contract, as
+    /// evidence; `None` if it passes them all, or if the window's
+    /// environment cannot be built here (nothing is confirmed then).
+    pub fn check(&self, r: &Rollout, info: &WindowInfo) -> Option<FailureEvidence> {
+        if r.verify_signature().is_err() {
+            return Some(FailureEvidence::of_rollout(r, FailedCheck::Signature, None, Figures::None));
+        }
+        let env = match Environment::build(&info.env_spec(), self.gsm8k.as_deref()) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!(error = %e, "environment unavailable: no model-free re-check");
+                return None;
+            }
+        };
+        let task_id = task_seed(&info.seed, &r.miner, r.group);
+        let task = env.task(task_id);
+        let prompt = self.tokenizer.encode(&env.prompt_text(&task)).ok()?;
+        let params = VerifyParams::DEFAULT;
+        let a = Assignment {
+            window: info.window,
+            checkpoint: info.checkpoint,
+            env: info.env,
+            miner: r.miner,
+            task_id,
+            sampling: info.sampling,
+            prompt_tokens: &prompt,
+            groups_per_miner: info.groups_per_miner,
+            group_size: info.group_size,
+            vocab_size: self.vocab,
+            eos_tokens: &self.eos,
+            sampling_seed: info.seed,
+            challenge_secret: Seed([0; 32]),
+        };
+        let mut checks = vec![verify::check_structure(r, &a, &params)];
+        if !checks[0].failed() {
+            checks.push(verify::check_prompt(r, &a));
+            match completion_reward(&self.tokenizer, &env, &task, r.completion()) {
+                Ok(reward) => checks.push(verify::check_reward(r, reward, &params)),
+                Err(_) => {
+                    return Some(FailureEvidence::of_rollout(r, FailedCheck::Structure, None, Figures::None));
+                }
+            }
+        }
+        checks.iter().find(|c| c.severity == Severity::Hard && c.failed()).and_then(|c| match &c.status {
+            Status::Fail(f) => Some(FailureEvidence::of_check(r, c.kind, c.severity, f)),
+            _ => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_protocol::identity::Keypair;
+
+    fn key(n: u8) -> PublicKey {
+        Keypair::from_seed([n; 32]).public()
+    }
+
+    fn body(
+        validator: PublicKey,
+        miner: PublicKey,
+        passed: Vec<[u8; 32]>,
+        failed: &[([u8; 32], FailedCheck)],
+    ) -> VerdictBody {
+        VerdictBody {
+            window: 3,
+            miner,
+            validator,
+            checked: (passed.len() + failed.len()) as u32,
+            valid: passed.len() as u32,
+            estimated_valid: passed.len() as u32,
+            hard_failure: !failed.is_empty(),
+            soft_failures: 0,
+            reasons: vec![],
+            passed,
+            evidence: failed
+                .iter()
+                .map(|(d, c)| FailureEvidence {
+                    digest: *d,
+                    group: 0,
+                    rollout: 0,
+                    check: *c,
+                    hard: true,
+                    position: Some(7),
+                    figures: Figures::None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_pass_refutes_evidence_in_either_order_and_clearing_lasts_until_the_next() {
+        let (liar, honest, miner) = (key(1), key(2), key(9));
+        let mut t = Tribunal::default();
+        assert_eq!(t.note(&body(liar, miner, vec![], &[([5; 32], FailedCheck::Sampling)]), Party::Validator), vec![]);
+        assert!(!t.is_flagged(&liar));
+        assert_eq!(t.note(&body(honest, miner, vec![[5; 32], [6; 32]], &[]), Party::Validator), vec![liar]);
+        assert!(t.is_flagged(&liar) && !t.is_flagged(&honest));
+        assert_eq!(t.clear(&liar), 1);
+        assert!(!t.is_flagged(&liar));
+        // Claim after the pass: refuted at once.
+        assert_eq!(
+            t.note(&body(liar, miner, vec![], &[([6; 32], FailedCheck::Logprob)]), Party::Validator),
+            vec![liar]
+        );
+        let s = t.statuses([liar, honest], |_| 0);
+        assert!(s.iter().any(|v| v.key == liar.to_string() && v.flagged && v.refuted == 2 && v.cleared == 1));
+        assert!(s.iter().any(|v| v.key == honest.to_string() && !v.flagged));
+    }
+
+    #[test]
+    fn the_trainer_refutes_only_what_it_checks() {
+        let (v, trainer, miner) = (key(1), key(3), key(9));
+        let mut t = Tribunal::default();
+        t.note(
+            &body(v, miner, vec![], &[([5; 32], FailedCheck::Sketch), ([6; 32], FailedCheck::Copy)]),
+            Party::Validator,
+        );
+        assert_eq!(t.note(&body(trainer, miner, vec![[5; 32], [6; 32]], &[]), Party::Trainer), vec![]);
+        t.note(&body(v, miner, vec![], &[([7; 32], FailedCheck::Reward)]), Party::Validator);
+        assert_eq!(t.note(&body(trainer, miner, vec![[7; 32]], &[]), Party::Trainer), vec![v]);
+        // A validator's own pass of its own claim refutes nothing; the coordinator's passes are not proofs.
+        let mut t = Tribunal::default();
+        t.note(&body(v, miner, vec![], &[([5; 32], FailedCheck::Sampling)]), Party::Validator);
+        assert_eq!(t.note(&body(v, miner, vec![[5; 32]], &[]), Party::Validator), vec![]);
+        assert_eq!(t.note(&body(key(4), miner, vec![[5; 32]], &[]), Party::Coordinator), vec![]);
+    }
+}

@@ -1526,4 +1526,99 @@ mod tests {
         assert!(core.is_flagged(&Keypair::from_seed([100; 32]).public()));
         assert!(!core.is_banned(&honest, 2));
     }
+
+    /// Stores `groups` full groups of `m` in window `w`.
+    fn store(core: &mut Core, w: WindowId, m: PublicKey, groups: u32) {
+        for g in 0..groups {
+            for i in 0..core.config().group_size {
+                let c = cand(core, w, m, g, i);
+                core.admit(at(w), &m, &c).unwrap();
+                core.commit(&c);
+            }
+        }
+    }
+
+    /// proof-soundness finding 11: miner A judged in 1 window, B in 3, the
+    /// same work every window. Summing what was judged gave (3/1)⁴ = 81:1;
+    /// normalised by what was stored and what was checked, 1:1. A miner
+    /// that soft-fails past an honest miner's noise scores lower; honest
+    /// noise costs nothing.
+    #[test]
+    fn weights_are_normalised_by_what_was_asked_and_checked() {
+        let mut c = cfg();
+        c.weight_windows = 3;
+        let mut core = Core::new(c);
+        let (a, b, d) = (miner(1), miner(2), miner(3));
+        for w in 1..=3 {
+            for m in [a, b, d] {
+                store(&mut core, w, m, 2);
+            }
+        }
+        core.apply_verdict(&verdict(1, a, 8, false));
+        for w in 1..=3 {
+            core.apply_verdict(&verdict(w, b, 8, false));
+        }
+        // d: 32 checked in all, 8 of them soft failures (25 %, honest ≤ 6.7 %).
+        for w in 1..=2 {
+            let mut v = verdict(w, d, 16, false);
+            v.valid = 12;
+            v.soft_failures = 4;
+            core.apply_verdict(&v);
+        }
+        let weights = core.weights(3, miner(99));
+        let get = |k| weights.weights.iter().find(|(m, _)| *m == k).map_or(0.0, |(_, x)| *x);
+        assert!((get(a) / get(b) - 1.0).abs() < 1e-12, "{} vs {}", get(a), get(b));
+        // q = 1 − (8 − 0.067·32 − 2·√(0.067·0.933·32)) / 32 ≈ 0.9
+        let q = (get(d) / get(a)).powf(0.25);
+        assert!((0.85..0.95).contains(&q), "q = {q}");
+        // One soft failure in 8 (within honest noise) costs nothing.
+        let mut v = verdict(2, a, 8, false);
+        v.valid = 7;
+        v.soft_failures = 1;
+        core.apply_verdict(&v);
+        let weights = core.weights(3, miner(99));
+        let get = |k| weights.weights.iter().find(|(m, _)| *m == k).map_or(0.0, |(_, x)| *x);
+        assert!((get(a) / get(b) - 1.0).abs() < 1e-12);
+        // The exponent is a setting.
+        let mut c = cfg();
+        c.weight_windows = 3;
+        c.weight_exponent = 1;
+        let mut lin = Core::new(c);
+        store(&mut lin, 1, a, 2);
+        store(&mut lin, 1, b, 1);
+        lin.apply_verdict(&verdict(1, a, 8, false));
+        lin.apply_verdict(&verdict(1, b, 4, false));
+        let weights = lin.weights(1, miner(99));
+        let get = |k| weights.weights.iter().find(|(m, _)| *m == k).map_or(0.0, |(_, x)| *x);
+        assert!((get(a) - 2.0 / 3.0).abs() < 1e-12 && (get(b) - 1.0 / 3.0).abs() < 1e-12);
+    }
+
+    /// Issue 16 item 1: the core recomputes the assignment of a closed
+    /// window from what was stored; with two validators and committees of
+    /// one, their shares differ and together cover every miner.
+    #[test]
+    fn the_assignment_covers_every_miner_that_stored() {
+        let mut c = cfg();
+        let (v1, v2) = (Keypair::from_seed([100; 32]).public(), Keypair::from_seed([101; 32]).public());
+        c.access.validators = [v1, v2].into_iter().collect();
+        c.committee = 1;
+        let mut core = Core::new(c);
+        // Distinct first bytes: the test candidates' digests are built from it.
+        let mut firsts = BTreeSet::new();
+        let miners: Vec<PublicKey> = (1..=60).map(miner).filter(|m| firsts.insert(m.0[0])).take(9).collect();
+        for m in &miners {
+            store(&mut core, 1, *m, 1 + u32::from(m.0[0] % 2));
+        }
+        assert!(core.assignment(1, at(2)).is_none(), "not before the reveal");
+        let a = core.assignment(1, at(2) + 200).unwrap();
+        let share = |v| a.of_validator(v).map(|(m, _)| *m).collect::<BTreeSet<_>>();
+        let (s1, s2) = (share(&v1), share(&v2));
+        assert!(s1.is_disjoint(&s2) && !s1.is_empty() && !s2.is_empty());
+        assert_eq!(&s1 | &s2, miners.iter().copied().collect());
+        assert_eq!(core.reveal_with_assignment(1, at(2) + 200).unwrap().1.validators, {
+            let mut v = vec![v1, v2];
+            v.sort();
+            v
+        });
+    }
 }

@@ -14,5 +14,6 @@ pub mod http;
 pub mod node;
 pub mod relay;
 pub mod server;
+pub mod sim;
 pub mod store;
 pub mod weights;

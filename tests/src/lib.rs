@@ -68,7 +68,17 @@ pub struct NetConfig {
     pub seed: u64,
     /// Difficulty of the arith environment (the window's generation contract).
     pub difficulty: u32,
+    /// Validators authorised besides the `--dev` one ([`extra_validator_key`]).
+    pub extra_validators: u32,
+    /// Validators per miner in the assignment (the coordinator's `committee`).
+    pub committee: u32,
 }
+
+/// The key of the `i`-th validator a test network authorises besides the `--dev` one.
+pub fn extra_validator_key(seed: u64, i: u32) -> Keypair {
+    seeded_key(seed, &format!("validator-{i}"))
+}
+
 
 impl NetConfig {
     /// Short windows for the tiny model.
@@ -83,6 +93,8 @@ impl NetConfig {
             seed: 0,
             max_new_tokens: 24,
             difficulty,
+            extra_validators: 0,
+            committee: tributary_protocol::assign::DEFAULT_COMMITTEE,
         }
     }
 
@@ -95,6 +107,8 @@ impl NetConfig {
         cfg.rollouts_per_sec = self.rollouts_per_sec;
         cfg.max_new_tokens = self.max_new_tokens;
         cfg.difficulty = self.difficulty;
+        cfg.committee = self.committee;
+        cfg.validators.extend((0..self.extra_validators).map(|i| extra_validator_key(self.seed, i).public().to_string()));
         cfg
     }
 }
@@ -431,6 +445,17 @@ pub fn validator_config(net: &Net, start: WindowId) -> validator::service::Servi
     cfg.sample = validator::service::SampleConfig::ALL;
     cfg.poll = Duration::from_millis(100);
     cfg.start_window = Some(start);
+    cfg
+}
+
+/// The configuration of the `i`-th extra validator of `net`
+/// ([`extra_validator_key`], folder `validator-{i}`): only its assignment
+/// ([`validator::service::SampleConfig::ASSIGNED`]), from window `start`.
+pub fn extra_validator_config(net: &Net, start: WindowId, i: u32) -> validator::service::ServiceConfig {
+    let mut cfg = validator_config(net, start);
+    cfg.key = extra_validator_key(net.config.seed, i);
+    cfg.dir = net.dir.path().join(format!("validator-{i}"));
+    cfg.sample = validator::service::SampleConfig::ASSIGNED;
     cfg
 }
 

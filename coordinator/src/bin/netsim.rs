@@ -1,0 +1,113 @@
+//! Network simulator bench (issue 16 item 5): [`coordinator::sim`] over the
+//! sans-IO core at several network sizes, seeded, no model.
+//!
+//! `netsim [N[,N...]] [WINDOWS] [SEEDS]` (defaults `10,100,1000,10000 20`;
+//! SEEDS defaults to ⌈1000/N⌉ runs per size, at most 20, one at N ≥ 1000).
+//! Each size runs [`SimConfig::network`]: two honest twins, 10 % lazy miners
+//! (half their groups), 20 % cheaters (1 %, 5 %, 25 %, 100 % of rollouts),
+//! the rest honest; 32 groups of 16 rollouts per miner per window;
+//! committees of 2; validators of 4096 rollouts each, enough for one group
+//! of every miner. Memory is what the process holds (a counting allocator):
+//! at its peak (a window's door bookkeeping full) and after the last window
+//! closed, both divided by N.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use coordinator::sim::{Sim, SimConfig, SimReport};
+
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator and only counts bytes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout is passed on unchanged.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn arg<T: std::str::FromStr>(i: usize) -> Option<T> {
+    std::env::args().nth(i).and_then(|s| s.parse().ok())
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::args()
+        .nth(1)
+        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![10, 100, 1000, 10_000]);
+    let windows: u64 = arg(2).unwrap_or(20);
+    let seeds_arg: Option<u64> = arg(3);
+    println!(
+        "| N | V | windows × seeds | honest rollouts → trainer | P(cheater caught / window) | windows to ban (mean, max; never) | false bans | validator ÷ miner compute | coordinator MiB peak (KiB / miner) | KiB / miner after | twin spread (worst; ≤ 1.2) | lazy ÷ twin weight | seconds |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for n in sizes {
+        let seeds = seeds_arg.unwrap_or_else(|| (1000u64.div_ceil(n as u64)).clamp(1, 20));
+        let started = Instant::now();
+        let base = LIVE.load(Ordering::Relaxed);
+        PEAK.store(base, Ordering::Relaxed);
+        let mut all: Vec<SimReport> = Vec::new();
+        let mut after = 0usize;
+        let mut validators = 0;
+        let mut prove_cost = 0.0;
+        for seed in 0..seeds {
+            let cfg = SimConfig { windows, ..SimConfig::network(n, seed) };
+            validators = cfg.validators;
+            prove_cost = cfg.prove_cost;
+            let mut sim = match Sim::new(cfg) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("bad schedule: {e}");
+                    return;
+                }
+            };
+            all.push(sim.run());
+            after = after.max(LIVE.load(Ordering::Relaxed).saturating_sub(base));
+            drop(sim);
+        }
+        let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
+        let sum = |f: &dyn Fn(&SimReport) -> u64| all.iter().map(f).sum::<u64>();
+        let trained = sum(&|r| r.honest_trained) as f64 / sum(&|r| r.honest_rollouts).max(1) as f64;
+        let caught = sum(&|r| r.cheat_windows_caught) as f64 / sum(&|r| r.cheat_windows).max(1) as f64;
+        let bans: Vec<u64> = all.iter().flat_map(|r| r.windows_to_ban.iter().flatten().copied()).collect();
+        let never = all.iter().flat_map(|r| r.windows_to_ban.iter()).filter(|b| b.is_none()).count();
+        let mean_ban = bans.iter().sum::<u64>() as f64 / bans.len().max(1) as f64;
+        let max_ban = bans.iter().max().copied().unwrap_or(0);
+        let false_bans = sum(&|r| r.false_bans);
+        let compute = sum(&|r| r.proved) as f64 * prove_cost / sum(&|r| r.generated).max(1) as f64;
+        let spreads: Vec<f64> = all.iter().map(SimReport::twin_spread).collect();
+        let worst = spreads.iter().copied().fold(1.0, f64::max);
+        let within = spreads.iter().filter(|s| **s <= 1.2).count();
+        let lazy: Vec<f64> = all.iter().filter_map(|r| r.lazy_ratio).collect();
+        let lazy = lazy.iter().sum::<f64>() / lazy.len().max(1) as f64;
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        println!(
+            "| {n} | {validators} | {windows} × {seeds} | {:.1} % | {:.3} | {mean_ban:.2}, {max_ban}; {never} | {false_bans} | {compute:.4} | {:.1} ({:.1}) | {:.2} | {worst:.3} ({within}/{}) | {lazy:.4} | {:.1} |",
+            trained * 100.0,
+            caught,
+            mib(peak),
+            peak as f64 / 1024.0 / n as f64,
+            after as f64 / 1024.0 / n as f64,
+            spreads.len(),
+            started.elapsed().as_secs_f64(),
+        );
+    }
+}

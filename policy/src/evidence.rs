@@ -57,12 +57,6 @@ pub struct SequenceEvidence {
     pub cdf_lo: Vec<f64>,
     /// Upper end: the total probability of ids `<= token`.
     pub cdf_hi: Vec<f64>,
-    /// Lower end of the previous positive-probability token's interval
-    /// (`cdf_lo` when there is none).
-    pub prev_lo: Vec<f64>,
-    /// Upper end of the next positive-probability token's interval
-    /// (`cdf_hi` when there is none).
-    pub next_hi: Vec<f64>,
     /// Probability (T = 1) that the last position's token is `eos`, from the
     /// distribution that produced the last token.
     pub eos_prob_last: f64,
@@ -83,8 +77,6 @@ impl SequenceEvidence {
                 prob_sampling: self.prob_temp[j] as f32,
                 cdf_lo: self.cdf_lo[j],
                 cdf_hi: self.cdf_hi[j],
-                prev_lo: self.prev_lo[j],
-                next_hi: self.next_hi[j],
             })
             .collect()
     }
@@ -211,8 +203,6 @@ impl ReferenceModel {
                 prob_temp: figures.prob_temp[span.clone()].to_vec(),
                 cdf_lo: figures.cdf_lo[span.clone()].to_vec(),
                 cdf_hi: figures.cdf_hi[span.clone()].to_vec(),
-                prev_lo: figures.prev_lo[span.clone()].to_vec(),
-                next_hi: figures.next_hi[span.clone()].to_vec(),
                 eos_prob_last: figures.eos_prob[span.end - 1],
             });
             at = span.end;
@@ -230,33 +220,22 @@ struct RowFigures {
     prob_temp: Vec<f64>,
     cdf_lo: Vec<f64>,
     cdf_hi: Vec<f64>,
-    prev_lo: Vec<f64>,
-    next_hi: Vec<f64>,
     eos_prob: Vec<f64>,
 }
 
 impl RowFigures {
     fn with_capacity(n: usize) -> Self {
         let v = || Vec::with_capacity(n);
-        Self {
-            logprob: v(),
-            prob_t1: v(),
-            prob_temp: v(),
-            cdf_lo: v(),
-            cdf_hi: v(),
-            prev_lo: v(),
-            next_hi: v(),
-            eos_prob: v(),
-        }
+        Self { logprob: v(), prob_t1: v(), prob_temp: v(), cdf_lo: v(), cdf_hi: v(), eos_prob: v() }
     }
 
     /// `logits` `[R, V]` f32; `tok`, `eos` `[R, 1]` i64; `temps` the rows'
     /// temperatures (0 = greedy). As in `sampling::token_stats`, with
     /// `w_i = exp((l_i − max)/T)`: `lo = Σ_{i<tok} w_i / Z`, `hi = lo + w_tok / Z`.
-    /// The vectorised f32 sums differ from the protocol's sequential f64 sums
-    /// by ~1e-6 relative, far below the sampling check's ε. The neighbours
-    /// across the two edges (`prev_lo`, `next_hi`) are the nearest ids below
-    /// and above `tok` of positive weight.
+    /// The weights are f32 (as the logits); `Z` and the sums below `tok`
+    /// accumulate in f64 like the protocol's sequential sums (an f32
+    /// accumulator over 49 152 ids drifts by ~1e-6 relative, which
+    /// the sampling check's ε would have to absorb).
     fn push_chunk(&mut self, logits: &Tensor, tok: &Tensor, eos: &Tensor, temps: &[f64]) -> Result<(), PolicyError> {
         let col = |t: &Tensor| -> Result<Vec<f64>, PolicyError> {
             Ok(Vec::try_from(&t.f_flatten(0, -1)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?)
@@ -265,7 +244,7 @@ impl RowFigures {
         let shifted = logits.f_sub(&max)?;
         let e1 = shifted.f_exp()?;
         // T = 1: log p = (l − max) − ln Σ exp(l − max).
-        let z1 = col(&e1.f_sum_dim_intlist(1, false, Kind::Float)?)?;
+        let z1 = col(&e1.f_sum_dim_intlist(1, false, Kind::Double)?)?;
         let at_tok = col(&shifted.f_gather(1, tok, false)?)?;
         let at_eos = col(&shifted.f_gather(1, eos, false)?)?;
         // Sampling weights; greedy rows use T = 1 here and are replaced below.
@@ -280,41 +259,34 @@ impl RowFigures {
             w
         };
         drop(shifted);
-        let z = col(&w.f_sum_dim_intlist(1, false, Kind::Float)?)?;
+        let z = col(&w.f_sum_dim_intlist(1, false, Kind::Double)?)?;
         let w_tok = col(&w.f_gather(1, tok, false)?)?;
         let ids = Tensor::f_arange(w.size()[1], (Kind::Int64, w.device()))?.f_unsqueeze(0)?;
-        let below = w.f_mul(&ids.f_lt_tensor(tok)?)?.f_sum_dim_intlist(1, false, Kind::Float)?;
+        let below = w.f_mul(&ids.f_lt_tensor(tok)?)?.f_sum_dim_intlist(1, false, Kind::Double)?;
         let below = col(&below)?;
-        let (w_prev, w_next) = neighbour_weights(&w, &ids, tok)?;
-        let (w_prev, w_next) = (col(&w_prev)?, col(&w_next)?);
         let lp: Vec<f64> = at_tok.iter().zip(&z1).map(|(a, z)| a - z.ln()).collect();
         let lp_eos: Vec<f64> = at_eos.iter().zip(&z1).map(|(a, z)| a - z.ln()).collect();
         let lo: Vec<f64> = below.iter().zip(&z).map(|(b, z)| b / z).collect();
         let hi: Vec<f64> = below.iter().zip(&w_tok).zip(&z).map(|((b, w), z)| (b + w) / z).collect();
         let pt: Vec<f64> = w_tok.iter().zip(&z).map(|(w, z)| w / z).collect();
-        let prev_lo: Vec<f64> = below.iter().zip(&w_prev).zip(&z).map(|((b, w), z)| (b - w) / z).collect();
-        let next_hi: Vec<f64> =
-            below.iter().zip(&w_tok).zip(&w_next).zip(&z).map(|(((b, t), n), z)| (b + t + n) / z).collect();
         let argmax = col(&argmax)?;
         let tok_v = col(tok)?;
 
         for (i, &temp) in temps.iter().enumerate() {
             let token = tok_v[i];
-            let (lo, hi, pt, prev, next) = if temp > 0.0 {
-                (lo[i], hi[i], pt[i], prev_lo[i], next_hi[i])
+            let (lo, hi, pt) = if temp > 0.0 {
+                (lo[i], hi[i], pt[i])
             } else {
-                // Greedy: the first argmax owns [0, 1); no neighbours.
+                // Greedy: the first argmax owns [0, 1).
                 let (lo, hi, pt) = match token.partial_cmp(&argmax[i]) {
                     Some(std::cmp::Ordering::Equal) => (0.0, 1.0, 1.0),
                     Some(std::cmp::Ordering::Less) => (0.0, 0.0, 0.0),
                     _ => (1.0, 1.0, 0.0),
                 };
-                (lo, hi, pt, lo, hi)
+                (lo, hi, pt)
             };
             self.cdf_lo.push(lo);
             self.cdf_hi.push(hi);
-            self.prev_lo.push(prev);
-            self.next_hi.push(next);
             self.prob_temp.push(pt);
         }
         self.prob_t1.extend(lp.iter().map(|x| x.exp()));
@@ -322,24 +294,4 @@ impl RowFigures {
         self.eos_prob.extend(lp_eos.into_iter().map(f64::exp));
         Ok(())
     }
-}
-
-/// The weights of the nearest ids below and above `tok` (`[R, 1]` i64) with
-/// positive weight in `w` (`[R, V]`; `ids` is `[1, V]` 0..V), 0 where there
-/// is none: each `[R]`.
-fn neighbour_weights(w: &Tensor, ids: &Tensor, tok: &Tensor) -> Result<(Tensor, Tensor), PolicyError> {
-    let v = w.size()[1];
-    let positive = w.f_gt(0.0)?;
-    // Below: the largest positive-weight id < tok, as id + 1 (0: none).
-    let below = ids.f_lt_tensor(tok)?.f_logical_and(&positive)?;
-    let prev1 = ids.f_add_scalar(1)?.f_mul(&below.f_to_kind(Kind::Int64)?)?.f_amax(&[1i64][..], true)?;
-    let has_prev = prev1.f_gt(0)?.f_to_kind(w.kind())?;
-    let w_prev = w.f_gather(1, &prev1.f_sub_scalar(1)?.f_clamp_min(0)?, false)?.f_mul(&has_prev)?;
-    // Above: the smallest positive-weight id > tok (v: none).
-    let above = ids.f_gt_tensor(tok)?.f_logical_and(&positive)?;
-    let none = Tensor::f_full(&[1i64, 1][..], v, (Kind::Int64, w.device()))?;
-    let next = ids.f_where_self(&above, &none)?.f_amin(&[1i64][..], true)?;
-    let has_next = next.f_lt(v)?.f_to_kind(w.kind())?;
-    let w_next = w.f_gather(1, &next.f_clamp_max(v - 1)?, false)?.f_mul(&has_next)?;
-    Ok((w_prev, w_next))
 }

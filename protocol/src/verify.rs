@@ -23,9 +23,9 @@
 //!    `exp(|lp_miner − lp_ref|) − 1` ≤ [`VerifyParams::logprob_is_eps`]
 //!    (grail takes the median, which leaves half the tokens free).
 //! 6. **Sampling** (hard): at every completion position the seeded draw lies
-//!    in the chosen token's CDF interval; a draw within ε of an edge admits
-//!    only the two tokens that border that edge
-//!    ([`sampling::check_draw`]), and such positions count as ambiguous.
+//!    in the chosen token's CDF interval; a draw within ε of it (the most two
+//!    honest implementations' CDFs differ) is ambiguous
+//!    ([`sampling::check_draw`], which says why no smaller set is sound).
 //! 7. **Sampling coverage** (soft): the fraction of ambiguous positions is
 //!    at most [`VerifyParams::max_ambiguous_frac`].
 //! 8. **Distribution** (soft): grail §2.1 statistics of the chosen tokens'
@@ -39,8 +39,8 @@
 //!    cannot check the draw; applied to proven draws it only rejects honest
 //!    miners whose draw landed on an unlikely EOS (measured: 1 of 424 honest
 //!    SmolLM2 rollouts, docs/calibration.md). The floor remains for the one
-//!    case where the draw does not decide: EOS admitted as the neighbour
-//!    across an edge within ε of the draw.
+//!    case where the draw does not decide: EOS admitted as ambiguous, its
+//!    interval within ε of the draw but not containing it.
 
 use crate::checkpoint::ContentId;
 use crate::env::EnvId;
@@ -770,7 +770,7 @@ pub fn check_termination(
 /// Whether the validator's own logits draw the last token at the rollout's
 /// last position: the seeded draw lies in its reference interval. Then EOS
 /// is what the sampling rule chose, however unlikely; otherwise (EOS only
-/// admitted as the neighbour across an edge within ε) the draw does not
+/// admitted because its interval lies within ε of the draw) the draw does not
 /// decide, and the probability floor applies.
 fn eos_draw_proven(r: &Rollout, last: &PositionEvidence, sampling_seed: &Seed) -> bool {
     let pos = r.tokens.len() - 1;

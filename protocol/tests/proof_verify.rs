@@ -415,12 +415,11 @@ fn termination_rules() {
     last.cdf_lo = u - p.sample_eps / 2.0;
     last.cdf_hi = (u + 0.005).min(1.0);
     assert_eq!(check_termination(&r, &ev_low.positions, &[EOS], &w.seed, &p).status, Status::Pass);
-    // EOS admitted only as the neighbour across the edge next to the draw
+    // EOS admitted only as ambiguous, its interval within ε of the draw
     // (the validator's logits draw the previous token): the draw does not
     // decide, the floor applies.
     let last = ev_low.positions.last_mut().unwrap();
     last.cdf_lo = u + p.sample_eps / 2.0;
-    last.prev_lo = u - 0.1;
     assert_eq!(sampling::check_draw(u, last, p.sample_eps), SampleCheck::Ambiguous);
     assert!(matches!(
         check_termination(&r, &ev_low.positions, &[EOS], &w.seed, &p).status,
@@ -437,58 +436,6 @@ fn termination_rules() {
     let mut exact = cut.clone();
     exact.sampling.max_new_tokens = cut.completion().len() as u32;
     assert_eq!(check_termination(&exact, &ev_cut.positions, &[EOS], &w.seed, &p).status, Status::Pass);
-}
-
-/// Finds a completion position of `r` where some other token's interval lies
-/// within ε of the draw (the old edge-distance rule admitted it) but does not
-/// border the draw's edge; returns (position, that token).
-fn far_admissible_token(w: &World, r: &Rollout, eps: f64) -> Option<(usize, u32)> {
-    for pos in r.prompt_len as usize..r.tokens.len() {
-        let (logits, _) = model(&r.tokens[..pos], 0.0);
-        let u = draw_u(&w.seed, &r.miner, r.group, r.rollout, pos as u32);
-        for c in 0..V as u32 {
-            if c == r.tokens[pos] || c == EOS {
-                continue;
-            }
-            let st = token_stats(&logits, r.sampling.temperature, c as usize).unwrap();
-            let old = sampling::check_sample(u, st.cdf_lo, st.cdf_hi, eps);
-            if old == SampleCheck::Ambiguous && matches!(sampling::check_draw(u, &st, eps), SampleCheck::Outside { .. })
-            {
-                return Some((pos, c));
-            }
-        }
-    }
-    None
-}
-
-#[test]
-fn an_ambiguous_position_admits_only_the_tokens_bordering_the_edge() {
-    // review finding 7: a draw within ε of an edge let any token whose
-    // interval lies within ε through (a median of 182 on SmolLM2).
-    let w = World::new();
-    let p = VerifyParams::DEFAULT;
-    let (mut found, mut honest_ambiguous) = (0, 0);
-    for i in 0..8 {
-        let r = w.mine(i);
-        honest_ambiguous += w.verify(&r, &w.evidence(&r, 0.0)).sampling_counts.ambiguous;
-        let Some((pos, c)) = far_admissible_token(&w, &r, p.sample_eps) else { continue };
-        // Swap in the far token and sample honestly from there: every other
-        // position is an honest draw.
-        let mut prefix = r.tokens[..pos].to_vec();
-        prefix.push(c);
-        let cheat = w.mine_from(i, &prefix, false);
-        let v = w.verify(&cheat, &w.evidence(&cheat, 0.0));
-        match failure(&v, CheckKind::Sampling) {
-            Failure::SampleOutside { position, outside, .. } => {
-                assert_eq!((position, outside), (pos, 1), "only the swapped token is refused");
-            }
-            f => panic!("{f:?}"),
-        }
-        assert!(!v.accepted());
-        found += 1;
-    }
-    assert!(found >= 2, "the toy model's tail gives such positions: {found}");
-    assert!(honest_ambiguous > 0, "honest rollouts do have ambiguous positions, and pass");
 }
 
 #[test]

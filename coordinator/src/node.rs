@@ -53,7 +53,8 @@ pub struct Config {
     pub max_new_tokens: u32,
     /// Difficulty of the arith environment. Default 102 (one-digit
     /// subtraction: SmolLM2-135M solves ~36% greedy, so groups disagree and
-    /// GRPO has a signal; see `protocol::env::arith`).
+    /// GRPO has a signal; see `protocol::env::arith`). `--dev`: the practice
+    /// level (`protocol::env::PRACTICE_LEVEL`), which the random tiny model earns.
     pub difficulty: u32,
     /// The dataset file of the gsm8k environment (its blake3 is published
     /// with each window so miners and validators use the same file).
@@ -188,6 +189,10 @@ impl Config {
             groups_per_miner: 4,
             group_size: 4,
             max_new_tokens: 32,
+            // The random tiny model never adds right: at a real level every
+            // reward is 0, no group has variance and the trainer never
+            // steps. The practice level's brevity credit gives it a signal.
+            difficulty: tributary_protocol::env::PRACTICE_LEVEL,
             ..Self::default()
         }
     }

@@ -169,7 +169,7 @@ impl From<&TrainerStats> for TrainingJson {
 /// trainer key and its signature, stored, acknowledged. A refused report
 /// stores nothing.
 pub fn receive_trainer_stats(shared: &Shared, stats: TrainerStats) -> Frame {
-    let ok = stats.verify().is_ok();
+    let ok = stats.verify(&shared.network()).is_ok();
     let refuse = |code: ErrorCode, e: &dyn std::fmt::Display| {
         metrics::counter!("tributary_trainer_stats_refused_total").increment(1);
         tracing::warn!(error = %e, "trainer stats refused");

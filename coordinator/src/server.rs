@@ -219,6 +219,12 @@ pub struct Shared {
 impl Shared {
     /// Locks the core (a poisoned lock is recovered: the core has no invariants a panic can break half-way).
     pub fn core(&self) -> MutexGuard<'_, Core> {
+    /// This coordinator's network: what every signed document it takes or
+    /// signs names ([`wire::NetworkId::of`] its key).
+    pub fn network(&self) -> wire::NetworkId {
+        wire::NetworkId::of(&self.key.public())
+    }
+
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -517,7 +523,7 @@ fn penalise(sh: &Shared, now: u64, window: u64, miner: &PublicKey, reason: Rejec
         });
         return;
     }
-    let v = wire::Verdict::sign(body, &sh.key);
+    let v = wire::Verdict::sign(body, &sh.key, &sh.network());
     match sh.store.put_verdict(&v) {
         Ok(()) => {
             sh.core().apply_verdict(&v.body);
@@ -869,7 +875,8 @@ async fn serve_requests(
                 continue;
             }
             (Role::Validator, Frame::PostVerdict(v)) => {
-                let ok = v.verify().is_ok();
+                // Only the authenticated validator's own verdicts, signed for this network.
+                let ok = v.body.validator == peer && v.verify(&sh.network()).is_ok();
                 let res = {
                     let mut core = sh.core();
                     core.record_verdict(now, &v.body, ok).map(|()| {
@@ -903,7 +910,7 @@ async fn serve_requests(
                 }
             }
             (Role::Trainer, Frame::PostTrainerStats(s)) => crate::dashboard::receive_trainer_stats(sh, s),
-            (Role::Trainer, Frame::PublishCheckpoint(p)) => receive_checkpoint(sh, recv, p).await?,
+            (Role::Trainer, Frame::PublishCheckpoint(p)) => receive_checkpoint(sh, recv, peer, p).await?,
             (_, Frame::GetCheckpointPath(g)) => {
                 sh.relay.note_holds(peer, g.have);
                 match sh.relay.path(g.have, g.want) {
@@ -1017,7 +1024,8 @@ async fn handshake(
     }
     let nonce: [u8; 32] = rand::random();
     let coordinator = sh.key.public();
-    net::write_frame(send, &Frame::Challenge(Challenge { nonce, coordinator })).await?;
+    let proof = sh.key.sign(identity::domain::COORDINATOR_HANDSHAKE, &net::coordinator_proof_message(conn, &nonce)?);
+    net::write_frame(send, &Frame::Challenge(Challenge { nonce, coordinator, proof })).await?;
     let auth = match net::read_frame_with(recv, only(Tag::Auth)).await {
         Ok(Some(Frame::Auth(a))) => a,
         Ok(_) | Err(NetError::Unexpected(_)) => {
@@ -1383,7 +1391,8 @@ async fn receive_checkpoint(
     if hasher.finalize().as_bytes() != &p.body.payload_hash {
         return refuse(err(ErrorCode::Malformed, "payload hash mismatch"));
     }
-    if p.verify().is_err() {
+    // Signed by the authenticated trainer, for this network.
+    if p.body.trainer != peer || p.verify(&sh.network()).is_err() {
         return refuse(err(ErrorCode::BadSignature, "checkpoint announcement signature"));
     }
     // Idempotent for the same checkpoint; never two checkpoints for one window.
@@ -1437,3 +1446,4 @@ async fn receive_checkpoint(
     tracing::info!(id = %p.body.id, window = p.body.window, from, "checkpoint published");
     Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }))
 }
+    peer: PublicKey,

@@ -74,7 +74,7 @@ pub fn sign_due(
     let from = last.map_or(due, |l| l + 1).max(oldest);
     for w in from..=due {
         let body = shared.core().weights(w, shared.key.public());
-        let doc = WeightsDoc::sign(body, &shared.key);
+        let doc = WeightsDoc::sign(body, &shared.key, &shared.network());
         if shared.store.put_weights_doc(&doc)? {
             metrics::gauge!("tributary_weights_interval").set(w as f64);
             tracing::info!(interval = w, miners = doc.body.weights.len(), "weights document signed");

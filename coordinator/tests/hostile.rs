@@ -241,7 +241,7 @@ async fn a_checkpoint_uploaded_across_a_boundary_never_changes_an_open_window() 
         window: w,
         trainer: trainer.public(),
     };
-    within(t.send(&Frame::PublishCheckpoint(PublishCheckpoint::sign(body, &trainer)))).await.unwrap();
+    within(t.send(&Frame::PublishCheckpoint(PublishCheckpoint::sign(body, &trainer, &t.network())))).await.unwrap();
     let chunk = 1 << 20;
     let last = (bytes.len() - 1) / chunk * chunk;
     for off in (0..last).step_by(chunk) {
@@ -274,7 +274,7 @@ async fn a_checkpoint_uploaded_across_a_boundary_never_changes_an_open_window() 
         panic!("expected a path")
     };
     let ann = path.announcement.expect("the announcement comes with the path");
-    assert!(ann.verify().is_ok());
+    assert!(ann.verify(&node.shared.network()).is_ok());
     assert_eq!((ann.body.id, ann.body.trainer), (id, trainer.public()));
     // What a restart restores agrees.
     let stored = node.shared.store.checkpoints().unwrap();
@@ -340,9 +340,11 @@ async fn connections_are_capped_per_address_and_per_key_and_idle_miners_dropped(
 }
 
 /// E6: a server the miner dialled relays the miner's handshake to the real
-/// coordinator. The signature is bound to the TLS session the miner signed
-/// on, so the coordinator refuses it. Before: the relay was logged in as the
-/// miner, and one bad-signature rollout under its key banned it.
+/// coordinator. The coordinator's proof in the challenge is bound to the TLS
+/// session it was made on, so the miner refuses the relayed challenge before
+/// it signs anything; and a client signature made on another TLS session is
+/// refused by the coordinator. Before: the relay was logged in as the miner,
+/// and one bad-signature rollout under its key banned it.
 #[tokio::test]
 async fn a_relayed_handshake_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -363,21 +365,31 @@ async fn a_relayed_handshake_is_refused() {
         net::write_frame(&mut cs, &hello).await.unwrap();
         let challenge = net::read_frame(&mut cr).await.unwrap().unwrap();
         net::write_frame(&mut vs, &challenge).await.unwrap();
-        let auth = net::read_frame(&mut vr).await.unwrap().unwrap();
-        net::write_frame(&mut cs, &auth).await.unwrap();
-        let answer = net::read_frame(&mut cr).await.unwrap().unwrap();
-        net::write_frame(&mut vs, &answer).await.unwrap();
-        let _ = vs.finish();
-        let _ = tokio::time::timeout(Duration::from_secs(2), vs.stopped()).await;
-        (answer, ep, relay, victim)
+        let auth = tokio::time::timeout(Duration::from_secs(3), net::read_frame(&mut vr)).await;
+        let signed = matches!(auth, Ok(Ok(Some(Frame::Auth(_)))));
+        (signed, ep, relay, victim)
     });
     let victim = Keypair::from_seed([35; 32]);
     let r = within(Session::connect(relay_addr, &relay_pin, &victim, Role::Miner)).await;
-    assert!(matches!(r, Err(NetError::Refused(ErrorCode::BadHandshake, _))), "{:?}", r.map(|_| "logged in"));
-    let (answer, _ep, _relay, _victim) = within(mitm).await.unwrap();
-    match answer {
-        Frame::Error(e) => assert_eq!(e.code, ErrorCode::BadHandshake),
-        f => panic!("the coordinator accepted a relayed handshake: {f:?}"),
+    assert!(matches!(r, Err(NetError::CoordinatorKey { .. })), "{:?}", r.map(|_| "logged in"));
+    let (signed, _ep, _relay, _victim) = within(mitm).await.unwrap();
+    assert!(!signed, "the miner signed a relayed challenge");
+
+    // A client that signed anyway: its signature is bound to the session it
+    // was made on, and the coordinator refuses it on any other.
+    let (_e1, other) = raw_connect(&node).await;
+    let (_e2, conn) = raw_connect(&node).await;
+    let (other, conn) = (other.unwrap(), conn.unwrap());
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let hello = Hello { version: PROTOCOL_VERSION, role: Role::Miner, key: victim.public() };
+    within(net::write_frame(&mut send, &Frame::Hello(hello.clone()))).await.unwrap();
+    let Some(Frame::Challenge(c)) = within(net::read_frame(&mut recv)).await.unwrap() else { panic!("no challenge") };
+    let elsewhere = net::handshake_message(&other, &c.nonce, &c.coordinator, &hello).unwrap();
+    let signature = victim.sign(tributary_protocol::identity::domain::HANDSHAKE, &elsewhere);
+    within(net::write_frame(&mut send, &Frame::Auth(Auth { signature }))).await.unwrap();
+    match within(net::read_frame(&mut recv)).await.unwrap() {
+        Some(Frame::Error(e)) => assert_eq!(e.code, ErrorCode::BadHandshake),
+        f => panic!("the coordinator accepted a signature from another session: {f:?}"),
     }
 }
 

@@ -143,6 +143,7 @@ async fn stream_ack_and_refuse_bad_input() {
             evidence: vec![],
         },
         &key,
+        &s.network(),
     );
     let r = within(s.request(&Frame::PostVerdict(v))).await;
     assert!(matches!(r, Err(NetError::Refused(ErrorCode::UnexpectedFrame, _))), "{r:?}");

@@ -62,27 +62,28 @@ async fn only_the_trainer_key_reports_training() {
     let node = start(dir.path(), 600_000).await;
     let trainer = tributary_protocol::dev::key(Role::Trainer);
     let mut t = within(Session::connect(node.quic, &node.fingerprint, &trainer, Role::Trainer)).await.unwrap();
+    let net = t.network();
     let stored = || node.shared.store.trainer_stats(0, u64::MAX).unwrap();
 
     // Another key (a miner's, the validator's) signing its own report, on the trainer's connection: refused.
     for other in [Keypair::from_seed([9; 32]), tributary_protocol::dev::key(Role::Validator)] {
-        let forged = TrainerStats::sign(body(3, &other), &other);
-        forged.verify().unwrap();
+        let forged = TrainerStats::sign(body(3, &other), &other, &net);
+        forged.verify(&net).unwrap();
         let ans = within(t.request(&Frame::PostTrainerStats(forged))).await;
         assert_eq!(error_code(ans), ErrorCode::BadSignature);
     }
     // The trainer's key named, another key's signature: refused.
-    let mut wrong_sig = TrainerStats::sign(body(3, &trainer), &trainer);
-    wrong_sig.signature = TrainerStats::sign(body(3, &trainer), &Keypair::from_seed([9; 32])).signature;
+    let mut wrong_sig = TrainerStats::sign(body(3, &trainer), &trainer, &net);
+    wrong_sig.signature = TrainerStats::sign(body(3, &trainer), &Keypair::from_seed([9; 32]), &net).signature;
     assert_eq!(error_code(within(t.request(&Frame::PostTrainerStats(wrong_sig))).await), ErrorCode::BadSignature);
     // A tampered figure: refused.
-    let mut tampered = TrainerStats::sign(body(3, &trainer), &trainer);
+    let mut tampered = TrainerStats::sign(body(3, &trainer), &trainer, &net);
     tampered.body.loss = -10.0;
     assert_eq!(error_code(within(t.request(&Frame::PostTrainerStats(tampered))).await), ErrorCode::BadSignature);
     assert!(stored().is_empty(), "a refused report was stored");
 
     // The trainer's own report: stored and acknowledged, on the same connection.
-    let good = TrainerStats::sign(body(3, &trainer), &trainer);
+    let good = TrainerStats::sign(body(3, &trainer), &trainer, &net);
     match within(t.request(&Frame::PostTrainerStats(good.clone()))).await.unwrap() {
         Frame::TrainerStatsAck(a) => assert_eq!(a.window, 3),
         f => panic!("expected an ack, got {f:?}"),
@@ -94,10 +95,10 @@ async fn only_the_trainer_key_reports_training() {
     // A miner connection may not post reports at all, even one the trainer signed.
     let m = Keypair::from_seed([5; 32]);
     let mut s = within(Session::connect(node.quic, &node.fingerprint, &m, Role::Miner)).await.unwrap();
-    let own = TrainerStats::sign(body(4, &m), &m);
+    let own = TrainerStats::sign(body(4, &m), &m, &net);
     assert_eq!(error_code(within(s.request(&Frame::PostTrainerStats(own))).await), ErrorCode::UnexpectedFrame);
     let mut s = within(Session::connect(node.quic, &node.fingerprint, &m, Role::Miner)).await.unwrap();
-    let relayed = TrainerStats::sign(body(4, &trainer), &trainer);
+    let relayed = TrainerStats::sign(body(4, &trainer), &trainer, &net);
     assert_eq!(error_code(within(s.request(&Frame::PostTrainerStats(relayed))).await), ErrorCode::UnexpectedFrame);
     assert_eq!(stored(), vec![good]);
 }
@@ -128,10 +129,11 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
             hard_failure: false,
             soft_failures: 0,
             reasons: vec![],
-        },
             passed: vec![],
             evidence: vec![],
+        },
         &validator,
+        &v.network(),
     );
     assert!(matches!(within(v.request(&Frame::PostVerdict(verdict))).await.unwrap(), Frame::VerdictAck(_)));
     assert!(now() < schedule.opens_at(2), "the machine is too slow for {window_ms} ms windows");
@@ -165,7 +167,8 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     t.body.window = 1;
     assert_eq!(WeightsDoc::decode_verified(&t.encode(), &coordinator), Err(WeightsDocError::BadSignature));
     let impostor = Keypair::from_seed([8; 32]);
-    let forged = WeightsDoc::sign(WeightsBody { coordinator: impostor.public(), ..doc.body.clone() }, &impostor);
+    let forged =
+        WeightsDoc::sign(WeightsBody { coordinator: impostor.public(), ..doc.body.clone() }, &impostor, &v.network());
     assert_eq!(WeightsDoc::decode_verified(&forged.encode(), &coordinator), Err(WeightsDocError::WrongCoordinator));
     let mut flipped = doc.encode();
     let last = flipped.len() - 1;
@@ -183,7 +186,8 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     .await;
     next.verify_by(&coordinator).unwrap();
     assert_eq!(node.shared.store.weights_doc(0).unwrap(), Some(doc.clone()));
-    let rewrite = WeightsDoc::sign(WeightsBody { weights: vec![], ..doc.body.clone() }, &node.shared.key);
+    let rewrite =
+        WeightsDoc::sign(WeightsBody { weights: vec![], ..doc.body.clone() }, &node.shared.key, &node.shared.network());
     assert!(!node.shared.store.put_weights_doc(&rewrite).unwrap());
     assert_eq!(node.shared.store.weights_doc(0).unwrap(), Some(doc));
 }

@@ -49,6 +49,10 @@ pub struct MinerConfig {
     /// A CA certificate file (PEM) that signed the coordinator's certificate; this or `fingerprint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<PathBuf>,
+    /// The coordinator's key (hex): a coordinator with another key is
+    /// refused. Default: pinned on first sight in the data folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_key: Option<String>,
     /// Data folder (key, models). Default `miner-data`.
     #[serde(default = "default_data")]
     pub data: PathBuf,
@@ -137,6 +141,7 @@ impl MinerConfig {
             coordinator: coordinator.into(),
             fingerprint: Some(fingerprint.into()),
             ca: None,
+            coordinator_key: None,
             data: default_data(),
             gpu_layers: 0,
             threads: None,

@@ -216,6 +216,9 @@ impl RunArgs {
             cfg.coordinator = c.clone();
         }
         common.override_pin(&mut cfg.fingerprint, &mut cfg.ca);
+        if common.coordinator_key.is_some() {
+            cfg.coordinator_key.clone_from(&common.coordinator_key);
+        }
         if let Some(d) = &common.data {
             cfg.data = d.clone();
         }
@@ -274,7 +277,10 @@ fn run(args: RunArgs) -> Result<()> {
     };
     println!("miner={}", key.public());
     let threads = conf.threads.unwrap_or_else(default_threads);
-    let mut cfg = RunConfig::new(UplinkConfig::new(addr, pin), key, data.join("models"), threads);
+    let mut uplink = UplinkConfig::new(addr, pin);
+    uplink.coordinator_key =
+        tributary_net::KeyPin::resolve(conf.coordinator_key.as_deref(), Some(data.as_path()), args.common.dev)?;
+    let mut cfg = RunConfig::new(uplink, key, data.join("models"), threads);
     cfg.loader = match conf.backend {
         MinerBackend::Llama => mine::llama_loader(threads, conf.gpu_layers),
         #[cfg(feature = "wgpu")]

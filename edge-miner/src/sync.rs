@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::delta::{self, DeltaError, DeltaLimits};
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{CheckpointPath, Frame, GetCheckpoint, GetCheckpointPath, GetDelta, PathStep};
+use tributary_protocol::wire::{
+    CheckpointPath, Frame, GetCheckpoint, GetCheckpointPath, GetDelta, NetworkId, PathStep,
+};
 
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
@@ -93,11 +95,11 @@ pub const TRAINER_PIN_FILE: &str = "trainer.pub";
 /// in [`TRAINER_PIN_FILE`]), and that every step delivering the announced
 /// payload carries the announced hash. A path without an announcement is
 /// the genesis checkpoint's.
-pub fn check_announcement(dir: &Path, path: &CheckpointPath) -> Result<(), SyncError> {
+pub fn check_announcement(dir: &Path, network: &NetworkId, path: &CheckpointPath) -> Result<(), SyncError> {
     let Some(a) = &path.announcement else { return Ok(()) };
     let refuse = |m: String| Err(SyncError::Announcement(m));
-    if a.verify().is_err() {
-        return refuse(format!("bad trainer signature on {}", a.body.id));
+    if let Err(e) = a.verify(network) {
+        return refuse(format!("trainer announcement of {}: {e}", a.body.id));
     }
     if a.body.id != path.target {
         return refuse(format!("announcement names {}, path ends at {}", a.body.id, path.target));
@@ -448,7 +450,8 @@ pub async fn sync_once(
     if Some(target) == active || Some(target) == staged {
         return Ok(());
     }
-    if let Err(e) = check_announcement(&models.dir, &path) {
+    let network = uplink.network().await?;
+    if let Err(e) = check_announcement(&models.dir, &network, &path) {
         emit(SyncEvent::Refused { id: target, reason: e.to_string() });
         return Err(e);
     }
@@ -475,7 +478,7 @@ pub async fn sync_once(
             path.steps.clone()
         } else {
             let full = ask_path(uplink, None, Some(target)).await?;
-            check_announcement(&models.dir, &full)?;
+            check_announcement(&models.dir, &network, &full)?;
             full.steps
         };
         match prepare(uplink, models, slot, active, &steps, target, cfg.progress).await {
@@ -726,6 +729,8 @@ mod tests {
     use tributary_protocol::identity::Keypair;
     use tributary_protocol::wire::{CheckpointBody, CheckpointKind, PublishCheckpoint};
 
+    const NET: NetworkId = NetworkId([3; 32]);
+
     fn path(trainer: &Keypair, id: ContentId, hash: [u8; 32]) -> CheckpointPath {
         let body = CheckpointBody {
             id,
@@ -739,7 +744,7 @@ mod tests {
             target: id,
             from_window: 4,
             steps: vec![PathStep { id, base: None, len: 10, payload_hash: hash }],
-            announcement: Some(PublishCheckpoint::sign(body, trainer)),
+            announcement: Some(PublishCheckpoint::sign(body, trainer, &NET)),
         }
     }
 
@@ -752,10 +757,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (trainer, other) = (Keypair::from_seed([1; 32]), Keypair::from_seed([2; 32]));
         let id = ContentId([9; 32]);
-        check_announcement(dir.path(), &path(&trainer, id, [5; 32])).unwrap();
+        check_announcement(dir.path(), &NET, &path(&trainer, id, [5; 32])).unwrap();
         assert!(dir.path().join(TRAINER_PIN_FILE).is_file());
-        check_announcement(dir.path(), &path(&trainer, id, [5; 32])).unwrap();
-        let refused = |p: &CheckpointPath| matches!(check_announcement(dir.path(), p), Err(SyncError::Announcement(_)));
+        check_announcement(dir.path(), &NET, &path(&trainer, id, [5; 32])).unwrap();
+        let refused =
+            |p: &CheckpointPath| matches!(check_announcement(dir.path(), &NET, p), Err(SyncError::Announcement(_)));
         assert!(refused(&path(&other, id, [5; 32])), "another trainer");
         let mut forged = path(&trainer, id, [5; 32]);
         if let Some(a) = &mut forged.announcement {
@@ -766,8 +772,12 @@ mod tests {
         elsewhere.target = ContentId([8; 32]);
         assert!(refused(&elsewhere), "announcement of another checkpoint");
         assert!(refused(&path(&trainer, id, [6; 32])), "not the announced payload");
+        // The trainer's announcement on another network (the same trainer key serving both).
+        let other_net = NetworkId([4; 32]);
+        let p = path(&trainer, id, [5; 32]);
+        assert!(matches!(check_announcement(dir.path(), &other_net, &p), Err(SyncError::Announcement(_))));
         // The genesis path has no announcement.
         let genesis = CheckpointPath { target: id, from_window: 0, steps: vec![], announcement: None };
-        check_announcement(dir.path(), &genesis).unwrap();
+        check_announcement(dir.path(), &NET, &genesis).unwrap();
     }
 }

@@ -8,12 +8,13 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tributary_net::{Backoff, ConnectFailure, NetError, Session};
+use tributary_net::{Backoff, ConnectFailure, KeyPin, NetError, Session};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{
-    self, Blob, ErrorCode, Frame, GetProgress, GetWindow, Outcome, RejectReason, Role, Submit, SubmitBatch, WindowInfo,
+    self, Blob, ErrorCode, Frame, GetProgress, GetWindow, NetworkId, Outcome, RejectReason, Role, Submit, SubmitBatch,
+    WindowInfo,
 };
 
 /// Uplink failures.
@@ -45,6 +46,8 @@ pub struct UplinkConfig {
     pub addr: SocketAddr,
     /// Its certificate fingerprint (hex).
     pub fingerprint: String,
+    /// The coordinator key this miner accepts (its network).
+    pub coordinator_key: KeyPin,
     /// First retry delay.
     pub min_backoff: Duration,
     /// Longest retry delay.
@@ -59,6 +62,7 @@ impl UplinkConfig {
         Self {
             addr,
             fingerprint: fingerprint.into(),
+            coordinator_key: KeyPin::Any,
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(30),
             max_attempts: 20,
@@ -121,6 +125,7 @@ impl Uplink {
             let s = Session::connect_with_backoff(
                 self.cfg.addr,
                 &self.cfg.fingerprint,
+                &self.cfg.coordinator_key,
                 &self.key,
                 Role::Miner,
                 backoff,
@@ -135,6 +140,11 @@ impl Uplink {
             self.session = Some(s);
         }
         self.session.as_mut().ok_or(UplinkError::NoWindow)
+    }
+
+    /// The network of the coordinator this uplink is connected to (connecting if needed).
+    pub async fn network(&mut self) -> Result<NetworkId, UplinkError> {
+        Ok(self.session().await?.network())
     }
 
     /// Drops the connection (the next call reconnects).

@@ -8,9 +8,12 @@
 //! overrides a flag's help with clap's `mut_arg`), its own config struct and
 //! its own defaults.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::wire::Role;
 
 /// How a client finds and pins its coordinator, and where it keeps its data.
 /// Each overrides the config file's key of the same name.
@@ -34,6 +37,11 @@ pub struct CoordinatorArgs {
     /// CA certificate (PEM) that signed the coordinator's certificate.
     #[arg(long)]
     pub ca: Option<PathBuf>,
+    /// The coordinator's key (hex, `coordinator key`): a coordinator with
+    /// another key is refused. Default: the key pinned on first sight in the
+    /// data folder (none with --dev).
+    #[arg(long)]
+    pub coordinator_key: Option<String>,
     /// Data folder.
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -49,6 +57,44 @@ impl CoordinatorArgs {
             ca.clone_from(&self.ca);
         }
     }
+}
+
+/// Why a client role refuses to start: the public `--dev` keys belong to
+/// `--dev` networks on one machine only.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DevKeyError {
+    /// Outside `--dev`, the role's key is its public `--dev` key.
+    #[error(
+        "the {role} key {key} is the public --dev key (anyone can sign as it); outside --dev use a key of your own"
+    )]
+    DevKeyOutsideDev {
+        /// The role.
+        role: &'static str,
+        /// The key.
+        key: PublicKey,
+    },
+    /// `--dev` (the public key) towards a coordinator on another machine.
+    #[error("--dev signs with the public {role} key and joins only a coordinator on this machine, not {addr}")]
+    DevOffLoopback {
+        /// The role.
+        role: &'static str,
+        /// The coordinator's address.
+        addr: SocketAddr,
+    },
+}
+
+/// Refuses the public `--dev` key of `role` outside `--dev`, and `--dev`
+/// towards a coordinator that is not on loopback (a production network
+/// would take the public key's verdicts or checkpoints from anyone).
+pub fn refuse_dev_keys(dev: bool, role: Role, key: &PublicKey, coordinator: SocketAddr) -> Result<(), DevKeyError> {
+    let role_name = role.as_str();
+    if dev && !coordinator.ip().is_loopback() {
+        return Err(DevKeyError::DevOffLoopback { role: role_name, addr: coordinator });
+    }
+    if !dev && *key == tributary_protocol::dev::key(role).public() {
+        return Err(DevKeyError::DevKeyOutsideDev { role: role_name, key: *key });
+    }
+    Ok(())
 }
 
 /// A configuration file's paths that are relative to the file's folder
@@ -144,6 +190,23 @@ mod tests {
         assert!(cause.contains("unknown field `zz_not_a_key`, expected one of"), "{cause}");
         let e = load_config::<Conf>(&dir.path().join("absent.toml")).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn dev_keys_only_with_dev_and_dev_only_on_loopback() {
+        let local: SocketAddr = "127.0.0.1:4433".parse().unwrap();
+        let remote: SocketAddr = "203.0.113.7:4433".parse().unwrap();
+        for role in [Role::Validator, Role::Trainer] {
+            let dev_key = tributary_protocol::dev::key(role).public();
+            let own = tributary_protocol::identity::Keypair::from_seed([41; 32]).public();
+            assert!(matches!(refuse_dev_keys(false, role, &dev_key, local), Err(DevKeyError::DevKeyOutsideDev { .. })));
+            assert!(matches!(refuse_dev_keys(true, role, &dev_key, remote), Err(DevKeyError::DevOffLoopback { .. })));
+            assert_eq!(refuse_dev_keys(true, role, &dev_key, local), Ok(()));
+            assert_eq!(refuse_dev_keys(false, role, &own, remote), Ok(()));
+            assert!(
+                refuse_dev_keys(false, role, &dev_key, local).unwrap_err().to_string().contains("public --dev key")
+            );
+        }
     }
 
     #[derive(clap::Parser, Debug)]

@@ -61,6 +61,15 @@ pub enum NetError {
     /// The peer answered with an unexpected frame.
     #[error("unexpected frame {0:?}")]
     Unexpected(wire::Tag),
+    /// The coordinator is not the one this client pinned: it names another
+    /// key, or it cannot prove on this session that it holds the key it names.
+    #[error("refusing coordinator {got}: {why}")]
+    CoordinatorKey {
+        /// The key the coordinator named.
+        got: PublicKey,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 impl NetError {
@@ -68,6 +77,7 @@ impl NetError {
     /// version, a failed handshake.
     pub fn is_final(&self) -> bool {
         matches!(self, NetError::Refused(c, _) if matches!(c, wire::ErrorCode::Unauthorized | wire::ErrorCode::Version | wire::ErrorCode::BadHandshake))
+            || matches!(self, NetError::CoordinatorKey { .. })
     }
 }
 
@@ -138,6 +148,98 @@ pub fn handshake_message(
     let mut msg = wire::handshake_bytes(nonce, coordinator, hello);
     msg.extend_from_slice(&exported);
     Ok(msg)
+}
+
+/// What the coordinator signs (under
+/// [`identity::domain::COORDINATOR_HANDSHAKE`]) to prove it holds the key it
+/// names in its [`wire::Challenge`]: the nonce and the same TLS keying
+/// material as [`handshake_message`], so the proof is valid on this session only.
+pub fn coordinator_proof_message(conn: &quinn::Connection, nonce: &[u8; 32]) -> Result<Vec<u8>, NetError> {
+    let mut exported = [0u8; 32];
+    conn.export_keying_material(&mut exported, HANDSHAKE_EXPORTER_LABEL, nonce)
+        .map_err(|_| NetError::Tls("exporting TLS keying material failed".into()))?;
+    let mut msg = nonce.to_vec();
+    msg.extend_from_slice(&exported);
+    Ok(msg)
+}
+
+/// The file in a client's data folder holding the coordinator key it pinned
+/// on first sight (when none is configured).
+pub const COORDINATOR_PIN_FILE: &str = "coordinator.pub";
+
+/// Which coordinator key a client accepts. Whatever the pin, the coordinator
+/// must prove on the session that it holds the key it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPin {
+    /// Any key (`--dev`, tests).
+    Any,
+    /// Exactly this key (`coordinator_key` in the configuration, `--coordinator-key`).
+    Exact(PublicKey),
+    /// The key in this file; written with the first key seen if the file is
+    /// absent (trust on first use).
+    File(std::path::PathBuf),
+}
+
+impl KeyPin {
+    /// The pin of a client role: the configured key if any; else nothing
+    /// with `--dev`; else the pin file in the data folder (if there is one).
+    pub fn resolve(configured: Option<&str>, data: Option<&Path>, dev: bool) -> Result<KeyPin, NetError> {
+        if let Some(k) = configured {
+            let key = k.trim().parse::<PublicKey>().map_err(|e| {
+                NetError::Io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("coordinator_key {k:?}: {e}"),
+                ))
+            })?;
+            return Ok(KeyPin::Exact(key));
+        }
+        Ok(match data {
+            Some(d) if !dev => KeyPin::File(d.join(COORDINATOR_PIN_FILE)),
+            _ => KeyPin::Any,
+        })
+    }
+
+    /// Checks the key a coordinator named (before the client signs anything).
+    fn check(&self, got: &PublicKey) -> Result<(), NetError> {
+        let (expected, whence) = match self {
+            KeyPin::Any => return Ok(()),
+            KeyPin::Exact(k) => (*k, "configured (`coordinator_key` / --coordinator-key)".to_string()),
+            KeyPin::File(path) => match std::fs::read_to_string(path) {
+                Ok(text) => {
+                    let k = text.trim().parse::<PublicKey>().map_err(|e| NetError::CoordinatorKey {
+                        got: *got,
+                        why: format!("pin file {}: {e}", path.display()),
+                    })?;
+                    (k, format!("pinned on first sight in {}", path.display()))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(NetError::Io(e)),
+            },
+        };
+        if expected == *got {
+            return Ok(());
+        }
+        Err(NetError::CoordinatorKey {
+            got: *got,
+            why: format!(
+                "this client trusts coordinator key {expected}, {whence}; a coordinator with another key is another network"
+            ),
+        })
+    }
+
+    /// After a successful handshake: writes the key to an absent pin file.
+    fn record(&self, got: &PublicKey) -> Result<(), NetError> {
+        if let KeyPin::File(path) = self
+            && !path.exists()
+        {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(path, format!("{got}\n"))?;
+            tracing::info!(coordinator = %got, file = %path.display(), "coordinator key pinned");
+        }
+        Ok(())
+    }
 }
 
 /// A QUIC server config with the ALPN and transport limits.
@@ -526,8 +628,22 @@ pub struct Session {
 
 impl Session {
     /// Connects, pins the certificate (`pin`: a pin spec, [`Pin::parse`]), and
-    /// proves possession of `key` for `role`.
+    /// proves possession of `key` for `role`, to a coordinator with any key
+    /// ([`KeyPin::Any`]; see [`Session::connect_pinned`]).
     pub async fn connect(addr: SocketAddr, pin: &str, key: &Keypair, role: Role) -> Result<Self, NetError> {
+        Self::connect_pinned(addr, pin, &KeyPin::Any, key, role).await
+    }
+
+    /// Connects, pins the certificate (`pin`: a pin spec, [`Pin::parse`]),
+    /// checks that the coordinator holds a key `coordinator_key` accepts
+    /// (before signing anything), and proves possession of `key` for `role`.
+    pub async fn connect_pinned(
+        addr: SocketAddr,
+        pin: &str,
+        coordinator_key: &KeyPin,
+        key: &Keypair,
+        role: Role,
+    ) -> Result<Self, NetError> {
         let bind: SocketAddr =
             if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().map_err(|_| NetError::Closed)?;
         let mut endpoint = quinn::Endpoint::client(bind)?;
@@ -541,6 +657,14 @@ impl Session {
             Frame::Error(ErrorFrame { code, detail }) => return Err(NetError::Refused(code, detail)),
             other => return Err(NetError::Unexpected(other.tag())),
         };
+        coordinator_key.check(&challenge.coordinator)?;
+        let proof = coordinator_proof_message(&conn, &challenge.nonce)?;
+        if challenge.coordinator.verify(identity::domain::COORDINATOR_HANDSHAKE, &proof, &challenge.proof).is_err() {
+            return Err(NetError::CoordinatorKey {
+                got: challenge.coordinator,
+                why: "it did not prove on this connection that it holds that key".into(),
+            });
+        }
         let msg = handshake_message(&conn, &challenge.nonce, &challenge.coordinator, &hello)?;
         let signature = key.sign(identity::domain::HANDSHAKE, &msg);
         write_frame(&mut send, &Frame::Auth(Auth { signature })).await?;
@@ -549,7 +673,14 @@ impl Session {
             Frame::Error(ErrorFrame { code, detail }) => return Err(NetError::Refused(code, detail)),
             other => return Err(NetError::Unexpected(other.tag())),
         };
+        coordinator_key.record(&challenge.coordinator)?;
         Ok(Self { conn, send, recv, coordinator: challenge.coordinator, welcome, endpoint })
+    }
+
+    /// The network this session's coordinator names ([`wire::NetworkId::of`]
+    /// its key): what this client signs documents for.
+    pub fn network(&self) -> wire::NetworkId {
+        wire::NetworkId::of(&self.coordinator)
     }
 
     /// [`connect`](Self::connect), retried with `backoff` while the failure is
@@ -557,6 +688,7 @@ impl Session {
     pub async fn connect_with_backoff(
         addr: SocketAddr,
         pin: &str,
+        coordinator_key: &KeyPin,
         key: &Keypair,
         role: Role,
         backoff: Backoff,
@@ -566,7 +698,7 @@ impl Session {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::connect(addr, pin, key, role).await {
+            match Self::connect_pinned(addr, pin, coordinator_key, key, role).await {
                 Ok(s) => return Ok(s),
                 Err(e) if e.is_final() => return Err(ConnectFailure::Refused(e)),
                 Err(e) if attempt >= backoff.attempts => {
@@ -651,7 +783,9 @@ mod tests {
         // a CA pin holding no certificate fails before any packet is sent,
         // and is not a final refusal
         let pin = "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n";
-        let r = Session::connect_with_backoff(addr, pin, &key, Role::Miner, backoff, |_, d| waits.push(d)).await;
+        let r =
+            Session::connect_with_backoff(addr, pin, &KeyPin::Any, &key, Role::Miner, backoff, |_, d| waits.push(d))
+                .await;
         match r {
             Err(ConnectFailure::Unreachable { attempts, last }) => {
                 assert_eq!(attempts, 4);

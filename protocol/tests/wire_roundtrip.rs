@@ -37,7 +37,11 @@ fn reason() -> impl Strategy<Value = RejectReason> {
 fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
         (any::<u16>(), role(), key()).prop_map(|(version, role, key)| Frame::Hello(Hello { version, role, key })),
-        (any::<[u8; 32]>(), key()).prop_map(|(nonce, coordinator)| Frame::Challenge(Challenge { nonce, coordinator })),
+        (any::<[u8; 32]>(), key(), sig()).prop_map(|(nonce, coordinator, proof)| Frame::Challenge(Challenge {
+            nonce,
+            coordinator,
+            proof
+        })),
         sig().prop_map(|signature| Frame::Auth(Auth { signature })),
         (any::<u64>(), 0u64..1 << 50, 1u64..1 << 30).prop_map(|(now_ms, g, l)| Frame::Welcome(Welcome {
             now_ms,
@@ -88,6 +92,7 @@ fn frame() -> impl Strategy<Value = Frame> {
         (any::<u64>(), key(), key(), any::<[u32; 4]>(), any::<bool>(), sig()).prop_map(
             |(window, miner, validator, n, hard, signature)| {
                 Frame::PostVerdict(Verdict {
+                    network: NetworkId([3; 32]),
                     body: VerdictBody {
                         window,
                         miner,
@@ -98,17 +103,18 @@ fn frame() -> impl Strategy<Value = Frame> {
                         hard_failure: hard,
                         soft_failures: n[3],
                         reasons: vec![format!("Sketch: {}", n[0])],
+                        passed: vec![[n[0] as u8; 32]],
+                        evidence: vec![],
                     },
                     signature,
                 })
             }
         ),
-                        passed: vec![[n[0] as u8; 32]],
-                        evidence: vec![],
         (any::<u64>(), key()).prop_map(|(window, miner)| Frame::VerdictAck(VerdictAck { window, miner })),
         Just(Frame::GetWeights(GetWeights)),
         (any::<u64>(), proptest::collection::vec((key(), 0.0f64..1.0), 0..10), key(), sig()).prop_map(
             |(window, weights, coordinator, signature)| Frame::Weights(WeightsDoc {
+                network: NetworkId([3; 32]),
                 body: WeightsBody { window, weights, coordinator },
                 signature,
             })
@@ -116,6 +122,7 @@ fn frame() -> impl Strategy<Value = Frame> {
         (any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>(), key(), sig()).prop_map(
             |(id, base, len, trainer, signature)| {
                 Frame::PublishCheckpoint(PublishCheckpoint {
+                    network: NetworkId([3; 32]),
                     body: CheckpointBody {
                         id: ContentId(id),
                         kind: base.map_or(CheckpointKind::Full, |base| CheckpointKind::Delta { base: ContentId(base) }),
@@ -164,8 +171,11 @@ fn frame() -> impl Strategy<Value = Frame> {
             .prop_map(|(seq, rollouts)| Frame::SubmitBatch(SubmitBatch { seq, rollouts })),
         (any::<u64>(), proptest::collection::vec(outcome(), 0..16))
             .prop_map(|(seq, outcomes)| Frame::BatchAnswer(BatchAnswer { seq, outcomes })),
-        (trainer_stats_body(), sig())
-            .prop_map(|(body, signature)| Frame::PostTrainerStats(TrainerStats { body, signature })),
+        (trainer_stats_body(), sig()).prop_map(|(body, signature)| Frame::PostTrainerStats(TrainerStats {
+            network: NetworkId([3; 32]),
+            body,
+            signature
+        })),
         any::<u64>().prop_map(|window| Frame::TrainerStatsAck(TrainerStatsAck { window })),
     ]
 }

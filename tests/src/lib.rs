@@ -588,6 +588,7 @@ pub fn trainer_config(
     trainer::service::ServiceConfig {
         coordinator: quic,
         fingerprint: fingerprint.to_string(),
+        coordinator_key: tributary_net::KeyPin::Any,
         key: tributary_protocol::dev::key(Role::Trainer),
         dir: dir.join("state"),
         genesis,
@@ -795,7 +796,7 @@ pub async fn publish(
         window,
         trainer: key.public(),
     };
-    within(30, s.send(&Frame::PublishCheckpoint(PublishCheckpoint::sign(body, &key)))).await?;
+    within(30, s.send(&Frame::PublishCheckpoint(PublishCheckpoint::sign(body, &key, &s.network())))).await?;
     for (i, c) in payload.chunks(MAX_CHUNK_LEN as usize).enumerate() {
         let f = Frame::CheckpointChunk(CheckpointChunk {
             id,

@@ -24,6 +24,7 @@ async fn trainer_publishes_and_miners_follow() {
     let cfg = ServiceConfig {
         coordinator: net.node.quic,
         fingerprint: net.node.fingerprint.clone(),
+        coordinator_key: tributary_net::KeyPin::Any,
         key: tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer),
         dir: net.dir.path().join("trainer"),
         genesis,

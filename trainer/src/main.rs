@@ -102,6 +102,9 @@ struct RunConfig {
     fingerprint: Option<String>,
     /// CA certificate file (PEM); this or `fingerprint`.
     ca: Option<PathBuf>,
+    /// The coordinator's key (hex): a coordinator with another key is
+    /// refused. Default: pinned on first sight in the state folder.
+    coordinator_key: Option<String>,
     /// State folder (weights, optimiser moments, publications). Default `trainer-data`.
     data: PathBuf,
     /// The genesis checkpoint (the coordinator's `model`). Required without `--dev`.
@@ -125,6 +128,7 @@ impl Default for RunConfig {
             coordinator: None,
             fingerprint: None,
             ca: None,
+            coordinator_key: None,
             data: "trainer-data".into(),
             model: None,
             key: None,
@@ -161,6 +165,9 @@ impl RunArgs {
             c.coordinator.clone_from(&common.coordinator);
         }
         common.override_pin(&mut c.fingerprint, &mut c.ca);
+        if common.coordinator_key.is_some() {
+            c.coordinator_key.clone_from(&common.coordinator_key);
+        }
         if let Some(d) = &common.data {
             c.data = d.clone();
         }
@@ -195,6 +202,9 @@ fn run(args: RunArgs) -> Result<()> {
         (None, true) => tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer),
         (None, false) => anyhow::bail!("give the trainer key (`key` or --key FILE), or --dev"),
     };
+    tributary_net::cli::refuse_dev_keys(dev, tributary_protocol::wire::Role::Trainer, &key.public(), coordinator)?;
+    let coordinator_key =
+        tributary_net::KeyPin::resolve(conf.coordinator_key.as_deref(), Some(conf.data.as_path()), dev)?;
     let genesis = match (&conf.model, dev) {
         (Some(p), _) => p.clone(),
         (None, true) => dev_genesis(&conf.data)?,
@@ -206,6 +216,7 @@ fn run(args: RunArgs) -> Result<()> {
     let cfg = ServiceConfig {
         coordinator,
         fingerprint,
+        coordinator_key,
         key,
         dir: conf.data,
         genesis,

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::delta::{self, DeltaError};
 use tributary_protocol::identity::Keypair;
-use tributary_protocol::wire::{CheckpointBody, CheckpointKind, PublishCheckpoint};
+use tributary_protocol::wire::{CheckpointBody, CheckpointKind, NetworkId, PublishCheckpoint};
 
 use crate::state::{StateError, write_atomic};
 
@@ -103,14 +103,15 @@ pub struct Publication {
 pub struct Publisher {
     dir: PathBuf,
     key: Keypair,
+    network: NetworkId,
     full_every: u64,
     records: Vec<Record>,
 }
 
 impl Publisher {
-    /// Opens (or creates) a publisher folder; a full payload every
-    /// `full_every` publications (at least 1).
-    pub fn open(dir: &Path, key: Keypair, full_every: u64) -> Result<Self, PublishError> {
+    /// Opens (or creates) a publisher folder; announcements are signed for
+    /// `network`, a full payload every `full_every` publications (at least 1).
+    pub fn open(dir: &Path, key: Keypair, network: NetworkId, full_every: u64) -> Result<Self, PublishError> {
         let mk =
             |p: PathBuf| std::fs::create_dir_all(&p).map_err(|source| PublishError::Io { path: p.clone(), source });
         mk(dir.join("checkpoints"))?;
@@ -121,7 +122,7 @@ impl Publisher {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(source) => return Err(PublishError::Io { path, source }),
         };
-        Ok(Publisher { dir: dir.to_owned(), key, full_every: full_every.max(1), records })
+        Ok(Publisher { dir: dir.to_owned(), key, network, full_every: full_every.max(1), records })
     }
 
     /// Every publication, oldest first.
@@ -205,7 +206,7 @@ impl Publisher {
             window: rec.window,
             trainer: self.key.public(),
         };
-        let announcement = PublishCheckpoint::sign(body, &self.key);
+        let announcement = PublishCheckpoint::sign(body, &self.key, &self.network);
         let ppath = wdir.join("payload");
         write_atomic(&ppath, &payload)?;
         let announce = postcard::to_stdvec(&announcement).unwrap_or_default();

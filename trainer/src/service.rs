@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tch::Device;
-use tributary_net::{NetError, Session, now_ms};
+use tributary_net::{KeyPin, NetError, Session, now_ms};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
@@ -115,6 +115,8 @@ pub struct ServiceConfig {
     pub genesis: PathBuf,
     /// Optimiser settings.
     pub train: TrainConfig,
+    /// The coordinator key this trainer accepts (its network).
+    pub coordinator_key: KeyPin,
     /// Selection settings.
     pub select: SelectConfig,
     /// A full payload every this many publications.
@@ -185,7 +187,9 @@ impl Service {
     /// [`Service::open`] with proof settings (a GSM8K file, how many
     /// checkpoints to keep loaded).
     pub async fn open_with(cfg: ServiceConfig, proof: ProofConfig) -> Result<Self, ServiceError> {
-        let session = Session::connect(cfg.coordinator, &cfg.fingerprint, &cfg.key, Role::Trainer).await?;
+        let session =
+            Session::connect_pinned(cfg.coordinator, &cfg.fingerprint, &cfg.coordinator_key, &cfg.key, Role::Trainer)
+                .await?;
         let schedule = session.welcome.schedule;
         std::fs::create_dir_all(&cfg.dir)?;
         let template = Checkpoint::open(&cfg.genesis)?;
@@ -193,7 +197,7 @@ impl Service {
             Some(t) => t,
             None => Trainer::from_checkpoint(&template, Device::Cpu, cfg.train)?,
         };
-        let publisher = Publisher::open(&cfg.dir.join("publish"), cfg.key.clone(), cfg.full_every)?;
+        let publisher = Publisher::open(&cfg.dir.join("publish"), cfg.key.clone(), session.network(), cfg.full_every)?;
         let progress = match std::fs::read(cfg.dir.join("service.json")) {
             Ok(b) => serde_json::from_slice(&b)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -278,7 +282,7 @@ impl Service {
             change_fraction: p.changed.map(|(c, t)| c as f64 / t.max(1) as f64),
             trainer: self.cfg.key.public(),
         };
-        TrainerStats::sign(body, &self.cfg.key)
+        TrainerStats::sign(body, &self.cfg.key, &self.session.network())
     }
 
     /// Sends a step report and records the coordinator's acknowledgement.

@@ -9,7 +9,10 @@ use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::delta;
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::tiny;
-use tributary_protocol::wire::CheckpointKind;
+use tributary_protocol::wire::{CheckpointKind, NetworkId};
+
+/// The network the publications are signed for.
+const NET: NetworkId = NetworkId([5; 32]);
 
 fn tiny_ckpt(dir: &std::path::Path) -> Checkpoint {
     let src = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 GGUF (run scripts/setup.sh)");
@@ -61,17 +64,17 @@ fn one_checkpoint_per_window_full_then_deltas() {
     let cfg = TrainConfig { lr: 1e-3, warmup_steps: 1, ..TrainConfig::default() };
     let mut tr = Trainer::from_checkpoint(&base, Device::Cpu, cfg).unwrap();
     let pdir = dir.path().join("pub");
-    let mut p = Publisher::open(&pdir, Keypair::from_seed([7; 32]), 3).unwrap();
+    let mut p = Publisher::open(&pdir, Keypair::from_seed([7; 32]), NET, 3).unwrap();
 
     let first = p.publish(10, base.bytes().to_vec()).unwrap();
     assert_eq!(first.announcement.body.kind, CheckpointKind::Full);
-    first.announcement.verify().unwrap();
+    first.announcement.verify(&NET).unwrap();
     assert_eq!(first.announcement.body.trainer, key.public());
 
     tr.step(&samples()).unwrap();
     let w11 = tr.export_checkpoint(&base).unwrap();
     let second = p.publish(11, w11.clone()).unwrap();
-    second.announcement.verify().unwrap();
+    second.announcement.verify(&NET).unwrap();
     assert_eq!(second.announcement.body.kind, CheckpointKind::Delta { base: base.content_id() });
     let payload = std::fs::read(&second.payload).unwrap();
     assert_eq!(payload.len() as u64, second.announcement.body.len);
@@ -90,7 +93,7 @@ fn one_checkpoint_per_window_full_then_deltas() {
     assert!(matches!(p.publish(9, w12.clone()), Err(PublishError::WindowRegressed { .. })));
     // ... also after a restart.
     drop(p);
-    let mut p = Publisher::open(&pdir, Keypair::from_seed([7; 32]), 3).unwrap();
+    let mut p = Publisher::open(&pdir, Keypair::from_seed([7; 32]), NET, 3).unwrap();
     assert_eq!(p.records().len(), 2);
     assert!(matches!(p.publish(11, w12.clone()), Err(PublishError::WindowAlreadyPublished { .. })));
 

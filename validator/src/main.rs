@@ -78,6 +78,9 @@ struct RunConfig {
     fingerprint: Option<String>,
     /// CA certificate file (PEM); this or `fingerprint`.
     ca: Option<PathBuf>,
+    /// The coordinator's key (hex): a coordinator with another key is
+    /// refused. Default: pinned on first sight in the data folder.
+    coordinator_key: Option<String>,
     /// Data folder (`validator.key`, checkpoints, progress). Default `validator-data`.
     data: PathBuf,
     /// Check every rollout of every miner. Default false (grail's sample).
@@ -108,6 +111,7 @@ impl Default for RunConfig {
             coordinator: None,
             fingerprint: None,
             ca: None,
+            coordinator_key: None,
             data: "validator-data".into(),
             all: false,
             miner_fraction: None,
@@ -148,6 +152,9 @@ impl RunArgs {
             c.coordinator.clone_from(&common.coordinator);
         }
         common.override_pin(&mut c.fingerprint, &mut c.ca);
+        if common.coordinator_key.is_some() {
+            c.coordinator_key.clone_from(&common.coordinator_key);
+        }
         if let Some(d) = &common.data {
             c.data = d.clone();
         }
@@ -186,9 +193,14 @@ fn run(args: RunArgs) -> Result<()> {
     } else {
         Keypair::load_or_generate(&conf.data.join("validator.key"))?
     };
+    let role = tributary_protocol::wire::Role::Validator;
+    tributary_net::cli::refuse_dev_keys(args.common.dev, role, &key.public(), coordinator)?;
+    let coordinator_key =
+        tributary_net::KeyPin::resolve(conf.coordinator_key.as_deref(), Some(conf.data.as_path()), args.common.dev)?;
     println!("validator={}", key.public());
     tributary_policy::init_threads(conf.threads);
     let mut cfg = ServiceConfig::new(coordinator, pin, key, conf.data.clone());
+    cfg.coordinator_key = coordinator_key;
     let mut sample = if conf.all { SampleConfig::ALL } else { SampleConfig::ASSIGNED };
     if let Some(f) = conf.miner_fraction {
         sample.miner_fraction = f;

@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tributary_net::{Backoff, ConnectFailure, NetError, Session, now_ms};
+use tributary_net::{Backoff, ConnectFailure, KeyPin, NetError, Session, now_ms};
 use tributary_policy::{PolicyError, ReferenceModel};
 use tributary_protocol::assign;
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
@@ -114,6 +114,8 @@ pub struct ServiceConfig {
     pub coordinator: SocketAddr,
     /// Its certificate fingerprint (hex).
     pub fingerprint: String,
+    /// The coordinator key this validator accepts (its network).
+    pub coordinator_key: KeyPin,
     /// The validator key (authorised by the coordinator).
     pub key: Keypair,
     /// Folder of downloaded checkpoints.
@@ -199,6 +201,7 @@ impl ServiceConfig {
         Self {
             coordinator,
             fingerprint: fingerprint.into(),
+            coordinator_key: KeyPin::Any,
             key,
             dir,
             sample: SampleConfig::ASSIGNED,
@@ -231,6 +234,7 @@ impl Client {
             let s = Session::connect_with_backoff(
                 self.cfg.coordinator,
                 &self.cfg.fingerprint,
+                &self.cfg.coordinator_key,
                 &self.cfg.key,
                 Role::Validator,
                 backoff,
@@ -519,11 +523,12 @@ impl Service {
     /// Signs and posts one verdict per miner.
     pub async fn post(&mut self, report: &WindowReport) -> Result<(), ServiceError> {
         let resuming = self.next_window == Some(report.window);
+        let network = self.client.session().await?.network();
         for m in report.miners.values() {
             if resuming && self.posted.contains(&m.body.miner) {
                 continue;
             }
-            let v = Verdict::sign(m.body.clone(), &self.cfg.key);
+            let v = Verdict::sign(m.body.clone(), &self.cfg.key, &network);
             match self.client.request(&Frame::PostVerdict(v)).await? {
                 Frame::VerdictAck(a) if a.window == report.window && a.miner == m.body.miner => {
                     let outcome = if m.body.hard_failure { "failed" } else { "passed" };

@@ -87,13 +87,20 @@ pub struct Hello {
     pub key: PublicKey,
 }
 
-/// Coordinator → client: a fresh nonce to sign.
+/// Coordinator → client: a fresh nonce to sign, and the coordinator's proof
+/// that it holds the key it names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Challenge {
     /// Random, fresh per connection.
     pub nonce: [u8; 32],
-    /// The coordinator's own key (it signs weights documents).
+    /// The coordinator's own key (it signs weights documents; the network's
+    /// id is derived from it, [`super::NetworkId::of`]).
     pub coordinator: PublicKey,
+    /// `coordinator`'s signature under
+    /// [`crate::domain::sign::COORDINATOR_HANDSHAKE`] over the nonce and this
+    /// TLS session's exporter keying material: a server cannot name a key it
+    /// does not hold, nor pass on another server's proof.
+    pub proof: Signature,
 }
 
 /// Client → coordinator: proof of key possession.

@@ -30,19 +30,21 @@ pub use checkpoint::*;
 pub use frame::{Blob, WireError, canonical};
 pub use handshake::*;
 pub use rollouts::*;
-pub use signed::{Signed, SignedBody};
+pub use signed::{NetworkId, Signed, SignedBody, SignedError};
 pub use stats::*;
 pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/1";
+pub const ALPN: &[u8] = b"tributary/2";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
-/// and a checkpoint path carries the trainer's signed announcement; version
-/// 0 peers cannot talk to version 1 ones.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// and a checkpoint path carries the trainer's signed announcement. Version
+/// 2: every signed document names its network ([`NetworkId`]) under its
+/// signature, and the coordinator proves in the [`Challenge`] that it holds
+/// its key. Peers of different versions cannot talk.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;

@@ -7,6 +7,9 @@ use crate::identity::{self, PublicKey};
 use crate::prf::Seed;
 use crate::rollout::SamplingParams;
 
+/// The network the tests' documents are signed for.
+const NET: NetworkId = NetworkId([0x4e; 32]);
+
 #[test]
 fn tags_are_unique_and_limits_bounded() {
     let mut seen = std::collections::HashSet::new();
@@ -52,9 +55,16 @@ fn signed_documents_verify_and_detect_tampering() {
         },
         &v,
     );
-    verdict.verify().unwrap();
+    verdict.verify(&NET).unwrap();
+    // The same document on another network: refused whatever its signature.
+    let elsewhere = NetworkId::of(&identity::Keypair::from_seed([12; 32]).public());
+    assert_eq!(verdict.verify(&elsewhere), Err(SignedError::WrongNetwork { expected: elsewhere, got: NET }));
+    let mut moved = verdict.clone();
+    moved.network = elsewhere;
+    assert_eq!(moved.verify(&elsewhere), Err(SignedError::BadSignature), "the network is under the signature");
+        &NET,
     verdict.body.valid = 10;
-    assert!(verdict.verify().is_err());
+    assert_eq!(verdict.verify(&NET), Err(SignedError::BadSignature));
 }
 
 #[test]
@@ -62,7 +72,11 @@ fn weights_document_verifies_by_coordinator_and_detects_tampering() {
     let c = identity::Keypair::from_seed([4; 32]);
     let other = identity::Keypair::from_seed([5; 32]);
     let m = identity::Keypair::from_seed([6; 32]).public();
-    let doc = WeightsDoc::sign(WeightsBody { window: 7, weights: vec![(m, 1.0)], coordinator: c.public() }, &c);
+    let doc = WeightsDoc::sign(
+        WeightsBody { window: 7, weights: vec![(m, 1.0)], coordinator: c.public() },
+        &c,
+        &NetworkId::of(&c.public()),
+    );
     let bytes = doc.encode();
     assert_eq!(WeightsDoc::decode_verified(&bytes, &c.public()), Ok(doc.clone()));
     // Another expected key, a re-signed copy naming another coordinator, a flipped byte, junk.
@@ -109,14 +123,14 @@ fn trainer_stats_sign_check_and_round_trip() {
         trainer: t.public(),
     };
     assert_eq!(body.check(), Ok(()));
-    let s = TrainerStats::sign(body.clone(), &t);
-    s.verify().unwrap();
+    let s = TrainerStats::sign(body.clone(), &t, &NET);
+    s.verify(&NET).unwrap();
     let f = Frame::PostTrainerStats(s.clone());
     let bytes = f.encode();
     assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
     let mut tampered = s.clone();
     tampered.body.loss = 0.0;
-    assert!(tampered.verify().is_err());
+    assert!(tampered.verify(&NET).is_err());
     let mut b = body.clone();
     b.loss = f64::NAN;
     assert_eq!(b.check(), Err(TrainerStatsError::NotFinite("loss")));
@@ -179,7 +193,7 @@ proptest::proptest! {
             Frame::WindowInfo(info),
             Frame::GetStanding(GetStanding { window }),
             Frame::Standing(Standing { window, miners }),
-            Frame::PostVerdict(Verdict::sign(body, &key)),
+            Frame::PostVerdict(Verdict::sign(body, &key, &NET)),
         ] {
             let bytes = f.encode();
             proptest::prop_assert!(bytes.len() - HEADER_LEN <= f.tag().max_body_len() as usize);

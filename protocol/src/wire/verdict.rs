@@ -413,7 +413,8 @@ impl Signed<WeightsBody> {
         if self.body.coordinator != *coordinator {
             return Err(WeightsDocError::WrongCoordinator);
         }
-        self.verify().map_err(|_| WeightsDocError::BadSignature)
+        // The coordinator's key names its network.
+        self.verify(&super::NetworkId::of(coordinator)).map_err(|_| WeightsDocError::BadSignature)
     }
 
     /// The document's bytes as published (`postcard(WeightsDoc)`, the body of

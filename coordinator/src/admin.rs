@@ -49,6 +49,8 @@ pub const ADMIN_DB: &str = "admin.redb";
 const SCHEDULE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("schedule");
 /// miner key → postcard(BanOverride).
 const BANS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("bans");
+/// validator key → refutations of its evidence an operator cleared ([`crate::bans`]).
+const VALIDATOR_CLEARS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("validator_clears");
 
 /// Admin failures.
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +163,7 @@ impl Admin {
         {
             tx.open_table(SCHEDULE)?;
             tx.open_table(BANS)?;
+            tx.open_table(VALIDATOR_CLEARS)?;
         }
         tx.commit()?;
         Ok(Self { db })
@@ -206,6 +209,27 @@ impl Admin {
             .map(Option::unwrap_or_default)
     }
 
+    /// Every validator clear: key → refutations cleared.
+    pub fn validator_clears(&self) -> Result<Vec<(PublicKey, u64)>, AdminError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(VALIDATOR_CLEARS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let key: [u8; 32] = k.value().try_into().map_err(|_| AdminError::Corrupt("validator key"))?;
+            out.push((PublicKey(key), v.value()));
+        }
+        Ok(out)
+    }
+
+    /// Records that an operator cleared `validator` with `refutations` refutations of its evidence.
+    pub fn set_validator_clear(&self, validator: &PublicKey, refutations: u64) -> Result<(), AdminError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(VALIDATOR_CLEARS)?.insert(validator.as_bytes().as_slice(), refutations)?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Stores one miner's override.
     pub fn set_override(&self, miner: &PublicKey, o: BanOverride) -> Result<(), AdminError> {
         let v = postcard::to_stdvec(&o).map_err(|_| AdminError::Corrupt("ban"))?;
@@ -241,6 +265,9 @@ pub fn apply_overrides(data_dir: &Path, core: &mut Core) -> Result<(), AdminErro
     let admin = Admin::open(data_dir)?;
     for (miner, o) in admin.overrides()? {
         apply_override(core, miner, o);
+    }
+    for (validator, n) in admin.validator_clears()? {
+        core.restore_clear(validator, usize::try_from(n).unwrap_or(usize::MAX));
     }
     Ok(())
 }
@@ -300,6 +327,11 @@ enum LiveRequest {
         /// The miner's key (hex).
         miner: String,
     },
+    /// `coordinator clear-validator`.
+    ClearValidator {
+        /// The validator's key (hex).
+        validator: String,
+    },
 }
 
 /// Most bytes of a live request.
@@ -322,6 +354,14 @@ fn live_apply(data_dir: &Path, shared: &Shared, req: &LiveRequest) -> Result<Vec
                 format!("window={now}"),
                 format!("through={}", o.manual_through.unwrap_or(now)),
             ])
+        }
+        LiveRequest::ClearValidator { validator } => {
+            let validator = parse_key(validator)?;
+            let was = shared.core().is_flagged(&validator);
+            let n = shared.core().clear_validator(&validator);
+            admin.set_validator_clear(&validator, n as u64)?;
+            tracing::info!(%validator, refutations = n, was_flagged = was, "operator cleared a validator (live)");
+            Ok(vec![format!("cleared={validator}"), format!("refutations={n}"), format!("was_flagged={was}")])
         }
         LiveRequest::Unban { miner } => {
             let miner = parse_key(miner)?;
@@ -528,6 +568,15 @@ pub enum AdminCmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Clear a flagged validator: its verdicts count again until another
+    /// party refutes its evidence anew (on a running coordinator).
+    ClearValidator {
+        /// Data folder.
+        #[arg(long)]
+        data: PathBuf,
+        /// The validator's key (hex).
+        key: String,
+    },
     /// Change the window length: window W+1 starts now with the new length (coordinator stopped).
     WindowLength {
         /// Data folder.
@@ -687,6 +736,22 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
             w(out, format!("window={now}"))?;
             w(out, format!("forgiven_before={}", o.forgive_before))?;
             w(out, "applied=at-start".into())?;
+        }
+        AdminCmd::ClearValidator { data, key } => {
+            let validator = parse_key(key)?;
+            // Which refutations are cleared is known only to the running
+            // coordinator (it re-derives them from the verdicts).
+            match open_stopped(data) {
+                Err(AdminError::Running(_)) => {
+                    return live_request(data, &LiveRequest::ClearValidator { validator: validator.to_string() }, out);
+                }
+                Err(e) => return Err(e),
+                Ok(_) => {
+                    return Err(AdminError::Invalid(
+                        "clear-validator works on a running coordinator: start it and run this again".into(),
+                    ));
+                }
+            }
         }
         AdminCmd::WindowLength { data, window_ms, config } => {
             let store = open_stopped(data)?;

@@ -71,6 +71,8 @@ pub struct Status {
     pub weights_interval: Option<WindowId>,
     /// The trainer's step reports of the recent publication windows, oldest first.
     pub training: Vec<TrainingJson>,
+    /// Each validator: flagged (its evidence refuted, its verdicts set aside) or not.
+    pub validators: Vec<crate::bans::ValidatorStatus>,
 }
 
 /// One training step as the trainer reported it (`GET /api/training`).
@@ -428,6 +430,7 @@ pub fn status(shared: &Shared, history: &History, now_ms: u64) -> Result<Status,
         },
         weights_interval,
         training,
+        validators: core.validator_statuses(),
     })
 }
 
@@ -463,6 +466,7 @@ svg text{font-size:11px;fill:#55607a}
 <span class="muted" id="updated">connecting…</span></header>
 <main>
 <section class="wide"><h2>Miners</h2><table id="miners"><thead><tr><th>miner</th><th>accepted</th><th>refused</th><th>acceptance</th><th>last window</th><th>rollouts/min</th><th>valid / checked</th><th>weight</th><th>status</th></tr></thead><tbody></tbody></table></section>
+<section class="wide"><h2>Validators</h2><table id="validators"><thead><tr><th>validator</th><th>verdicts counted</th><th>refuted</th><th>cleared</th><th>latest refutation</th><th>status</th></tr></thead><tbody></tbody></table></section>
 <section><h2>Mean reward per window</h2><div id="reward"></div></section>
 <section><h2>Rollouts per window</h2><div id="volume"></div></section>
 <section><h2>Training loss per publication window</h2><div id="loss"></div></section>
@@ -529,6 +533,11 @@ function draw(s) {
     "<code>" + short(m.key) + "</code>", m.accepted, m.refused, pct(m.acceptance), m.last_window_rollouts,
     num(m.rollouts_per_min, 1), m.valid + " / " + m.checked, num(m.weight, 3),
     m.banned ? '<span class="bad">banned</span>' : '<span class="ok">active</span>']));
+  rows($("validators").tBodies[0], s.validators.map(v => [
+    "<code>" + short(v.key) + "</code>", v.verdicts, v.refuted, v.cleared,
+    v.refutations.length ? v.refutations[0].check + " on " + v.refutations[0].digest.slice(0, 12) + " (window " +
+      v.refutations[0].window + ", by " + v.refutations[0].by_party + ")" : "",
+    v.flagged ? '<span class="bad">flagged</span>' : '<span class="ok">counted</span>']));
   const closed = s.windows.filter(w => w.closed && w.rollouts > 0);
   chart($("reward"), closed.map(w => [w.window, w.mean_reward]), "mean reward per window", 1);
   chart($("volume"), s.windows.map(w => [w.window, w.rollouts]), "rollouts per window", null);

@@ -5,7 +5,8 @@
 //! or `?window=W`'s; see [`crate::weights`]), `/api/weights/history` (the recent documents, newest first; `?limit=N`),
 //! `/api/training` (the trainer's signed step reports: loss, entropy, clip
 //! fractions, groups, delta size; `?from=W`), `/api/checkpoints` (every
-//! relayed checkpoint with its full and delta sizes), `/api/status`
+//! relayed checkpoint with its full and delta sizes), `/api/validators`
+//! (each validator, flagged or not, with the refutations of its evidence), `/api/status`
 //! (everything the live status page shows, see [`crate::dashboard`]) and the
 //! status page itself at `/`.
 
@@ -48,6 +49,7 @@ pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<S
         .route("/api/training", get(training))
         .route("/api/checkpoints", get(checkpoints))
         .route("/api/status", get(api_status))
+        .route("/api/validators", get(validators))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
@@ -118,6 +120,13 @@ async fn miners(State(s): State<AppState>) -> Json<BTreeMap<String, MinerJson>> 
         });
     }
     Json(out)
+}
+
+/// Each authorised validator (and any flagged key): whether it is flagged
+/// (another party's proof refuted its evidence; its verdicts are set aside
+/// until `coordinator clear-validator`), its refutations and its counted verdicts.
+async fn validators(State(s): State<AppState>) -> Json<Vec<crate::bans::ValidatorStatus>> {
+    Json(s.shared.core().validator_statuses())
 }
 
 async fn checkpoints(State(s): State<AppState>) -> Json<Vec<crate::relay::CheckpointJson>> {

@@ -24,7 +24,7 @@
 //! validators check `W` during `W + 1` ([`Core::weights_interval`]). Only the
 //! configured trainer key's step reports are taken ([`Core::check_trainer_stats`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
@@ -46,6 +46,9 @@ use crate::bans::{Party, Tribunal, ValidatorStatus};
 /// The most probability with which an honest miner may be banned by one
 /// verdict's soft failures (issue 15: soft checks never ban an honest miner).
 pub const SOFT_BAN_PROBABILITY: f64 = 1e-6;
+
+/// Distinct checked counts whose soft-ban threshold the core remembers.
+const MAX_MEMO_THRESHOLDS: usize = 4096;
 
 /// Who may do what.
 #[derive(Debug, Clone, Default)]
@@ -264,6 +267,10 @@ pub struct Core {
     /// The latest instant the core was told of: a window that opened by then
     /// may have been handed out, so no publication may change its checkpoint.
     clock: Cell<u64>,
+    /// [`Core::soft_ban_threshold`] by rollouts checked: the binomial gate
+    /// costs O(checked²) logarithms and every standing and weights query
+    /// asks it once per verdict (at most [`MAX_MEMO_THRESHOLDS`] kept).
+    soft_thresholds: RefCell<HashMap<u32, u32>>,
 }
 
 impl Core {
@@ -283,6 +290,7 @@ impl Core {
             submitted: BTreeMap::new(),
             rejected_anonymous: BTreeMap::new(),
             clock: Cell::new(0),
+            soft_thresholds: RefCell::new(HashMap::new()),
         }
     }
 
@@ -811,8 +819,16 @@ impl Core {
     /// probability above [`SOFT_BAN_PROBABILITY`]. A small sample can then
     /// never ban on soft failures alone.
     pub fn soft_ban_threshold(&self, checked: u32) -> u32 {
+        if let Some(t) = self.soft_thresholds.borrow().get(&checked) {
+            return *t;
+        }
         let gate = verify::soft_ban_threshold(checked, verify::HONEST_SOFT_FAILURE_RATE, SOFT_BAN_PROBABILITY);
-        gate.max(self.cfg.soft_failure_threshold.max(1))
+        let t = gate.max(self.cfg.soft_failure_threshold.max(1));
+        let mut memo = self.soft_thresholds.borrow_mut();
+        if memo.len() < MAX_MEMO_THRESHOLDS {
+            memo.insert(checked, t);
+        }
+        t
     }
 
     /// The verdicts recorded on `miner` in `window`, by validator.

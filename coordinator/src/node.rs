@@ -13,7 +13,7 @@ use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::rollout::SamplingParams;
 
-use tributary_protocol::wire::Role;
+use tributary_protocol::wire::{self, Role};
 
 use crate::core::{Access, Core, CoreConfig};
 use crate::relay::Relay;
@@ -260,6 +260,45 @@ fn read_or_create(path: &Path, make: impl FnOnce() -> anyhow::Result<Vec<u8>>) -
     Ok(v)
 }
 
+/// The meta key of the trainer's signed announcement of the genesis checkpoint.
+pub const GENESIS_ANNOUNCEMENT: &str = "genesis_announcement";
+
+/// The genesis checkpoint's signed announcement, so miners check the first
+/// model as they check every later one: the configured trainer's, once it
+/// announced the genesis file (stored; checked again against the configured
+/// key and the file); in a `--dev` network, whose trainer key is the public
+/// dev key, signed here with that key.
+fn genesis_announcement(
+    cfg: &Config,
+    store: &Store,
+    relay: &Relay,
+    key: &Keypair,
+    genesis: ContentId,
+) -> anyhow::Result<Option<wire::PublishCheckpoint>> {
+    let (Some(entry), Some(trainer)) = (relay.entry(&genesis), cfg.trainer.as_deref()) else { return Ok(None) };
+    let trainer: PublicKey = trainer.trim().parse()?;
+    let network = wire::NetworkId::of(&key.public());
+    if let Some(bytes) = store.meta(GENESIS_ANNOUNCEMENT)? {
+        match postcard::from_bytes::<wire::PublishCheckpoint>(&bytes) {
+            Ok(a) if Relay::announces_full(&a, &entry, &trainer, &network) => return Ok(Some(a)),
+            _ => tracing::warn!("the stored genesis announcement is not the configured trainer's; ignored"),
+        }
+    }
+    let dev = tributary_protocol::dev::key(Role::Trainer);
+    if dev.public() != trainer {
+        return Ok(None);
+    }
+    let body = wire::CheckpointBody {
+        id: genesis,
+        kind: wire::CheckpointKind::Full,
+        len: entry.full_len,
+        payload_hash: entry.full_hash,
+        window: 0,
+        trainer,
+    };
+    Ok(Some(wire::PublishCheckpoint::sign(body, &dev, &network)))
+}
+
 /// The content id of the genesis model: `model`, or the `--dev` tiny model.
 pub fn genesis_checkpoint(model: Option<&Path>) -> anyhow::Result<ContentId> {
     Ok(match model {
@@ -391,6 +430,9 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     }
     let relay = Arc::new(Relay::open(&relay_dir(&cfg.data_dir), entries)?);
     for (_, ann) in store.checkpoints()? {
+        relay.set_announcement(ann);
+    }
+    if let Some(ann) = genesis_announcement(cfg, &store, &relay, &key, genesis)? {
         relay.set_announcement(ann);
     }
     let shared = server::shared(core, store, key, limits, relay)?;

@@ -31,7 +31,9 @@ use tributary_protocol::delta::{self, DeltaError};
 use tributary_protocol::gguf;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{CheckpointKind, CheckpointPath, MAX_PATH_STEPS, PathStep, PublishCheckpoint};
+use tributary_protocol::wire::{
+    CheckpointKind, CheckpointPath, MAX_PATH_STEPS, NetworkId, PathStep, PublishCheckpoint,
+};
 
 /// Bytes served per chunk (below [`tributary_protocol::wire::MAX_CHUNK_LEN`]).
 pub const CHUNK_LEN: usize = 4 << 20;
@@ -166,6 +168,24 @@ impl Relay {
     /// every path that ends at it ([`CheckpointPath::announcement`]).
     pub fn set_announcement(&self, ann: PublishCheckpoint) {
         lock(&self.announcements).insert(ann.body.id, ann);
+    }
+
+    /// The signed announcement of a checkpoint, if one is kept.
+    pub fn announcement(&self, id: &ContentId) -> Option<PublishCheckpoint> {
+        lock(&self.announcements).get(id).cloned()
+    }
+
+    /// Whether `ann` is `trainer`'s announcement, for `network`, of the full
+    /// file of `entry` (what the genesis checkpoint's announcement must be:
+    /// its whole-file length and hash).
+    pub fn announces_full(ann: &PublishCheckpoint, entry: &Entry, trainer: &PublicKey, network: &NetworkId) -> bool {
+        let b = &ann.body;
+        b.id == entry.id
+            && b.kind == CheckpointKind::Full
+            && b.len == entry.full_len
+            && b.payload_hash == entry.full_hash
+            && b.trainer == *trainer
+            && ann.verify(network).is_ok()
     }
 
     /// Path of a checkpoint's full file.

@@ -1447,3 +1447,20 @@ async fn receive_checkpoint(
     Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }))
 }
     peer: PublicKey,
+    // The trainer's announcement of the genesis checkpoint (which the relay
+    // holds from the start): kept and stored, so miners check the first model too.
+    if let Some(e) = sh.relay.entry(&p.body.id)
+        && sh.relay.announcement(&e.id).is_none()
+        && e.id == sh.core().config().genesis_checkpoint
+    {
+        if !Relay::announces_full(&p, &e, &peer, &sh.network()) {
+            return refuse(err(ErrorCode::Malformed, "not an announcement of the genesis file"));
+        }
+        if let Err(e) =
+            sh.store.put_meta(crate::node::GENESIS_ANNOUNCEMENT, &postcard::to_stdvec(&p).unwrap_or_default())
+        {
+            return refuse(err(ErrorCode::Internal, &e.to_string()));
+        }
+        sh.relay.set_announcement(p.clone());
+        tracing::info!(id = %p.body.id, "genesis checkpoint announced by the trainer");
+    }

@@ -268,6 +268,14 @@ impl Store {
         Ok(t.get(key)?.map(|v| v.value().to_vec()))
     }
 
+    /// Stores a meta value (durably), replacing any.
+    pub fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(META)?.insert(key, value)?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Returns the meta value, or stores `init()` under `key` and returns it.
     pub fn meta_or_init(&self, key: &str, init: impl FnOnce() -> Vec<u8>) -> Result<Vec<u8>, StoreError> {
         if let Some(v) = self.meta(key)? {

@@ -177,3 +177,64 @@ async fn an_impostor_naming_another_coordinators_key_gets_no_signature() {
     let (signed, _server, _conn) = within(impostor).await.unwrap();
     assert!(!signed, "the client signed its handshake for an impostor");
 }
+
+async fn genesis_path(node: &Node) -> (CheckpointPath, NetworkId) {
+    let key = Keypair::from_seed([69; 32]);
+    let mut m = within(Session::connect(node.quic, &node.fingerprint, &key, Role::Miner)).await.unwrap();
+    let get = Frame::GetCheckpointPath(GetCheckpointPath { have: None, want: None });
+    match within(m.request(&get)).await.unwrap() {
+        Frame::CheckpointPath(p) => (p, m.network()),
+        f => panic!("expected a path, got {f:?}"),
+    }
+}
+
+/// W4 for the first model: the genesis checkpoint's path carries the
+/// trainer's signed announcement like every later checkpoint's. In `--dev`
+/// the coordinator signs it with the public dev trainer key; with an own
+/// trainer key there is none until the trainer announces the genesis file,
+/// which is then stored. Before: the genesis path had no announcement, so the
+/// coordinator alone named the first model every miner loads.
+#[tokio::test]
+async fn the_genesis_checkpoint_carries_the_trainers_signed_announcement() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::dev(dir.path().to_path_buf());
+    let genesis = node::prepare_genesis(&cfg).unwrap();
+    let node = within(node::start(&cfg, genesis)).await.unwrap();
+    let (path, network) = genesis_path(&node).await;
+    assert_eq!(path.target, genesis);
+    let ann = path.announcement.expect("the --dev genesis path carries an announcement");
+    ann.verify(&network).unwrap();
+    let bytes = node::dev_tiny_bytes().unwrap();
+    let dev_trainer = tributary_protocol::dev::key(Role::Trainer).public();
+    assert_eq!((ann.body.id, ann.body.trainer, ann.body.kind), (genesis, dev_trainer, CheckpointKind::Full));
+    assert_eq!((ann.body.len, ann.body.payload_hash), (bytes.len() as u64, *blake3::hash(&bytes).as_bytes()));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::dev(dir.path().to_path_buf());
+    let trainer = Keypair::from_seed([70; 32]);
+    cfg.trainer = Some(trainer.public().to_string());
+    let genesis = node::prepare_genesis(&cfg).unwrap();
+    let node = within(node::start(&cfg, genesis)).await.unwrap();
+    assert!(genesis_path(&node).await.0.announcement.is_none(), "no trainer has announced it yet");
+    let mut t = within(Session::connect(node.quic, &node.fingerprint, &trainer, Role::Trainer)).await.unwrap();
+    let body = CheckpointBody {
+        id: genesis,
+        kind: CheckpointKind::Full,
+        len: bytes.len() as u64,
+        payload_hash: *blake3::hash(&bytes).as_bytes(),
+        window: 0,
+        trainer: trainer.public(),
+    };
+    let ann = PublishCheckpoint::sign(body, &trainer, &t.network());
+    within(t.send(&Frame::PublishCheckpoint(ann.clone()))).await.unwrap();
+    for (i, c) in bytes.chunks(MAX_CHUNK_LEN as usize).enumerate() {
+        let offset = (i * MAX_CHUNK_LEN as usize) as u64;
+        let chunk = CheckpointChunk { id: genesis, offset, data: Blob(c.to_vec()) };
+        within(t.send(&Frame::CheckpointChunk(chunk))).await.unwrap();
+    }
+    assert!(matches!(within(t.recv()).await.unwrap(), Frame::CheckpointStored(_)));
+    let (path, _) = genesis_path(&node).await;
+    assert_eq!(path.announcement.as_ref(), Some(&ann));
+    assert_eq!(node.shared.relay.entries().len(), 1, "no second checkpoint");
+    assert!(node.shared.store.meta(coordinator::node::GENESIS_ANNOUNCEMENT).unwrap().is_some(), "stored");
+}

@@ -214,6 +214,8 @@ pub struct Shared {
     relay_budget: Arc<Semaphore>,
     ingest_budget: Arc<Semaphore>,
     warn: WarnThrottle,
+    /// The model-free re-check of failures validators report ([`crate::bans`]).
+    recheck: Option<crate::bans::Rechecker>,
 }
 
 impl Shared {
@@ -340,9 +342,18 @@ pub fn shared(
     for (from, ann) in store.checkpoints()? {
         core.restore_checkpoint(from, ann.body.id);
     }
+    // The coordinator's own verdicts (door penalties, re-checks) confirm a failure by themselves.
+    core.set_coordinator(key.public());
     for v in store.verdicts()? {
         core.apply_verdict(&v.body);
     }
+    let recheck = match crate::bans::Rechecker::open(&relay.full_path(&core.config().genesis_checkpoint), None) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(error = %e, "no model-free re-check of failures: each needs a second validator or the trainer");
+            None
+        }
+    };
     core.prune(now_ms());
     let (tx, rx) = mpsc::channel::<WriteJob>(1024);
     let st = store.clone();
@@ -369,6 +380,7 @@ pub fn shared(
         relay_budget: Arc::new(Semaphore::new((limits.relay_inflight_mib.max(4) as usize) << 10)),
         ingest_budget: Arc::new(Semaphore::new((limits.ingest_inflight_mib.max(8) as usize) << 10)),
         warn: WarnThrottle::default(),
+        recheck,
     }))
 }
 
@@ -735,9 +747,10 @@ fn allowed(role: Role, tag: Tag) -> bool {
     any || match role {
         Role::Miner => matches!(tag, T::GetProgress | T::Submit | T::SubmitBatch),
         Role::Validator => matches!(tag, T::FetchRollouts | T::GetStanding | T::PostVerdict),
-        Role::Trainer => {
-            matches!(tag, T::FetchRollouts | T::GetStanding | T::PostTrainerStats | T::PublishCheckpoint)
-        }
+        Role::Trainer => matches!(
+            tag,
+            T::FetchRollouts | T::GetStanding | T::PostTrainerStats | T::PublishCheckpoint | T::PostVerdict
+        ),
     }
 }
 
@@ -874,32 +887,36 @@ async fn serve_requests(
                 }
                 continue;
             }
-            (Role::Validator, Frame::PostVerdict(v)) => {
-                // Only the authenticated validator's own verdicts, signed for this network.
+            (Role::Validator | Role::Trainer, Frame::PostVerdict(v)) => {
+                // Only the authenticated validator's (or trainer's) own verdicts, signed for this network.
                 let ok = v.body.validator == peer && v.verify(&sh.network()).is_ok();
                 let res = {
                     let mut core = sh.core();
                     core.record_verdict(now, &v.body, ok).map(|()| {
                         let b = &v.body;
-                        if core.fails(b) {
-                            let through = core.miners().get(&b.miner).and_then(|m| m.banned_through);
-                            tracing::warn!(
-                                miner = %b.miner.short(),
-                                window = b.window,
-                                validator = %peer.short(),
-                                checked = b.checked,
-                                valid = b.valid,
-                                hard = b.hard_failure,
-                                soft = b.soft_failures,
-                                banned_through = ?through,
-                                reasons = ?b.reasons,
-                                "miner failed a verdict and is banned"
-                            );
+                        if core.claims_failure(b) {
+                            log_failure(&core, b, role.as_str());
                         }
                     })
                 };
                 match res {
                     Ok(()) => match sh.store.put_verdict(&v) {
+                        // A failure waiting for confirmation: the coordinator
+                        // re-runs what it can without a model first, so the
+                        // ack comes after its own confirmation, if any.
+                        Ok(())
+                            if v.body.hard_failed().next().is_some()
+                                && sh.core().pending(v.body.window, &v.body.miner) =>
+                        {
+                            let later = Answer::Later(Box::new(move |sh: &Arc<Shared>| {
+                                recheck(sh, &v.body);
+                                Frame::VerdictAck(VerdictAck { window: v.body.window, miner: v.body.miner })
+                            }));
+                            if answers.send(later).await.is_err() {
+                                return Ok(false);
+                            }
+                            continue;
+                        }
                         Ok(()) => Frame::VerdictAck(VerdictAck { window: v.body.window, miner: v.body.miner }),
                         Err(e) => err(ErrorCode::Internal, &e.to_string()),
                     },
@@ -949,6 +966,107 @@ async fn serve_requests(
         if answers.send(ready(answer)).await.is_err() {
             return Ok(false);
         }
+    }
+}
+
+/// Logs a verdict that says its miner failed: banned once confirmed, else
+/// pending (with the evidence a second party would re-check).
+fn log_failure(core: &Core, b: &wire::VerdictBody, signer_role: &str) {
+    let through = core.miners().get(&b.miner).and_then(|m| m.banned_through);
+    let evidence: Vec<String> = b
+        .evidence
+        .iter()
+        .map(|e| format!("{} {} at {:?}: {:?}", hex::encode(&e.digest[..8]), e.check.as_str(), e.position, e.figures))
+        .collect();
+    let what = if core.fails(b) {
+        "miner failed a verdict and is banned"
+    } else {
+        "miner failed a verdict: pending until a second party confirms it"
+    };
+    tracing::warn!(
+        miner = %b.miner.short(),
+        window = b.window,
+        signer = %b.validator.short(),
+        role = signer_role,
+        checked = b.checked,
+        valid = b.valid,
+        hard = b.hard_failure,
+        soft = b.soft_failures,
+        banned_through = ?through,
+        reasons = ?b.reasons,
+        evidence = ?evidence,
+        "{what}"
+    );
+}
+
+/// Re-runs the model-free checks ([`crate::bans::Rechecker`]) on the stored
+/// rollouts a pending failure's hard evidence names; a failure found there
+/// is the coordinator's own, signed, stored and applied as its verdict,
+/// which confirms the miner's failure (and bans it).
+fn recheck(sh: &Shared, body: &wire::VerdictBody) {
+    let Some(rc) = &sh.recheck else { return };
+    let (w, m) = (body.window, body.miner);
+    let digests: std::collections::BTreeSet<[u8; 32]> = body.hard_failed().copied().collect();
+    let info = {
+        let core = sh.core();
+        if !core.pending(w, &m) {
+            return;
+        }
+        match core.window_info(w, now_ms()) {
+            Some(i) => i,
+            None => return,
+        }
+    };
+    let mut after = None;
+    let mut found = None;
+    while found.is_none() {
+        let (items, next) = match sh.store.rollouts_within(w, Some(&m), after, 256, ROLLOUTS_ANSWER_BYTES) {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::error!(error = %e, "reading rollouts to re-check a failure");
+                return;
+            }
+        };
+        found = items
+            .iter()
+            .filter_map(|b| Rollout::decode(b, &RolloutLimits::DEFAULT).ok())
+            .filter(|r| digests.contains(&r.digest()))
+            .find_map(|r| rc.check(&r, &info));
+        match next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    let Some(e) = found else { return };
+    let mut v = wire::VerdictBody {
+        window: w,
+        miner: m,
+        validator: sh.key.public(),
+        checked: 1,
+        valid: 0,
+        estimated_valid: 0,
+        hard_failure: true,
+        soft_failures: 0,
+        reasons: vec![],
+        passed: vec![],
+        evidence: vec![],
+    };
+    v.add_reason(&format!(
+        "coordinator re-check: {} fails (group {} rollout {}, {:?})",
+        e.check.as_str(),
+        e.group,
+        e.rollout,
+        e.figures
+    ));
+    v.add_evidence(e);
+    let signed = wire::Verdict::sign(v, &sh.key, &sh.network());
+    match sh.store.put_verdict(&signed) {
+        Ok(()) => {
+            let mut core = sh.core();
+            core.apply_verdict(&signed.body);
+            log_failure(&core, &signed.body, "coordinator");
+        }
+        Err(e) => tracing::error!(error = %e, "storing the coordinator's re-check verdict"),
     }
 }
 

@@ -7,6 +7,12 @@
 //! with the expected reason (a validator check, or the door's refusal when
 //! the coordinator refuses the rollout outright), that every honest miner in
 //! that window passes, and that the attacker ends banned with zero weight.
+//!
+//! A ban needs evidence (issue 16 item 2): a failure the coordinator can
+//! re-check without a model (reward, prompt) bans on one validator's word;
+//! a model-based one (sketch, sampling, log-probs, a copy) needs a second
+//! validator's, so those tests run a second authorised validator over the
+//! same windows.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -17,7 +23,9 @@ use edge_miner::run::RunEvent;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{MinerStanding, RejectReason};
-use tributary_tests::{Miner, Net, NetConfig, id_of, perturbed, publish, trainer_session, validator_config, within};
+use tributary_tests::{
+    Miner, Net, NetConfig, extra_validator_config, id_of, perturbed, publish, trainer_session, validator_config, within,
+};
 use validator::service::{Service, WindowReport};
 
 /// One network at a time: the machine's cores are shared by three miners and a validator.
@@ -28,11 +36,14 @@ struct Scenario {
     honest: Vec<Miner>,
     attacker: Miner,
     validator: Service,
+    /// A second validator confirming model-based failures, if the test needs one.
+    second: Option<Service>,
 }
 
 fn net_config() -> NetConfig {
     let mut c = NetConfig::new(3_000, 500, 1, 2);
     c.max_new_tokens = 16;
+    c.extra_validators = 1;
     c
 }
 
@@ -64,7 +75,7 @@ async fn scenario(net: Net, attack: Attack, mut opts: AttackOptions, pool: Optio
     }
     let attacker = Miner::spawn(cfg);
     let validator = validator_for(&net, net.window()).await;
-    Scenario { net, honest, attacker, validator }
+    Scenario { net, honest, attacker, validator, second: None }
 }
 
 impl Scenario {
@@ -87,6 +98,29 @@ impl Scenario {
                             return r;
                         }
                     }
+                    None => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        })
+        .await
+    }
+
+    /// The second validator (every rollout too, its own key) from window `w`:
+    /// started only once needed, so it adds no load while the miners mine.
+    async fn add_second(&mut self, w: WindowId) {
+        let mut cfg = extra_validator_config(&self.net, w, 0);
+        cfg.sample = validator::service::SampleConfig::ALL;
+        self.second = Some(within(30, Service::open(cfg)).await.expect("second validator"));
+    }
+
+    /// Steps the second validator, if any, through window `w` (its verdicts posted).
+    async fn second_through(&mut self, w: WindowId) {
+        let Some(v) = self.second.as_mut() else { return };
+        within(90, async {
+            loop {
+                match v.step().await.expect("second validator step") {
+                    Some(r) if r.window >= w => return,
+                    Some(_) => {}
                     None => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
@@ -139,8 +173,23 @@ impl Scenario {
     }
 }
 
+/// Whether a second validator must confirm what the first finds.
+#[derive(Clone, Copy, PartialEq)]
+enum Confirm {
+    /// The coordinator re-checks the evidence itself (reward, prompt).
+    ByCoordinator,
+    /// Model-based evidence: a second validator.
+    BySecondValidator,
+}
+
 /// An attack the validator must catch: the attacker's window fails `check`.
-async fn caught_by_validator(attack: Attack, opts: AttackOptions, checks: &[&str], pool: Option<CopyPool>) {
+async fn caught_by_validator(
+    attack: Attack,
+    opts: AttackOptions,
+    checks: &[&str],
+    pool: Option<CopyPool>,
+    confirm: Confirm,
+) {
     let _serial = SERIAL.lock().await;
     let net = Net::with(net_config()).await;
     let mut s = scenario(net, attack, opts, pool).await;
@@ -162,7 +211,17 @@ async fn caught_by_validator(attack: Attack, opts: AttackOptions, checks: &[&str
     assert_eq!(m.body.estimated_valid, 0);
     eprintln!("{attack}: caught in window {} by {:?}", r.window, m.failed);
     s.assert_honest_pass(&r);
-    // `step` posted the verdicts: the coordinator bans and zeroes the attacker.
+    if confirm == Confirm::BySecondValidator {
+        // One validator's model-based evidence alone bans nobody (unless the
+        // attack also broke a check the coordinator re-runs itself, as a
+        // prefix edit does to the reward and a copy to the prompt).
+        let checkable = m.body.evidence.iter().any(|e| e.hard && e.check.model_free());
+        let banned = s.net.node.shared.core().is_banned(&a, r.window + 1);
+        assert_eq!(banned, checkable, "banned on one validator's evidence: {:?}", m.body.evidence);
+        s.add_second(r.window).await;
+        s.second_through(r.window).await;
+    }
+    // The verdicts are posted: the coordinator bans and zeroes the attacker.
     s.assert_punished(r.window);
     s.stop().await;
 }
@@ -206,42 +265,46 @@ fn other_model(dir: &std::path::Path, seed: u64) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_forged_sketch() {
-    caught_by_validator(Attack::ForgedSketch, AttackOptions::default(), &["sketch"], None).await;
+    caught_by_validator(Attack::ForgedSketch, AttackOptions::default(), &["sketch"], None, Confirm::BySecondValidator)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_reward_inflation() {
-    caught_by_validator(Attack::RewardInflation, AttackOptions::default(), &["reward"], None).await;
+    caught_by_validator(Attack::RewardInflation, AttackOptions::default(), &["reward"], None, Confirm::ByCoordinator)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_wrong_prompt() {
-    caught_by_validator(Attack::WrongPrompt, AttackOptions::default(), &["prompt"], None).await;
+    caught_by_validator(Attack::WrongPrompt, AttackOptions::default(), &["prompt"], None, Confirm::ByCoordinator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_prefix_edit() {
-    caught_by_validator(Attack::PrefixEdit, AttackOptions::default(), &["sampling"], None).await;
+    caught_by_validator(Attack::PrefixEdit, AttackOptions::default(), &["sampling"], None, Confirm::BySecondValidator)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_replay() {
     // The first window is honest (it is what gets replayed); later windows replay it.
-    caught_by_validator(Attack::Replay, AttackOptions::default(), &["prompt"], None).await;
+    caught_by_validator(Attack::Replay, AttackOptions::default(), &["prompt"], None, Confirm::ByCoordinator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_copy() {
     // The first honest miner is the victim; only the copier is penalised.
     let pool: CopyPool = Arc::new(Mutex::new(Vec::new()));
-    caught_by_validator(Attack::Copy, AttackOptions::default(), &["copy"], Some(pool)).await;
+    caught_by_validator(Attack::Copy, AttackOptions::default(), &["copy"], Some(pool), Confirm::BySecondValidator)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_other_model() {
     let dir = tempfile::tempdir().unwrap();
     let opts = AttackOptions { model: Some(other_model(dir.path(), 1)), ..Default::default() };
-    caught_by_validator(Attack::OtherModel, opts, MODEL_CHECKS, None).await;
+    caught_by_validator(Attack::OtherModel, opts, MODEL_CHECKS, None, Confirm::BySecondValidator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,12 +313,13 @@ async fn attack_prefill_decode_split() {
     // so only the exact sampling check can tell.
     let dir = tempfile::tempdir().unwrap();
     let opts = AttackOptions { model: Some(other_model(dir.path(), 2)), ..Default::default() };
-    caught_by_validator(Attack::PrefillDecodeSplit, opts, &["sampling"], None).await;
+    caught_by_validator(Attack::PrefillDecodeSplit, opts, &["sampling"], None, Confirm::BySecondValidator).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_quantized_q4() {
-    caught_by_validator(Attack::QuantizedQ4, AttackOptions::default(), MODEL_CHECKS, None).await;
+    caught_by_validator(Attack::QuantizedQ4, AttackOptions::default(), MODEL_CHECKS, None, Confirm::BySecondValidator)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

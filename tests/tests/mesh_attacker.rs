@@ -1,14 +1,16 @@
 //! Issue #8 item 1 on the mesh factory: two honest miners and one attacker
 //! (forged hidden-state sketches) mine against a coordinator while the real
 //! validator service proves every rollout. The attacker's window fails on the
-//! sketch check, the coordinator bans it and gives it zero weight, its later
-//! submissions are refused as banned, and the honest miners pass every check
-//! with full acceptance in the same windows.
+//! sketch check; the evidence is model-based, so a second validator (issue 16
+//! item 2: a ban needs confirmation) proves the same windows; the coordinator
+//! then bans it and gives it zero weight, its later submissions are refused
+//! as banned, and the honest miners pass every check with full acceptance in
+//! the same windows.
 
 use edge_miner::adversary::{self, Attack, AttackOptions};
 use edge_miner::run::RunEvent;
 use tributary_protocol::wire::{MinerStanding, RejectReason};
-use tributary_tests::{Mesh, MeshConfig, MinerSpec, NetConfig};
+use tributary_tests::{Mesh, MeshConfig, MinerSpec, NetConfig, ValidatorHandle, extra_validator_config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mesh_attacker_banned_zero_weight() {
@@ -16,7 +18,7 @@ async fn mesh_attacker_banned_zero_weight() {
     let opts = AttackOptions { work_dir: Some(work.path().to_path_buf()), threads: 1, ..Default::default() };
     let attack = adversary::setup(Attack::ForgedSketch, &opts).expect("attack setup");
     let mut mesh = Mesh::start(MeshConfig {
-        net: NetConfig { max_new_tokens: 16, ..NetConfig::new(3_000, 500, 2, 2) },
+        net: NetConfig { max_new_tokens: 16, extra_validators: 1, ..NetConfig::new(3_000, 500, 2, 2) },
         miners: vec![
             MinerSpec::honest("honest0"),
             MinerSpec::honest("honest1"),
@@ -37,6 +39,13 @@ async fn mesh_attacker_banned_zero_weight() {
         })
         .await;
     let w = r.window;
+    assert!(!mesh.net.node.shared.core().is_banned(&a, w + 1), "banned on one validator's model evidence");
+    // The second validator proves that window only (no extra load on the miners before or after).
+    let mut second_cfg = extra_validator_config(&mesh.net, w, 0);
+    second_cfg.sample = validator::service::SampleConfig::ALL;
+    let mut second = ValidatorHandle::spawn(second_cfg);
+    second.until(90, |r| r.window >= w).await;
+    let _ = second.kill().await;
     let caught = &r.miners[&a];
     assert!(caught.failed("sketch"), "forged sketches fail the sketch check: {:?}", caught.failed);
     assert!(caught.body.reasons.iter().any(|x| x.contains("sketch")), "{:?}", caught.body.reasons);

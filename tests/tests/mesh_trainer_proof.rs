@@ -175,5 +175,14 @@ async fn tampered_unchecked_groups_never_reach_a_gradient() {
         batches.len()
     );
     assert!(checks.contains("reward"), "the fake rewards rank first and are caught: {rejected:?}");
+    // The trainer posted a verdict with its evidence for each window it
+    // rejected the attacker in: its own proof bans (issue 16 item 2).
+    let first_rejected = rejected.iter().map(|r| r.window).min().expect("a rejection");
+    assert!(rejected.iter().all(|r| r.evidence.as_ref().is_some_and(|e| to_hex(&e.digest) == r.digest)));
+    {
+        let core = mesh.net.node.shared.core();
+        assert!(core.is_banned(&a, first_rejected + 1), "the trainer's proof failure did not ban the attacker");
+        assert!(core.standing(first_rejected).contains(&(a, tributary_protocol::wire::MinerStanding::Failed)));
+    }
     mesh.stop().await;
 }

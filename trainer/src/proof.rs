@@ -28,7 +28,7 @@ use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
 use tributary_protocol::verify::{self, Assignment, Severity, Status, VerifyError, VerifyParams};
-use tributary_protocol::wire::WindowInfo;
+use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, WindowInfo};
 
 /// Settings of the trainer's proof.
 #[derive(Debug, Clone)]
@@ -97,10 +97,13 @@ pub struct RejectRecord {
     pub position: Option<usize>,
     /// The failure with its figures.
     pub detail: String,
+    /// What the trainer's verdict posts for it (digest, check, position, figures).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<FailureEvidence>,
 }
 
 impl RejectRecord {
-    fn new(r: &Rollout, check: &str, position: Option<usize>, detail: String) -> Self {
+    fn new(r: &Rollout, check: &str, position: Option<usize>, detail: String, evidence: FailureEvidence) -> Self {
         Self {
             window: r.window,
             miner: hex::encode(r.miner),
@@ -110,6 +113,7 @@ impl RejectRecord {
             check: check.to_owned(),
             position,
             detail,
+            evidence: Some(evidence),
         }
     }
 }
@@ -245,7 +249,8 @@ impl Prover {
                 rejected.push(rec);
             } else if r.tokens.len() > context {
                 let detail = format!("{} tokens exceed the model's context of {context}", r.tokens.len());
-                rejected.push(RejectRecord::new(r, "context", Some(context), detail));
+                let e = FailureEvidence::of_rollout(r, FailedCheck::Context, Some(context), Figures::None);
+                rejected.push(RejectRecord::new(r, "context", Some(context), detail, e));
             }
         }
         if !rejected.is_empty() {
@@ -267,7 +272,19 @@ impl Prover {
         for ((r, ev), reward) in rollouts.iter().zip(&evidence).zip(&rewards) {
             let v = verify::verify_tokens(r, &assignment(r), *reward, &ev.positions(), &params)?;
             match first_hard_failure(r, &v.checks) {
-                Some(rec) => rejected.push(rec),
+                Some(mut rec) => {
+                    // The reference figure of a log-prob failure: the trainer's own log-prob there.
+                    if let Some(FailureEvidence {
+                        figures: Figures::Logprob { reference, .. },
+                        position: Some(p),
+                        ..
+                    }) = &mut rec.evidence
+                    {
+                        let i = (*p as usize).checked_sub(r.prompt_len as usize);
+                        *reference = i.and_then(|i| ev.logprob.get(i)).map(|&l| l as f32);
+                    }
+                    rejected.push(rec)
+                }
                 None => old.push(ev.logprob.iter().map(|&l| l as f32).collect()),
             }
         }
@@ -278,9 +295,13 @@ impl Prover {
 /// The record of the first hard failure among `checks`, if any.
 fn first_hard_failure(r: &Rollout, checks: &[verify::CheckOutcome]) -> Option<RejectRecord> {
     checks.iter().find(|c| c.severity == Severity::Hard && c.failed()).and_then(|c| match &c.status {
-        Status::Fail(f) => {
-            Some(RejectRecord::new(r, c.kind.as_str(), f.position(r.prompt_len as usize), format!("{f:?}")))
-        }
+        Status::Fail(f) => Some(RejectRecord::new(
+            r,
+            c.kind.as_str(),
+            f.position(r.prompt_len as usize),
+            format!("{f:?}"),
+            FailureEvidence::of_check(r, c.kind, c.severity, f),
+        )),
         _ => None,
     })
 }

@@ -25,7 +25,15 @@
 //! `rejected/<window>.jsonl` ([`RejectRecord`]). The digests of the rollouts
 //! of each step's batch are written to `batches/<window>.json`
 //! ([`BatchRecord`]). Both folders keep the last [`KEEP_RECORDS`] files.
+//!
+//! What the proof found goes back to the coordinator as the trainer's signed
+//! verdict per (window, miner) it looked at: the digests it proved passing
+//! (which refute a validator's false evidence on them) and each failure's
+//! evidence (the trainer's own proof failure bans the miner). A network
+//! error does not end [`Service::run`]: it reconnects with backoff and
+//! retries the round.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,12 +43,12 @@ use std::time::Duration;
 use tch::Device;
 use tributary_net::{KeyPin, NetError, Session, now_ms};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
-use tributary_protocol::identity::Keypair;
+use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
     Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, GetWindow, MAX_CHUNK_LEN, MinerStanding,
-    Role, TrainerStats, TrainerStatsBody, WindowInfo,
+    Role, TrainerStats, TrainerStatsBody, Verdict, VerdictBody, WindowInfo,
 };
 
 use crate::proof::{GroupProof, ProofConfig, ProofError, Prover, RejectRecord};
@@ -187,9 +195,7 @@ impl Service {
     /// [`Service::open`] with proof settings (a GSM8K file, how many
     /// checkpoints to keep loaded).
     pub async fn open_with(cfg: ServiceConfig, proof: ProofConfig) -> Result<Self, ServiceError> {
-        let session =
-            Session::connect_pinned(cfg.coordinator, &cfg.fingerprint, &cfg.coordinator_key, &cfg.key, Role::Trainer)
-                .await?;
+        let session = connect(&cfg).await?;
         let schedule = session.welcome.schedule;
         std::fs::create_dir_all(&cfg.dir)?;
         let template = Checkpoint::open(&cfg.genesis)?;
@@ -452,6 +458,51 @@ impl Service {
             infos.insert(w, info);
         }
         let standing = |miner: &[u8; 32], window: u64| match known.get(&(*miner, window)) {
+    /// Posts one signed verdict per (window, miner) the proof looked at: the
+    /// digests it proved passing (what refutes a validator's false evidence)
+    /// and the evidence of each failure (what confirms a validator's, or bans
+    /// on its own: the trainer's proof is a party the coordinator trusts).
+    async fn post_verdicts(
+        &mut self,
+        rejected: &[RejectRecord],
+        proven: BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>>,
+    ) -> Result<(), ServiceError> {
+        let mut bodies: BTreeMap<(WindowId, PublicKey), VerdictBody> = BTreeMap::new();
+        let trainer = self.cfg.key.public();
+        for ((window, miner), digests) in proven {
+            let b = bodies.entry((window, miner)).or_insert_with(|| empty_verdict(window, miner, trainer));
+            for d in digests {
+                b.checked += 1;
+                b.valid += 1;
+                b.add_passed(d);
+            }
+        }
+        for r in rejected {
+            let Some(e) = &r.evidence else { continue };
+            let Ok(miner) = r.miner.parse::<PublicKey>() else { continue };
+            let b = bodies.entry((r.window, miner)).or_insert_with(|| empty_verdict(r.window, miner, trainer));
+            b.checked += 1;
+            b.hard_failure = true;
+            b.add_reason(&format!("trainer proof: {} group {} rollout {}: {}", r.check, r.group, r.rollout, r.detail));
+            b.add_evidence(e.clone());
+        }
+        let network = self.session.network();
+        for (_, b) in bodies {
+            let (window, miner) = (b.window, b.miner);
+            let v = Verdict::sign(b, &self.cfg.key, &network);
+            match self.session.request(&Frame::PostVerdict(v)).await {
+                Ok(Frame::VerdictAck(a)) if a.window == window && a.miner == miner => {}
+                Ok(f) => return Err(ServiceError::Unexpected(f.tag())),
+                // A coordinator that takes no verdicts from this key: training goes on without.
+                Err(NetError::Refused(code, detail)) => {
+                    tracing::warn!(window, miner = %miner.short(), ?code, %detail, "the trainer's verdict was refused");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
             Some(MinerStanding::Passed) => Standing::Passed,
             Some(MinerStanding::Failed) => Standing::Failed,
             Some(MinerStanding::Suspect) => Standing::Pending { good_standing: false },
@@ -499,6 +550,7 @@ impl Service {
             self.save_progress()?;
             self.send_stats(&report).await?;
             round.published = Some((current, p.announcement.body.id));
+        let mut proven: BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>> = BTreeMap::new();
         }
         self.save_progress()?;
         Ok(round)
@@ -506,6 +558,11 @@ impl Service {
 
     /// Writes `batches/<window>.json` for the step published for `window`.
     fn record_batch(
+                Ok(p @ GroupProof::Proven(_)) => {
+                    let key = (g.key.window, PublicKey(g.key.miner));
+                    proven.entry(key).or_default().extend(g.rollouts.iter().map(Rollout::digest));
+                    Some(p)
+                }
         &self,
         window: WindowId,
         step: u64,
@@ -517,6 +574,7 @@ impl Service {
         let trained: std::collections::BTreeSet<WindowId> = sel.kept.iter().map(|g| g.key.window).collect();
         let rec = BatchRecord {
             window,
+        self.post_verdicts(&rejected, proven).await?;
             step,
             trained: trained.into_iter().collect(),
             digests: digests.iter().map(hex::encode).collect(),
@@ -528,11 +586,24 @@ impl Service {
     /// Runs rounds until `stop` is set.
     pub async fn run(&mut self, stop: Arc<AtomicBool>) -> Result<(), ServiceError> {
         while !stop.load(Ordering::Relaxed) {
-            let r = self.round().await?;
-            if let Some((w, id)) = r.published {
-                println!("published window={w} checkpoint={id} groups={} rollouts={}", r.groups, r.rollouts);
+            let result = if connected { self.round().await } else { self.reconnect().await.map(|()| Round::default()) };
+            match result {
+                Ok(r) => {
+                    connected = true;
+                    backoff = RECONNECT_MIN;
+                    if let Some((w, id)) = r.published {
+                        println!("published window={w} checkpoint={id} groups={} rollouts={}", r.groups, r.rollouts);
+                    }
+                    tokio::time::sleep(self.cfg.poll).await;
+                }
+                Err(ServiceError::Net(e)) if !e.is_final() => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "coordinator unreachable or refusing: reconnecting");
+                    connected = false;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                }
+                Err(e) => return Err(e),
             }
-            tokio::time::sleep(self.cfg.poll).await;
         }
         Ok(())
     }
@@ -565,7 +636,14 @@ pub fn batch_records(dir: &Path) -> Result<Vec<BatchRecord>, ServiceError> {
     let d = dir.join("batches");
     if !d.exists() {
         return Ok(out);
+    /// A network failure (the coordinator restarting, a refusal such as
+    /// "not yet" from a clock ahead of the coordinator's) does not end it:
+    /// the service reconnects with backoff, re-sends what the coordinator did
+    /// not confirm, and retries the round (nothing of a failed round was
+    /// saved as done). A refusal no retry can cure ([`NetError::is_final`]) ends it.
     }
+        let mut backoff = RECONNECT_MIN;
+        let mut connected = true;
     for e in std::fs::read_dir(d)? {
         let p = e?.path();
         if p.extension().is_some_and(|x| x == "json") {
@@ -575,6 +653,41 @@ pub fn batch_records(dir: &Path) -> Result<Vec<BatchRecord>, ServiceError> {
     out.sort_by_key(|r| r.window);
     Ok(out)
 }
+
+    /// A new session with the coordinator, then what it did not confirm
+    /// (the last publication, the last step report) sent again.
+    async fn reconnect(&mut self) -> Result<(), ServiceError> {
+        self.session = connect(&self.cfg).await?;
+        tracing::info!("reconnected to the coordinator");
+        self.reupload().await
+    }
+}
+
+/// The first wait before reconnecting to the coordinator.
+const RECONNECT_MIN: Duration = Duration::from_millis(250);
+
+/// The longest wait between reconnection attempts.
+const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+async fn connect(cfg: &ServiceConfig) -> Result<Session, NetError> {
+    Session::connect_pinned(cfg.coordinator, &cfg.fingerprint, &cfg.coordinator_key, &cfg.key, Role::Trainer).await
+}
+
+/// The trainer's verdict on `miner` in `window` before any rollout is counted.
+fn empty_verdict(window: WindowId, miner: PublicKey, trainer: PublicKey) -> VerdictBody {
+    VerdictBody {
+        window,
+        miner,
+        validator: trainer,
+        checked: 0,
+        valid: 0,
+        estimated_valid: 0,
+        hard_failure: false,
+        soft_failures: 0,
+        reasons: vec![],
+        passed: vec![],
+        evidence: vec![],
+    }
 
 /// The proof rejections recorded in a trainer folder (`rejected/*.jsonl`), by window.
 pub fn rejected_records(dir: &Path) -> Result<Vec<RejectRecord>, ServiceError> {

@@ -52,8 +52,11 @@ fn signed_documents_verify_and_detect_tampering() {
             hard_failure: false,
             soft_failures: 1,
             reasons: vec!["Distribution: median 0.2".into()],
+            passed: vec![[8; 32]],
+            evidence: vec![],
         },
         &v,
+        &NET,
     );
     verdict.verify(&NET).unwrap();
     // The same document on another network: refused whatever its signature.
@@ -62,7 +65,6 @@ fn signed_documents_verify_and_detect_tampering() {
     let mut moved = verdict.clone();
     moved.network = elsewhere;
     assert_eq!(moved.verify(&elsewhere), Err(SignedError::BadSignature), "the network is under the signature");
-        &NET,
     verdict.body.valid = 10;
     assert_eq!(verdict.verify(&NET), Err(SignedError::BadSignature));
 }
@@ -152,6 +154,8 @@ proptest::proptest! {
         dataset in proptest::option::of(proptest::prelude::any::<[u8; 32]>()),
         standings in proptest::collection::vec((proptest::prelude::any::<[u8; 32]>(), 0u8..3), 0..8),
         reasons in proptest::collection::vec(".{0,400}", 0..10),
+        passed in proptest::collection::vec(proptest::prelude::any::<[u8; 32]>(), 0..300),
+        evidence in proptest::collection::vec(failure_evidence(), 0..12),
         junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
     ) {
         let info = WindowInfo {
@@ -182,10 +186,23 @@ proptest::proptest! {
             hard_failure: true,
             soft_failures: 0,
             reasons: vec![],
+            passed: vec![],
+            evidence: vec![],
         };
         for r in &reasons {
             body.add_reason(r);
         }
+        for d in &passed {
+            body.add_passed(*d);
+        }
+        let hard = evidence.iter().filter(|e| e.hard).count();
+        for e in evidence {
+            body.add_evidence(e);
+        }
+        proptest::prop_assert!(body.passed.len() <= MAX_VERDICT_PASSED);
+        proptest::prop_assert!(body.evidence.len() <= MAX_VERDICT_EVIDENCE);
+        // Hard failures are kept before soft ones when the list is full.
+        proptest::prop_assert_eq!(body.hard_failed().count(), hard.min(MAX_VERDICT_EVIDENCE));
         proptest::prop_assert!(body.reasons.len() <= MAX_VERDICT_REASONS);
         proptest::prop_assert!(body.reasons.iter().all(|r| r.len() <= MAX_REASON_LEN));
         let key = identity::Keypair::from_seed([9; 32]);
@@ -202,6 +219,105 @@ proptest::proptest! {
             let _ = Frame::decode_body(f.tag(), &junk);
         }
     }
+}
+
+/// Evidence records with every figure kind (finite figures: NaN is not equal to itself).
+fn failure_evidence() -> impl proptest::strategy::Strategy<Value = FailureEvidence> {
+    use proptest::prelude::*;
+    let checks = [
+        FailedCheck::Signature,
+        FailedCheck::Environment,
+        FailedCheck::Structure,
+        FailedCheck::Context,
+        FailedCheck::Prompt,
+        FailedCheck::Reward,
+        FailedCheck::Sketch,
+        FailedCheck::Logprob,
+        FailedCheck::Sampling,
+        FailedCheck::SamplingCoverage,
+        FailedCheck::Distribution,
+        FailedCheck::Termination,
+        FailedCheck::Copy,
+    ];
+    let figures = prop_oneof![
+        Just(Figures::None),
+        (0.0f64..1.0, 0.0f64..1.0, 0.0f64..1.0, any::<u32>()).prop_map(|(u, lo, hi, outside)| Figures::Sampling {
+            u,
+            lo,
+            hi,
+            outside
+        }),
+        (-50.0f32..0.0, proptest::option::of(-50.0f32..0.0), 0.0f64..50.0)
+            .prop_map(|(claimed, reference, delta)| Figures::Logprob { claimed, reference, delta }),
+        any::<(u32, u32, u32, u32)>().prop_map(|(distance, tolerance, failed, checked)| Figures::Sketch {
+            distance,
+            tolerance,
+            failed,
+            checked
+        }),
+        (-1e6f32..1e6, -1e6f32..1e6).prop_map(|(claimed, recomputed)| Figures::Reward { claimed, recomputed }),
+        any::<(u32, u32)>().prop_map(|(expected_len, got_len)| Figures::Prompt { expected_len, got_len }),
+        any::<[u8; 32]>().prop_map(|k| Figures::Copy { owner: PublicKey(k) }),
+    ];
+    (any::<[u8; 32]>(), any::<(u32, u32)>(), 0..checks.len(), any::<bool>(), any::<Option<u32>>(), figures).prop_map(
+        move |(digest, (group, rollout), c, hard, position, figures)| FailureEvidence {
+            digest,
+            group,
+            rollout,
+            check: checks[c],
+            hard,
+            position,
+            figures,
+        },
+    )
+}
+
+/// A verdict listing more evidence or passing digests than allowed is
+/// refused at decode, before the list is allocated; the largest allowed one fits its frame.
+#[test]
+fn verdict_lists_are_bounded() {
+    let key = identity::Keypair::from_seed([9; 32]);
+    let e = FailureEvidence {
+        digest: [1; 32],
+        group: u32::MAX,
+        rollout: u32::MAX,
+        check: FailedCheck::Sampling,
+        hard: true,
+        position: Some(u32::MAX),
+        figures: Figures::Sampling { u: 0.5, lo: 0.1, hi: 0.2, outside: u32::MAX },
+    };
+    let mut body = VerdictBody {
+        window: u64::MAX,
+        miner: PublicKey([1; 32]),
+        validator: key.public(),
+        checked: u32::MAX,
+        valid: 0,
+        estimated_valid: 0,
+        hard_failure: true,
+        soft_failures: u32::MAX,
+        reasons: vec![],
+        passed: (0..MAX_VERDICT_PASSED).map(|i| [i as u8; 32]).collect(),
+        evidence: vec![e.clone(); MAX_VERDICT_EVIDENCE],
+    };
+    for _ in 0..MAX_VERDICT_REASONS {
+        body.reasons.push("x".repeat(MAX_REASON_LEN));
+    }
+    let f = Frame::PostVerdict(Verdict::sign(body.clone(), &key, &NET));
+    let bytes = f.encode();
+    assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+    let mut more = body.clone();
+    more.evidence.push(e);
+    assert!(matches!(
+        Frame::decode(&Frame::PostVerdict(Verdict::sign(more, &key, &NET)).encode()),
+        Err(WireError::Malformed { tag: Tag::PostVerdict, .. })
+    ));
+    let mut more = body;
+    more.reasons.clear();
+    more.passed.push([0xee; 32]);
+    assert!(matches!(
+        Frame::decode(&Frame::PostVerdict(Verdict::sign(more, &key, &NET)).encode()),
+        Err(WireError::Malformed { tag: Tag::PostVerdict, .. })
+    ));
 }
 
 #[test]

@@ -14,11 +14,11 @@
 //! first, writes only the changed elements, checks the result content id
 //! and, on mismatch, restores the base bytes and refuses the delta.
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! ```text
 //! magic    b"TRBDELTA"          8 bytes
-//! version  u8 = 1
+//! version  u8 = 2
 //! base     [u8; 32]             content id of the base checkpoint
 //! result   [u8; 32]             content id the delta reconstructs
 //! len      u64 LE               payload length
@@ -32,14 +32,32 @@
 //!     u8 elem                   1 = 16-bit elements (BF16/F16), 2 = 32-bit (F32)
 //!     varint n_elements         the tensor's element count (checked on apply)
 //!     varint n                  changed elements, 1 ..= n_elements
-//!     n varints                 first index, then gaps (index − previous − 1)
-//!     n·size bytes              the new values as byte planes: byte 0 of
-//!                               every value, then byte 1, ... (little-endian)
+//!   varint stream_len           then exactly stream_len bytes, the end of the body:
+//!   stream                      one binary range-coded stream over the T tensors
 //! ```
 //!
+//! The stream codes, for every element of every listed tensor in order,
+//! whether it changed, and for each change the zigzag difference of the bit
+//! patterns (`new − old` as a signed 16- or 32-bit integer). Both are coded
+//! with adaptive binary models whose contexts the receiver computes from the
+//! **base** it already holds: the changed bit by the base value's exponent
+//! and whether the two previous elements changed; the difference (Elias-gamma
+//! shaped: its bit length in unary, then its lower bits) by the exponent's
+//! bucket, the length and the bit's position. At RL learning rates an update
+//! moves a BF16 value by about lr / ulp units in the last place, and ulp is
+//! fixed by the exponent, so the exponent predicts both whether a value moved
+//! and how far (mostly ±1 ulp): a delta costs close to the conditional
+//! entropy of positions and differences, which is the floor for any lossless
+//! coding that knows only the base (see docs/benchmarks.md §1 for the
+//! measured figures). Reconstruction is still exact: the receiver adds the
+//! difference to the base bits, and the result's content id is checked.
+//!
 //! Varints are unsigned LEB128, at most 10 bytes, minimal. Decoding checks
-//! every count against the bytes actually present before allocating, so
-//! hostile input yields a [`DeltaError`], never a panic or a huge allocation.
+//! every count against the bytes actually present before allocating, and
+//! applying checks every count against the target's header, so hostile input
+//! yields a [`DeltaError`], never a panic or an allocation beyond the
+//! target's size. Version 1 (absolute new values, index gaps, zstd) is no
+//! longer read: a relay holding version-1 deltas serves the full checkpoint.
 
 use std::io::Read;
 
@@ -49,7 +67,7 @@ use crate::gguf::{self, GgmlType, GgufError, GgufHeader, TensorInfo};
 /// First bytes of every delta.
 pub const MAGIC: [u8; 8] = *b"TRBDELTA";
 /// Format version written by [`encode`].
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the fixed header before the payload.
 pub const HEADER_LEN: usize = 8 + 1 + 32 + 32 + 8 + 32;
 /// Largest zstd window (log2 bytes) a decoder accepts; levels up to 19 stay below.
@@ -176,7 +194,8 @@ impl ElemKind {
     }
 }
 
-/// The changes to one tensor.
+/// One tensor's entry in a delta: which tensor, and how many of its
+/// elements change (their positions and values are in [`Delta::stream`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorDelta {
     /// GGUF tensor name.
@@ -185,23 +204,8 @@ pub struct TensorDelta {
     pub elem: ElemKind,
     /// Element count of the tensor.
     pub n_elements: u64,
-    /// Indices of the changed elements, strictly increasing, `< n_elements`.
-    pub indices: Vec<u64>,
-    /// New values, `indices.len() * elem.size()` bytes, little-endian,
-    /// value `i` at `values[i*size..(i+1)*size]`.
-    pub values: Vec<u8>,
-}
-
-impl TensorDelta {
-    /// Number of changed elements.
-    pub fn len(&self) -> usize {
-        self.indices.len()
-    }
-
-    /// Whether nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.indices.is_empty()
-    }
+    /// Changed elements, `1 ..= n_elements`.
+    pub changed: u64,
 }
 
 /// A decoded delta.
@@ -213,12 +217,15 @@ pub struct Delta {
     pub result: ContentId,
     /// Changed tensors, sorted by name, none empty.
     pub tensors: Vec<TensorDelta>,
+    /// The range-coded changes of `tensors`, in order; decodable only
+    /// against the base (see the module documentation).
+    pub stream: Vec<u8>,
 }
 
 impl Delta {
     /// Total changed elements.
     pub fn changed_elements(&self) -> u64 {
-        self.tensors.iter().map(|t| t.indices.len() as u64).sum()
+        self.tensors.iter().map(|t| t.changed).sum()
     }
 
     /// Serialise with zstd level `level` (the inverse of [`decode`]).
@@ -226,8 +233,10 @@ impl Delta {
         let mut body = Vec::new();
         put_varint(&mut body, self.tensors.len() as u64);
         for t in &self.tensors {
-            write_tensor(&mut body, &t.name, t.elem, t.n_elements, &t.indices, &t.values);
+            write_entry(&mut body, t);
         }
+        put_varint(&mut body, self.stream.len() as u64);
+        body.extend_from_slice(&self.stream);
         finish(self.base, self.result, &body, level)
     }
 }
@@ -269,11 +278,9 @@ pub fn encode_gguf(base: &[u8], new: &[u8], level: i32) -> Result<Vec<u8>, Delta
 
     let mut tensors: Vec<&TensorInfo> = bh.tensors.iter().collect();
     tensors.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
-    let mut body = Vec::new();
-    let mut count = 0u64;
     let mut entries = Vec::new();
-    let mut indices = Vec::new();
-    let mut values = Vec::new();
+    let mut rc = RangeEncoder::default();
+    let mut model = Model::new();
     for t in tensors {
         let range = bh.tensor_range(t);
         let (old, cur) = (&base[range.clone()], &new[range]);
@@ -281,21 +288,11 @@ pub fn encode_gguf(base: &[u8], new: &[u8], level: i32) -> Result<Vec<u8>, Delta
             continue;
         }
         let elem = ElemKind::of(t.ty).ok_or_else(|| DeltaError::UnsupportedType { name: t.name.clone(), ty: t.ty })?;
-        let size = elem.size();
-        indices.clear();
-        values.clear();
-        for (i, (a, b)) in old.chunks_exact(size).zip(cur.chunks_exact(size)).enumerate() {
-            if a != b {
-                indices.push(i as u64);
-                values.extend_from_slice(b);
-            }
-        }
-        write_tensor(&mut entries, &t.name, elem, t.n_elements(), &indices, &values);
-        count += 1;
+        let changed = model.encode_tensor(&mut rc, elem, old, cur);
+        entries.push(TensorDelta { name: t.name.clone(), elem, n_elements: t.n_elements(), changed });
     }
-    put_varint(&mut body, count);
-    body.extend_from_slice(&entries);
-    finish(base_id, new_id, &body, level)
+    let delta = Delta { base: base_id, result: new_id, tensors: entries, stream: rc.finish() };
+    delta.to_bytes(level)
 }
 
 fn check_same_layout(bh: &GgufHeader, base: &[u8], nh: &GgufHeader, new: &[u8]) -> Result<(), DeltaError> {
@@ -309,21 +306,12 @@ fn check_same_layout(bh: &GgufHeader, base: &[u8], nh: &GgufHeader, new: &[u8]) 
     Ok(())
 }
 
-fn write_tensor(out: &mut Vec<u8>, name: &str, elem: ElemKind, n_elements: u64, indices: &[u64], values: &[u8]) {
-    put_varint(out, name.len() as u64);
-    out.extend_from_slice(name.as_bytes());
-    out.push(elem.code());
-    put_varint(out, n_elements);
-    put_varint(out, indices.len() as u64);
-    let mut prev: Option<u64> = None;
-    for &i in indices {
-        put_varint(out, prev.map_or(i, |p| i - p - 1));
-        prev = Some(i);
-    }
-    let size = elem.size();
-    for plane in 0..size {
-        out.extend(values.iter().skip(plane).step_by(size));
-    }
+fn write_entry(out: &mut Vec<u8>, t: &TensorDelta) {
+    put_varint(out, t.name.len() as u64);
+    out.extend_from_slice(t.name.as_bytes());
+    out.push(t.elem.code());
+    put_varint(out, t.n_elements);
+    put_varint(out, t.changed);
 }
 
 fn finish(base: ContentId, result: ContentId, body: &[u8], level: i32) -> Result<Vec<u8>, DeltaError> {
@@ -410,7 +398,11 @@ pub fn decode(bytes: &[u8], limits: &DeltaLimits) -> Result<Delta, DeltaError> {
     if count > limits.max_tensors {
         return Err(DeltaError::TooLarge { what: "tensor count", got: count, max: limits.max_tensors });
     }
-    let mut tensors: Vec<TensorDelta> = Vec::new();
+    // Every entry takes at least 4 bytes: check before allocating.
+    if count.saturating_mul(4) > r.remaining() as u64 {
+        return Err(DeltaError::Truncated("tensor table"));
+    }
+    let mut tensors: Vec<TensorDelta> = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let t = r.tensor()?;
         if let Some(prev) = tensors.last()
@@ -420,10 +412,15 @@ pub fn decode(bytes: &[u8], limits: &DeltaLimits) -> Result<Delta, DeltaError> {
         }
         tensors.push(t);
     }
+    let stream_len = r.varint()?;
+    if stream_len > r.remaining() as u64 {
+        return Err(DeltaError::Truncated("stream"));
+    }
+    let stream = r.take(stream_len as usize, "stream")?.to_vec();
     if r.pos != body.len() {
         return Err(DeltaError::Malformed(format!("{} trailing bytes", body.len() - r.pos)));
     }
-    Ok(Delta { base: h.base, result: h.result, tensors })
+    Ok(Delta { base: h.base, result: h.result, tensors, stream })
 }
 
 fn decompress(payload: &[u8], max_body: u64) -> Result<Vec<u8>, DeltaError> {
@@ -492,40 +489,11 @@ impl BodyReader<'_> {
         let code = self.take(1, "element kind")?[0];
         let elem = ElemKind::from_code(code).ok_or_else(|| DeltaError::Malformed(format!("element kind {code}")))?;
         let n_elements = self.varint()?;
-        let n = self.varint()?;
-        if n == 0 || n > n_elements {
-            return Err(DeltaError::Malformed(format!("tensor {name:?}: {n} changes of {n_elements} elements")));
+        let changed = self.varint()?;
+        if changed == 0 || changed > n_elements {
+            return Err(DeltaError::Malformed(format!("tensor {name:?}: {changed} changes of {n_elements} elements")));
         }
-        // Every change needs at least one index byte and `size` value bytes:
-        // check before allocating.
-        let need = n.saturating_mul(1 + elem.size() as u64);
-        if need > self.remaining() as u64 {
-            return Err(DeltaError::Truncated("changes"));
-        }
-        let n = n as usize;
-        let mut indices = Vec::with_capacity(n);
-        let mut prev: Option<u64> = None;
-        for _ in 0..n {
-            let g = self.varint()?;
-            let i = match prev {
-                None => Some(g),
-                Some(p) => p.checked_add(g).and_then(|x| x.checked_add(1)),
-            };
-            let i = i
-                .filter(|&i| i < n_elements)
-                .ok_or_else(|| DeltaError::Malformed(format!("tensor {name:?}: index out of range")))?;
-            indices.push(i);
-            prev = Some(i);
-        }
-        let size = elem.size();
-        let planes = self.take(n * size, "values")?;
-        let mut values = vec![0u8; n * size];
-        for (plane, src) in planes.chunks_exact(n).enumerate() {
-            for (k, &b) in src.iter().enumerate() {
-                values[k * size + plane] = b;
-            }
-        }
-        Ok(TensorDelta { name, elem, n_elements, indices, values })
+        Ok(TensorDelta { name, elem, n_elements, changed })
     }
 }
 
@@ -534,11 +502,12 @@ impl BodyReader<'_> {
 /// Apply `delta` in place to `target`, the bytes of the base checkpoint's
 /// GGUF file (typically a writable memory map of a copy of it).
 ///
-/// Checks the base content id, validates every tensor entry against the
-/// target's header before writing anything, writes only the changed
-/// elements, then checks the result content id. On a result mismatch the
-/// original bytes are restored and [`DeltaError::ResultMismatch`] returned;
-/// on any other error nothing was written.
+/// Checks the base content id and validates every tensor entry against the
+/// target's header before writing anything, then decodes the stream against
+/// the base values while writing the changed elements, then checks the
+/// result content id. On any error after the first write (a stream that
+/// does not decode to the announced counts, or a result mismatch) the
+/// original bytes are restored; on any other error nothing was written.
 pub fn apply_in_place(delta: &Delta, target: &mut [u8]) -> Result<(), DeltaError> {
     let header = gguf::parse_header(target)?;
     let found = content_id_of(&header, target);
@@ -546,7 +515,7 @@ pub fn apply_in_place(delta: &Delta, target: &mut [u8]) -> Result<(), DeltaError
         return Err(DeltaError::WrongBase { expected: delta.base, found });
     }
     let mut ranges = Vec::with_capacity(delta.tensors.len());
-    for t in &delta.tensors {
+    for (k, t) in delta.tensors.iter().enumerate() {
         let mismatch = |reason: String| DeltaError::TensorMismatch { name: t.name.clone(), reason };
         let info = header.tensor(&t.name).ok_or_else(|| mismatch("not in the target".into()))?;
         if ElemKind::of(info.ty) != Some(t.elem) {
@@ -555,37 +524,46 @@ pub fn apply_in_place(delta: &Delta, target: &mut [u8]) -> Result<(), DeltaError
         if info.n_elements() != t.n_elements {
             return Err(mismatch(format!("target has {} elements, delta says {}", info.n_elements(), t.n_elements)));
         }
-        if t.values.len() != t.indices.len() * t.elem.size()
-            || t.indices.windows(2).any(|w| w[0] >= w[1])
-            || t.indices.last().is_some_and(|&i| i >= t.n_elements)
-        {
-            return Err(mismatch("indices unsorted or out of range, or value count wrong".into()));
+        if t.changed == 0 || t.changed > t.n_elements {
+            return Err(mismatch(format!("{} changes of {} elements", t.changed, t.n_elements)));
+        }
+        if k > 0 && delta.tensors[k - 1].name.as_bytes() >= t.name.as_bytes() {
+            return Err(mismatch("tensors out of order or repeated".into()));
         }
         ranges.push(header.tensor_range(info));
     }
-    let mut saved: Vec<Vec<u8>> = Vec::with_capacity(delta.tensors.len());
-    for (t, range) in delta.tensors.iter().zip(&ranges) {
-        let data = &mut target[range.clone()];
-        let size = t.elem.size();
-        let mut old = Vec::with_capacity(t.values.len());
-        for (&i, v) in t.indices.iter().zip(t.values.chunks_exact(size)) {
-            let at = i as usize * size;
-            let dst = &mut data[at..at + size];
-            old.extend_from_slice(dst);
-            dst.copy_from_slice(v);
+    // What was overwritten, to restore the base on failure: per tensor, the
+    // changed element indices and their old bytes (bounded by the announced
+    // counts, themselves bounded by the target's tensors).
+    let mut undo: Vec<Undo> = Vec::with_capacity(delta.tensors.len());
+    let decoded = (|| {
+        let mut dec = RangeDecoder::new(&delta.stream)?;
+        let mut model = Model::new();
+        for (t, range) in delta.tensors.iter().zip(&ranges) {
+            let mut log = Undo::default();
+            let r = model.decode_tensor(&mut dec, t, &mut target[range.clone()], &mut log);
+            undo.push(log);
+            r?;
         }
-        saved.push(old);
-    }
-    let got = content_id_of(&header, target);
-    if got != delta.result {
-        for ((t, range), old) in delta.tensors.iter().zip(&ranges).zip(&saved) {
+        dec.finish()
+    })();
+    let restore = |target: &mut [u8], undo: &[Undo]| {
+        for ((t, range), log) in delta.tensors.iter().zip(&ranges).zip(undo) {
             let data = &mut target[range.clone()];
             let size = t.elem.size();
-            for (&i, v) in t.indices.iter().zip(old.chunks_exact(size)) {
-                let at = i as usize * size;
+            for (&i, v) in log.indices.iter().zip(log.old.chunks_exact(size)) {
+                let at = i * size;
                 data[at..at + size].copy_from_slice(v);
             }
         }
+    };
+    if let Err(e) = decoded {
+        restore(target, &undo);
+        return Err(e);
+    }
+    let got = content_id_of(&header, target);
+    if got != delta.result {
+        restore(target, &undo);
         return Err(DeltaError::ResultMismatch { expected: delta.result, found: got });
     }
     Ok(())
@@ -645,4 +623,306 @@ pub fn change_stats(base: &[u8], new: &[u8]) -> Result<(u64, u64), DeltaError> {
             .count() as u64;
     }
     Ok((changed, total))
+}
+
+// ------------------------------------------------------------------ coding
+
+/// Probabilities are 16-bit fixed point (P(bit = 0) · 2^16), adapted by
+/// 1/2^ADAPT of the error after each bit.
+const PROB_BITS: u32 = 16;
+const PROB_INIT: u16 = 1 << (PROB_BITS - 1);
+const ADAPT: u32 = 5;
+/// The range is renormalised below 2^24, so `(range >> 16) · p` keeps ≥ 8 bits.
+const TOP: u32 = 1 << 24;
+
+fn update(p: &mut u16, bit: bool) {
+    let q = u32::from(*p);
+    // Stays within [31, 2^16 − 31]: never 0, never 2^16.
+    *p = if bit { q - (q >> ADAPT) } else { q + (((1 << PROB_BITS) - q) >> ADAPT) } as u16;
+}
+
+/// LZMA-style binary range encoder (carry propagation through a cache byte).
+struct RangeEncoder {
+    low: u64,
+    range: u32,
+    cache: u8,
+    cache_size: u64,
+    out: Vec<u8>,
+}
+
+impl Default for RangeEncoder {
+    fn default() -> Self {
+        RangeEncoder { low: 0, range: u32::MAX, cache: 0, cache_size: 1, out: Vec::new() }
+    }
+}
+
+impl RangeEncoder {
+    fn bit(&mut self, p: &mut u16, bit: bool) {
+        let bound = (self.range >> PROB_BITS) * u32::from(*p);
+        if bit {
+            self.low += u64::from(bound);
+            self.range -= bound;
+        } else {
+            self.range = bound;
+        }
+        update(p, bit);
+        while self.range < TOP {
+            self.range <<= 8;
+            self.shift_low();
+        }
+    }
+
+    fn shift_low(&mut self) {
+        if self.low < 0xFF00_0000 || self.low >= 1 << 32 {
+            let carry = (self.low >> 32) as u8;
+            let mut b = self.cache;
+            loop {
+                self.out.push(b.wrapping_add(carry));
+                b = 0xFF;
+                self.cache_size -= 1;
+                if self.cache_size == 0 {
+                    break;
+                }
+            }
+            self.cache = (self.low >> 24) as u8;
+        }
+        self.cache_size += 1;
+        self.low = (self.low & 0x00FF_FFFF) << 8;
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        for _ in 0..5 {
+            self.shift_low();
+        }
+        self.out
+    }
+}
+
+/// The decoder of [`RangeEncoder`]'s streams. Reading past the end yields
+/// zeros and is reported by [`RangeDecoder::finish`]; any bytes decode to
+/// some bits, so a corrupt stream is caught by the counts and the content id.
+struct RangeDecoder<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    range: u32,
+    code: u32,
+}
+
+impl<'a> RangeDecoder<'a> {
+    fn new(buf: &'a [u8]) -> Result<Self, DeltaError> {
+        if buf.len() < 5 {
+            return Err(DeltaError::Truncated("stream"));
+        }
+        if buf[0] != 0 {
+            return Err(DeltaError::Malformed("stream does not start with 0".into()));
+        }
+        let code = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
+        Ok(RangeDecoder { buf, pos: 5, range: u32::MAX, code })
+    }
+
+    fn bit(&mut self, p: &mut u16) -> bool {
+        let bound = (self.range >> PROB_BITS) * u32::from(*p);
+        let bit = self.code >= bound;
+        if bit {
+            self.code -= bound;
+            self.range -= bound;
+        } else {
+            self.range = bound;
+        }
+        update(p, bit);
+        while self.range < TOP {
+            self.range <<= 8;
+            let b = self.buf.get(self.pos).copied().unwrap_or(0);
+            self.pos = self.pos.saturating_add(1);
+            self.code = (self.code << 8) | u32::from(b);
+        }
+        bit
+    }
+
+    /// The stream must have been read exactly to its end.
+    fn finish(&self) -> Result<(), DeltaError> {
+        match self.pos.cmp(&self.buf.len()) {
+            std::cmp::Ordering::Equal => Ok(()),
+            std::cmp::Ordering::Greater => Err(DeltaError::Truncated("stream")),
+            std::cmp::Ordering::Less => {
+                Err(DeltaError::Malformed(format!("{} bytes after the stream", self.buf.len() - self.pos)))
+            }
+        }
+    }
+}
+
+/// Changed-bit contexts: element kind × base exponent × the two previous bits.
+const POS_CTX: usize = 2 * 256 * 4;
+/// Difference contexts: element kind × exponent bucket × bit length (1..=32).
+const EXP_BUCKETS: usize = 32;
+const LEN_CTX: usize = 2 * EXP_BUCKETS * 33;
+/// Lower bits of a difference: element kind × bit length × bit position (the
+/// lowest 3 positions also by exponent bucket: they carry the sign and the
+/// small steps).
+const LOW_CTX: usize = 2 * 33 * 32 * EXP_BUCKETS;
+
+/// What applying one tensor overwrote: element indices and their old bytes.
+#[derive(Default)]
+struct Undo {
+    indices: Vec<usize>,
+    old: Vec<u8>,
+}
+
+/// The adaptive models of one stream (shared by its tensors, in order).
+struct Model {
+    pos: Vec<u16>,
+    len: Vec<u16>,
+    low: Vec<u16>,
+}
+
+/// What the receiver knows about an element before decoding it: its kind
+/// and its base bits.
+#[derive(Clone, Copy)]
+struct Ctx {
+    kind: usize,
+    exponent: usize,
+}
+
+impl Ctx {
+    fn of(elem: ElemKind, old: u32) -> Ctx {
+        match elem {
+            ElemKind::U16 => Ctx { kind: 0, exponent: ((old >> 7) & 0xFF) as usize },
+            ElemKind::U32 => Ctx { kind: 1, exponent: ((old >> 23) & 0xFF) as usize },
+        }
+    }
+
+    fn bucket(self) -> usize {
+        self.exponent * EXP_BUCKETS / 256
+    }
+}
+
+fn read_elem(bytes: &[u8], elem: ElemKind, i: usize) -> u32 {
+    match elem {
+        ElemKind::U16 => u32::from(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])),
+        ElemKind::U32 => u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]),
+    }
+}
+
+/// Zigzag of the wrapping difference `new − old` at the element's width.
+fn zigzag_diff(elem: ElemKind, old: u32, new: u32) -> u32 {
+    match elem {
+        ElemKind::U16 => {
+            let d = new.wrapping_sub(old) as u16 as i16;
+            u32::from(((d << 1) ^ (d >> 15)) as u16)
+        }
+        ElemKind::U32 => {
+            let d = new.wrapping_sub(old) as i32;
+            ((d << 1) ^ (d >> 31)) as u32
+        }
+    }
+}
+
+/// Inverse of [`zigzag_diff`]: the new bits.
+fn unzigzag_apply(elem: ElemKind, old: u32, z: u32) -> u32 {
+    let d = (z >> 1) ^ (z & 1).wrapping_neg();
+    match elem {
+        ElemKind::U16 => u32::from((old as u16).wrapping_add(d as u16)),
+        ElemKind::U32 => old.wrapping_add(d),
+    }
+}
+
+impl Model {
+    fn new() -> Model {
+        Model { pos: vec![PROB_INIT; POS_CTX], len: vec![PROB_INIT; LEN_CTX], low: vec![PROB_INIT; LOW_CTX] }
+    }
+
+    fn pos_index(c: Ctx, hist: usize) -> usize {
+        (c.kind * 256 + c.exponent) * 4 + hist
+    }
+
+    fn len_index(c: Ctx, k: usize) -> usize {
+        (c.kind * EXP_BUCKETS + c.bucket()) * 33 + k
+    }
+
+    fn low_index(c: Ctx, k: usize, bit: usize) -> usize {
+        let b = if bit < 3 { c.bucket() } else { 0 };
+        ((c.kind * 33 + k) * 32 + bit) * EXP_BUCKETS + b
+    }
+
+    /// Codes every element of one tensor; returns how many changed.
+    fn encode_tensor(&mut self, rc: &mut RangeEncoder, elem: ElemKind, old: &[u8], new: &[u8]) -> u64 {
+        let n = old.len() / elem.size();
+        let width = 8 * elem.size();
+        let (mut hist, mut changed) = (0usize, 0u64);
+        for i in 0..n {
+            let (a, b) = (read_elem(old, elem, i), read_elem(new, elem, i));
+            let c = Ctx::of(elem, a);
+            let moved = a != b;
+            rc.bit(&mut self.pos[Self::pos_index(c, hist)], moved);
+            hist = ((hist << 1) | usize::from(moved)) & 3;
+            if !moved {
+                continue;
+            }
+            changed += 1;
+            let z = zigzag_diff(elem, a, b);
+            // z ≥ 1; its bit length k in unary (k − 1 ones, then a zero unless k is the width).
+            let k = (32 - z.leading_zeros()) as usize;
+            for j in 1..k {
+                rc.bit(&mut self.len[Self::len_index(c, j)], true);
+            }
+            if k < width {
+                rc.bit(&mut self.len[Self::len_index(c, k)], false);
+            }
+            for bit in (0..k - 1).rev() {
+                rc.bit(&mut self.low[Self::low_index(c, k, bit)], (z >> bit) & 1 == 1);
+            }
+        }
+        changed
+    }
+
+    /// Decodes one tensor's elements against `data` (its base bytes),
+    /// writing each change and logging what it overwrote.
+    fn decode_tensor(
+        &mut self,
+        dec: &mut RangeDecoder<'_>,
+        t: &TensorDelta,
+        data: &mut [u8],
+        log: &mut Undo,
+    ) -> Result<(), DeltaError> {
+        let elem = t.elem;
+        let size = elem.size();
+        let n = data.len() / size;
+        let width = 8 * size;
+        let mut hist = 0usize;
+        let mut changed = 0u64;
+        for i in 0..n {
+            let a = read_elem(data, elem, i);
+            let c = Ctx::of(elem, a);
+            let moved = dec.bit(&mut self.pos[Self::pos_index(c, hist)]);
+            hist = ((hist << 1) | usize::from(moved)) & 3;
+            if !moved {
+                continue;
+            }
+            changed += 1;
+            if changed > t.changed {
+                return Err(DeltaError::Malformed(format!("tensor {:?}: more than {} changes", t.name, t.changed)));
+            }
+            let mut k = 1;
+            while k < width && dec.bit(&mut self.len[Self::len_index(c, k)]) {
+                k += 1;
+            }
+            let mut z = 1u32;
+            for bit in (0..k - 1).rev() {
+                z = (z << 1) | u32::from(dec.bit(&mut self.low[Self::low_index(c, k, bit)]));
+            }
+            // z ≥ 1, so the new bits differ from the old.
+            let b = unzigzag_apply(elem, a, z);
+            let at = i * size;
+            log.indices.push(i);
+            log.old.extend_from_slice(&data[at..at + size]);
+            data[at..at + size].copy_from_slice(&b.to_le_bytes()[..size]);
+        }
+        if changed != t.changed {
+            return Err(DeltaError::Malformed(format!(
+                "tensor {:?}: {changed} changes, {} announced",
+                t.name, t.changed
+            )));
+        }
+        Ok(())
+    }
 }

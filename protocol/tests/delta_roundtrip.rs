@@ -65,9 +65,9 @@ proptest! {
         prop_assert_eq!(d.result, id_of(&new));
         let (changed, _) = delta::change_stats(&base, &new).unwrap();
         prop_assert_eq!(d.changed_elements(), changed);
-        // Only changed elements are stored.
+        // Only changed tensors are listed.
         for t in &d.tensors {
-            prop_assert!(!t.indices.is_empty());
+            prop_assert!(t.changed > 0);
         }
         let mut target = base.clone();
         delta::apply_in_place(&d, &mut target).unwrap();
@@ -193,10 +193,124 @@ fn wrong_base_is_refused_untouched() {
 fn forged_result_id_is_refused_and_target_restored() {
     let (base, new) = pair(32, &[(1, 1), (40, 7)], &[(2, 3)]);
     let mut d = delta::decode(&delta::encode_gguf(&base, &new, 3).unwrap(), &limits(&base)).unwrap();
-    d.tensors[0].values[0] ^= 1;
+    d.result = tributary_protocol::checkpoint::ContentId([7; 32]);
     let mut t = base.clone();
     assert!(matches!(delta::apply_in_place(&d, &mut t), Err(DeltaError::ResultMismatch { .. })));
     assert_eq!(t, base, "target restored after a refused delta");
+}
+
+#[test]
+fn every_corrupted_stream_is_refused_and_target_restored() {
+    // Past the payload hash (a relay that re-signs, or a bug): any change to
+    // the coded stream is caught by the counts, the stream's end or the
+    // result id, and the target is left as it was.
+    let (base, new) = pair(64, &[(3, 1), (70, 9), (127, 0xffff), (20, 0x3f80)], &[(5, 42)]);
+    let d = delta::decode(&delta::encode_gguf(&base, &new, 3).unwrap(), &limits(&base)).unwrap();
+    // A flip in the coder's final flush bytes may decode to the same
+    // changes: then the result is the announced one, and that is all that
+    // matters. Anything else is refused with the target restored.
+    let mut refused = 0;
+    let mut tries = 0;
+    let mut check = |bad: &Delta| {
+        let mut t = base.clone();
+        tries += 1;
+        match delta::apply_in_place(bad, &mut t) {
+            Err(_) => {
+                refused += 1;
+                assert_eq!(t, base, "target not restored");
+            }
+            Ok(()) => assert_eq!(t, new, "a corrupted stream was accepted with a wrong result"),
+        }
+    };
+    for i in 0..d.stream.len() {
+        for mask in [0x01u8, 0x10, 0x80] {
+            let mut bad = d.clone();
+            bad.stream[i] ^= mask;
+            check(&bad);
+        }
+    }
+    for cut in 0..d.stream.len() {
+        let mut bad = d.clone();
+        bad.stream.truncate(cut);
+        check(&bad);
+    }
+    assert!(refused * 10 >= tries * 8, "only {refused} of {tries} corruptions refused");
+    let mut longer = d.clone();
+    longer.stream.push(0);
+    let mut t = base.clone();
+    assert!(matches!(delta::apply_in_place(&longer, &mut t), Err(DeltaError::Malformed(_))));
+    assert_eq!(t, base);
+    // A wrong announced count.
+    let mut bad = d.clone();
+    bad.tensors[0].changed += 1;
+    let mut t = base.clone();
+    assert!(matches!(delta::apply_in_place(&bad, &mut t), Err(DeltaError::Malformed(_))));
+    assert_eq!(t, base);
+}
+
+/// splitmix64, for reproducible synthetic checkpoints.
+fn rng(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn entropy_bits(counts: &[u64]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    counts.iter().filter(|&&c| c > 0).map(|&c| c as f64 * (n as f64 / c as f64).log2()).sum()
+}
+
+#[test]
+fn small_updates_cost_near_their_entropy_given_the_base() {
+    // An RL-like update: BF16 weights of many magnitudes, each moved with a
+    // probability that halves per exponent step (an update of fixed size
+    // crosses a rounding boundary less often where ulps are wider), by
+    // ±1 ulp, sometimes ±2. The delta must come within 15 % of the entropy
+    // of that process given the base's exponents (what the receiver knows),
+    // far below the 2 bytes per change that storing new values costs.
+    let n = 40_000;
+    let mut st = 7u64;
+    let mut bf = Vec::with_capacity(n);
+    let mut next = Vec::with_capacity(n);
+    let (mut per_exp, mut diffs) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    for _ in 0..n {
+        let r = rng(&mut st);
+        let e = 112 + (r % 12) as u16;
+        let v = ((r >> 8) as u16 & 0x8000) | (e << 7) | ((r >> 16) as u16 & 0x7f);
+        let p = 0.6 * 0.5f64.powi(i32::from(e - 112));
+        let moved = ((r >> 32) as f64 / 2f64.powi(32)) < p;
+        let step: i16 = if (r >> 28) & 7 == 0 { 2 } else { 1 };
+        let d = if (r >> 24) & 1 == 0 { step } else { -step };
+        let w = if moved { v.wrapping_add(d as u16) } else { v };
+        let slot: &mut (u64, u64) = per_exp.entry(e).or_default();
+        slot.0 += 1;
+        if moved {
+            slot.1 += 1;
+            *diffs.entry((e, d)).or_insert(0u64) += 1;
+        }
+        bf.push(v);
+        next.push(w);
+    }
+    let f: Vec<u32> = vec![0x3f80_0000; 8];
+    let (base, new) = (gguf_bytes(&bf, &f, &q8_block()), gguf_bytes(&next, &f, &q8_block()));
+    let changed: u64 = per_exp.values().map(|v| v.1).sum();
+    let mut ideal: f64 = per_exp.values().map(|&(n, c)| entropy_bits(&[c, n - c])).sum();
+    for e in per_exp.keys() {
+        let c: Vec<u64> = diffs.iter().filter(|((x, _), _)| x == e).map(|(_, &c)| c).collect();
+        ideal += entropy_bits(&c);
+    }
+    let bytes = delta::encode_gguf(&base, &new, 3).unwrap();
+    assert_eq!(delta::apply_to_copy(&bytes, &base).unwrap(), new);
+    let ideal_bytes = ideal / 8.0;
+    let got = bytes.len() as f64;
+    assert!(
+        got <= 1.15 * ideal_bytes + 200.0,
+        "{got} bytes for {changed} changes ({:.2} bits each); entropy given the base {ideal_bytes:.0} bytes ({:.2} bits each)",
+        8.0 * got / changed as f64,
+        ideal / changed as f64
+    );
 }
 
 #[test]
@@ -211,7 +325,31 @@ fn hostile_bodies_give_typed_errors() {
     varint(&mut body, u64::MAX);
     assert!(matches!(dec(&body), Err(DeltaError::TooLarge { .. })));
 
-    // Absurd change count: rejected before allocating.
+    // More changes than elements, or none.
+    for (n, changed) in [(16u64, 17u64), (16, 0), (u64::MAX / 2, u64::MAX)] {
+        let mut body = Vec::new();
+        varint(&mut body, 1);
+        varint(&mut body, 8);
+        body.extend_from_slice(b"a.matrix");
+        body.push(1);
+        varint(&mut body, n);
+        varint(&mut body, changed);
+        varint(&mut body, 0);
+        assert!(matches!(dec(&body), Err(DeltaError::Malformed(_))), "{n} {changed}");
+    }
+
+    // A stream longer than the body: refused before allocating.
+    let mut body = Vec::new();
+    varint(&mut body, 0);
+    varint(&mut body, u64::MAX / 2);
+    assert!(matches!(dec(&body), Err(DeltaError::Truncated(_))));
+
+    // A tensor table longer than the body.
+    let mut body = Vec::new();
+    varint(&mut body, 1 << 15);
+    assert!(matches!(dec(&body), Err(DeltaError::Truncated(_))));
+
+    // Absurd element count: decodes, refused against the target before writing.
     let mut body = Vec::new();
     varint(&mut body, 1);
     varint(&mut body, 8);
@@ -219,37 +357,34 @@ fn hostile_bodies_give_typed_errors() {
     body.push(1);
     varint(&mut body, u64::MAX);
     varint(&mut body, u64::MAX / 2);
-    assert!(matches!(dec(&body), Err(DeltaError::Truncated(_))));
+    varint(&mut body, 5);
+    body.extend_from_slice(&[0; 5]);
+    let d = dec(&body).unwrap();
+    let mut t = base.clone();
+    assert!(matches!(delta::apply_in_place(&d, &mut t), Err(DeltaError::TensorMismatch { .. })));
+    assert_eq!(t, base);
 
-    // Index out of range (n_elements 16, index 16).
-    let mut body = Vec::new();
-    varint(&mut body, 1);
-    varint(&mut body, 8);
-    body.extend_from_slice(b"a.matrix");
-    body.push(1);
-    varint(&mut body, 16);
-    varint(&mut body, 1);
-    varint(&mut body, 16);
-    body.extend_from_slice(&[0, 0]);
-    assert!(matches!(dec(&body), Err(DeltaError::Malformed(_))));
-
-    // Gap overflow.
-    let mut body = Vec::new();
-    varint(&mut body, 1);
-    varint(&mut body, 8);
-    body.extend_from_slice(b"a.matrix");
-    body.push(1);
-    varint(&mut body, u64::MAX);
-    varint(&mut body, 2);
-    varint(&mut body, u64::MAX - 1);
-    varint(&mut body, u64::MAX);
-    body.extend_from_slice(&[0; 4]);
-    assert!(matches!(dec(&body), Err(DeltaError::Malformed(_))));
+    // A stream that does not start with 0, and a too short one.
+    for stream in [&[1u8, 0, 0, 0, 0][..], &[0, 0, 0][..]] {
+        let mut body = Vec::new();
+        varint(&mut body, 1);
+        varint(&mut body, 8);
+        body.extend_from_slice(b"a.matrix");
+        body.push(1);
+        varint(&mut body, 16);
+        varint(&mut body, 1);
+        varint(&mut body, stream.len() as u64);
+        body.extend_from_slice(stream);
+        let d = dec(&body).unwrap();
+        let mut t = base.clone();
+        assert!(delta::apply_in_place(&d, &mut t).is_err());
+        assert_eq!(t, base);
+    }
 
     // Unknown element kind, trailing bytes, non-minimal varint, overlong varint.
-    let mut body = vec![1, 1, b'x', 9];
+    let mut body = vec![1, 1, b'x', 9, 0, 0, 0];
     assert!(matches!(dec(&body), Err(DeltaError::Malformed(_))));
-    body = vec![0, 0];
+    body = vec![0, 0, 0];
     assert!(matches!(dec(&body), Err(DeltaError::Malformed(_))));
     body = vec![0x80, 0x00];
     assert!(matches!(dec(&body), Err(DeltaError::Malformed(_))));
@@ -269,9 +404,11 @@ fn hostile_bodies_give_typed_errors() {
     let mut e = envelope(b, r, &[0]);
     e[0] = b'X';
     assert!(matches!(delta::decode(&e, &lim), Err(DeltaError::BadMagic)));
-    let mut e = envelope(b, r, &[0]);
-    e[8] = 2;
-    assert!(matches!(delta::decode(&e, &lim), Err(DeltaError::UnsupportedVersion(2))));
+    for v in [1, 3] {
+        let mut e = envelope(b, r, &[0]);
+        e[8] = v;
+        assert!(matches!(delta::decode(&e, &lim), Err(DeltaError::UnsupportedVersion(x)) if x == v));
+    }
 }
 
 #[test]
@@ -281,13 +418,8 @@ fn mismatched_tensors_are_refused_before_writing() {
     let entry = |name: &str, elem: ElemKind, n: u64| Delta {
         base: b,
         result: r,
-        tensors: vec![TensorDelta {
-            name: name.into(),
-            elem,
-            n_elements: n,
-            indices: vec![0],
-            values: vec![0; elem.size()],
-        }],
+        tensors: vec![TensorDelta { name: name.into(), elem, n_elements: n, changed: 1 }],
+        stream: vec![0; 5],
     };
     for d in [
         entry("nope", ElemKind::U16, 16),

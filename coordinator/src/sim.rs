@@ -66,6 +66,9 @@ pub struct SimConfig {
     pub weight_windows: u64,
     /// Windows a confirmed failure bans for.
     pub ban_windows: u64,
+    /// Groups the trainer trains on (and so proves) per window, drawn among
+    /// the groups of miners that passed (the trainer's per-window cap).
+    pub trainer_groups: u32,
 }
 
 impl SimConfig {
@@ -98,6 +101,7 @@ impl SimConfig {
             weight_exponent: 4,
             weight_windows: 12,
             ban_windows: 14,
+            trainer_groups: 32,
         }
     }
 }
@@ -115,6 +119,8 @@ pub struct SimReport {
     pub cheat_windows_caught: u64,
     /// Of those, pairs caught by validators (not only by the trainer's gate).
     pub cheat_windows_caught_by_validators: u64,
+    /// By cheating rate (per mille): (cheat windows, caught by validators, caught in all).
+    pub by_rate: BTreeMap<u32, (u64, u64, u64)>,
     /// Per cheater: the window it was first banned in (from 1: the first window), if ever.
     pub windows_to_ban: Vec<Option<u64>>,
     /// Honest or lazy miners ever banned.
@@ -316,7 +322,7 @@ impl Sim {
                             if matches!(self.cfg.miners[m], Kind::Honest | Kind::Lazy) {
                                 r.honest_rollouts += 1;
                             }
-                            if self.outcome(m, w, g, i).0 {
+                            if matches!(self.cfg.miners[m], Kind::Cheat(_)) && self.outcome(m, w, g, i).0 {
                                 cheated.insert(m);
                             }
                         }
@@ -339,26 +345,49 @@ impl Sim {
                     let _ = self.core.record_verdict(closed, &body, true);
                 }
             }
-            // The trainer takes what passed and proves it itself.
+            // The trainer may take any group of a miner that passed; it trains
+            // (and proves, its gradient gate) `trainer_groups` of them, drawn.
             let standing: BTreeMap<PublicKey, MinerStanding> = self.core.standing(w).into_iter().collect();
+            let mut eligible: Vec<(usize, u32)> = Vec::new();
             for miner in assignment.miners.keys() {
                 let m = index[miner];
                 if standing.get(miner) != Some(&MinerStanding::Passed) {
                     continue;
                 }
-                let total = self.core.submitted(w, miner).map_or(0, |s| u64::from(s.rollouts));
+                let Some(s) = self.core.submitted(w, miner) else { continue };
                 if matches!(self.cfg.miners[m], Kind::Honest | Kind::Lazy) {
-                    r.honest_trained += total;
-                } else if cheated.contains(&m) {
-                    let groups: Vec<u32> =
-                        self.core.submitted(w, miner).map(|s| s.groups.iter().copied().collect()).unwrap_or_default();
+                    r.honest_trained += u64::from(s.rollouts);
+                }
+                eligible.extend(s.groups.iter().map(|g| (m, *g)));
+            }
+            let drawn = (self.cfg.trainer_groups as usize).min(eligible.len());
+            eligible.sort_by_cached_key(|&(m, g)| ((uniform(self.cfg.seed, 3, m, w, g, 0) * 1e15) as u64, m, g));
+            let mut trained: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+            for (m, g) in eligible.into_iter().take(drawn) {
+                trained.entry(m).or_default().push(g);
+            }
+            for (m, groups) in trained {
+                if cheated.contains(&m) {
                     let body = self.verdict(w, m, self.trainer, &groups);
-                    let _ = self.core.record_verdict(closed, &body, true);
+                    if body.hard_failure {
+                        let _ = self.core.record_verdict(closed, &body, true);
+                    }
                 }
             }
             let standing: BTreeMap<PublicKey, MinerStanding> = self.core.standing(w).into_iter().collect();
             for &m in &cheated {
                 r.cheat_windows += 1;
+                let rate = match self.cfg.miners[m] {
+                    Kind::Cheat(p) => (p * 1000.0).round() as u32,
+                    _ => 0,
+                };
+                let row = r.by_rate.entry(rate).or_default();
+                row.0 += 1;
+                if standing.get(&self.miners[m]) == Some(&MinerStanding::Failed) {
+                    row.2 += 1;
+                    let by = self.core.verdicts_on(w, &self.miners[m]).iter().any(|v| self.core.claims_failure(v));
+                    row.1 += u64::from(by);
+                }
                 if standing.get(&self.miners[m]) == Some(&MinerStanding::Failed) {
                     r.cheat_windows_caught += 1;
                     let by_validators = assignment.miners.get(&self.miners[m]).is_some_and(|d| !d.committee.is_empty());

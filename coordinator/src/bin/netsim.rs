@@ -56,9 +56,10 @@ fn main() {
     let windows: u64 = arg(2).unwrap_or(20);
     let seeds_arg: Option<u64> = arg(3);
     println!(
-        "| N | V | windows × seeds | honest rollouts → trainer | P(cheater caught / window) | windows to ban (mean, max; never) | false bans | validator ÷ miner compute | coordinator MiB peak (KiB / miner) | KiB / miner after | twin spread (worst; ≤ 1.2) | lazy ÷ twin weight | seconds |"
+        "| N | V | windows × seeds | honest rollouts → trainer | P(cheater caught / window): by validators, in all | windows to ban (mean, max; never) | false bans | validator ÷ miner compute | coordinator MiB peak (KiB / miner) | KiB / miner after | twin spread (worst; ≤ 1.2) | lazy ÷ twin weight | seconds |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut detection: Vec<String> = Vec::new();
     for n in sizes {
         let seeds = seeds_arg.unwrap_or_else(|| (1000u64.div_ceil(n as u64)).clamp(1, 20));
         let started = Instant::now();
@@ -87,6 +88,8 @@ fn main() {
         let sum = |f: &dyn Fn(&SimReport) -> u64| all.iter().map(f).sum::<u64>();
         let trained = sum(&|r| r.honest_trained) as f64 / sum(&|r| r.honest_rollouts).max(1) as f64;
         let caught = sum(&|r| r.cheat_windows_caught) as f64 / sum(&|r| r.cheat_windows).max(1) as f64;
+        let by_validators =
+            sum(&|r| r.cheat_windows_caught_by_validators) as f64 / sum(&|r| r.cheat_windows).max(1) as f64;
         let bans: Vec<u64> = all.iter().flat_map(|r| r.windows_to_ban.iter().flatten().copied()).collect();
         let never = all.iter().flat_map(|r| r.windows_to_ban.iter()).filter(|b| b.is_none()).count();
         let mean_ban = bans.iter().sum::<u64>() as f64 / bans.len().max(1) as f64;
@@ -98,9 +101,24 @@ fn main() {
         let within = spreads.iter().filter(|s| **s <= 1.2).count();
         let lazy: Vec<f64> = all.iter().filter_map(|r| r.lazy_ratio).collect();
         let lazy = lazy.iter().sum::<f64>() / lazy.len().max(1) as f64;
+        let mut rates: std::collections::BTreeMap<u32, (u64, u64, u64)> = std::collections::BTreeMap::new();
+        for (rate, (c, v, a)) in all.iter().flat_map(|r| r.by_rate.iter()) {
+            let e = rates.entry(*rate).or_default();
+            e.0 += c;
+            e.1 += v;
+            e.2 += a;
+        }
+        let cells: Vec<String> = rates
+            .iter()
+            .map(|(rate, (c, v, a))| {
+                let p = |x: &u64| *x as f64 / (*c).max(1) as f64;
+                format!("{:.1} %: {:.3}, {:.3}", f64::from(*rate) / 10.0, p(v), p(a))
+            })
+            .collect();
+        detection.push(format!("| {n} | {} |", cells.join(" | ")));
         let mib = |b: usize| b as f64 / (1 << 20) as f64;
         println!(
-            "| {n} | {validators} | {windows} × {seeds} | {:.1} % | {:.3} | {mean_ban:.2}, {max_ban}; {never} | {false_bans} | {compute:.4} | {:.1} ({:.1}) | {:.2} | {worst:.3} ({within}/{}) | {lazy:.4} | {:.1} |",
+            "| {n} | {validators} | {windows} × {seeds} | {:.1} % | {by_validators:.3}, {:.3} | {mean_ban:.2}, {max_ban}; {never} | {false_bans} | {compute:.4} | {:.1} ({:.1}) | {:.2} | {worst:.3} ({within}/{}) | {lazy:.4} | {:.1} |",
             trained * 100.0,
             caught,
             mib(peak),
@@ -109,5 +127,11 @@ fn main() {
             spreads.len(),
             started.elapsed().as_secs_f64(),
         );
+    }
+    println!();
+    println!("P(cheater caught per window) by cheating rate: by validators, in all (the trainer's gate included)");
+    println!();
+    for row in detection {
+        println!("{row}");
     }
 }

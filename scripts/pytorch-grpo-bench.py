@@ -18,10 +18,17 @@ completion positions only; GSPO sequence ratio against the miner log-probs
 negative advantages, DAPO token normalisation over the whole batch, entropy
 bonus 0.001; global grad-norm clip 1.0; one AdamW step (β 0.9/0.95, ε 1e-8,
 weight decay 0.1). Prints key=value lines.
+
+Step 1 is a warm-up (lazy kernel set-up and Adam state), reported apart
+(`pytorch_warmup_*`); with --rust-weights its weights are compared with the
+Rust trainer's step 1 (max abs difference). The timed steps follow in the
+same process: --steps of them, or with --serve one per `step` line on stdin
+(grpo-bench alternates them with its own steps, so load hits both alike).
 """
 
 import argparse
 import json
+import sys
 import time
 from collections import OrderedDict
 
@@ -160,6 +167,40 @@ def step(model, opt, samples, micro_batch_tokens, share_prompts):
     return loss_sum, float(norm)
 
 
+def compare_weights(model, base_sd, path):
+    """Max abs difference between this side's weights and the Rust trainer's (fp32, HF names, same step)."""
+    from safetensors.torch import load_file
+
+    rust = load_file(path)
+    diff = update = 0.0
+    worst = ""
+    n = 0
+    for name, p in model.state_dict().items():
+        if name not in rust:
+            continue
+        mine = p.detach().float()
+        d = (mine - rust[name].float()).abs().max().item()
+        u = (mine - base_sd[name]).abs().max().item()
+        if d >= diff:
+            diff, worst = d, name
+        update = max(update, u)
+        n += 1
+    print(f"weights_compared_tensors={n}")
+    print(f"weights_max_abs_diff={diff:.3e}")
+    print(f"weights_max_abs_diff_tensor={worst}")
+    print(f"weights_max_abs_update={update:.3e}")
+
+
+def timed_step(model, opt, samples, a, prefix):
+    t, cpu = time.perf_counter(), time.process_time()
+    loss, norm = step(model, opt, samples, a.micro_batch_tokens, a.share_prompts)
+    secs, cpu_secs = time.perf_counter() - t, time.process_time() - cpu
+    print(f"{prefix}loss={loss:.6f}")
+    print(f"{prefix}grad_norm={norm:.4f}")
+    print(f"{prefix}seconds={secs:.3f}")
+    print(f"{prefix}cpu_seconds={cpu_secs:.3f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hf", required=True, help="HF export of the base (trainer export --hf)")
@@ -170,6 +211,11 @@ def main():
     ap.add_argument("--share-prompts", action="store_true", help="TrainConfig::share_prompts: run a shared prompt once")
     ap.add_argument("--ref-logits", help="reference next-token logits (f32 LE) on --prompt")
     ap.add_argument("--prompt", help="comma-separated prompt token ids for the logits check")
+    ap.add_argument("--rust-weights", help="the Rust trainer's fp32 weights after its first step (safetensors, HF names)")
+    ap.add_argument("--steps", type=int, default=1, help="timed steps after the warm-up step (without --serve)")
+    ap.add_argument(
+        "--serve", action="store_true", help="after the warm-up step, one timed step per 'step' line on stdin"
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -186,15 +232,26 @@ def main():
         print(f"hf_argmax_match={int(got.argmax()) == int(want.argmax())}")
 
     model.train()
+    base_sd = {k: v.detach().clone().float() for k, v in model.state_dict().items()} if a.rust_weights else None
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     samples = load_samples(a.batch)
-    t, cpu = time.perf_counter(), time.process_time()
-    loss, norm = step(model, opt, samples, a.micro_batch_tokens, a.share_prompts)
-    secs, cpu_secs = time.perf_counter() - t, time.process_time() - cpu
-    print(f"pytorch_loss={loss:.6f}")
-    print(f"pytorch_grad_norm={norm:.4f}")
-    print(f"pytorch_step_seconds={secs:.3f}")
-    print(f"pytorch_step_cpu_seconds={cpu_secs:.3f}")
+    # Step 1 is the warm-up (first kernels, Adam state allocated): its loss,
+    # gradient norm and weights are compared with the Rust step 1, its time
+    # is reported apart and left out of the medians.
+    timed_step(model, opt, samples, a, "pytorch_warmup_")
+    if a.rust_weights:
+        compare_weights(model, base_sd, a.rust_weights)
+        del base_sd
+    if a.serve:
+        print("ready", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "step":
+                break
+            timed_step(model, opt, samples, a, "pytorch_step_")
+            print("done", flush=True)
+    else:
+        for _ in range(a.steps):
+            timed_step(model, opt, samples, a, "pytorch_step_")
 
 
 if __name__ == "__main__":

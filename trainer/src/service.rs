@@ -214,6 +214,7 @@ impl Service {
         let prover = Prover::new(&cfg.genesis, proof)?;
         let mut s = Self { cfg, session, schedule, trainer, template, publisher, progress, prover };
         s.reupload().await?;
+        s.announce_genesis().await?;
         Ok(s)
     }
 
@@ -249,6 +250,44 @@ impl Service {
             self.send_stats(&report).await?;
         }
         Ok(())
+    }
+
+    /// Announces the genesis checkpoint (a signed announcement of the genesis
+    /// file, uploaded once) when the coordinator holds no announcement of it,
+    /// so miners check the first model against this trainer's key like every
+    /// later one.
+    async fn announce_genesis(&mut self) -> Result<(), ServiceError> {
+        use tributary_protocol::wire;
+        let id = self.template.content_id();
+        let get = Frame::GetCheckpointPath(wire::GetCheckpointPath { have: None, want: Some(id) });
+        match self.session.request(&get).await {
+            Ok(Frame::CheckpointPath(p)) if p.announcement.is_none() => {}
+            // Announced already; or the coordinator's genesis is another file (it refuses the path).
+            Ok(_) | Err(NetError::Refused(..)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let bytes = self.template.bytes();
+        let body = wire::CheckpointBody {
+            id,
+            kind: CheckpointKind::Full,
+            len: bytes.len() as u64,
+            payload_hash: *blake3::hash(bytes).as_bytes(),
+            window: 0,
+            trainer: self.cfg.key.public(),
+        };
+        let ann = wire::PublishCheckpoint::sign(body, &self.cfg.key, &self.session.network());
+        self.session.send(&Frame::PublishCheckpoint(ann)).await?;
+        for (i, c) in bytes.chunks(MAX_CHUNK_LEN as usize).enumerate() {
+            let offset = (i * MAX_CHUNK_LEN as usize) as u64;
+            self.session.send(&Frame::CheckpointChunk(CheckpointChunk { id, offset, data: Blob(c.to_vec()) })).await?;
+        }
+        match self.session.recv().await? {
+            Frame::CheckpointStored(s) if s.id == id => {
+                tracing::info!(%id, "genesis checkpoint announced");
+                Ok(())
+            }
+            f => Err(ServiceError::Unexpected(f.tag())),
+        }
     }
 
     fn stats_path(&self) -> PathBuf {

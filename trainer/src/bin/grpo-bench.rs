@@ -1,14 +1,19 @@
-//! GRPO step bench on SmolLM2 (issue #6): one optimiser step of the Rust
-//! trainer on a saved batch of miner rollouts, the sparse delta it publishes
-//! against the full checkpoint, and the same step in PyTorch (HF
+//! GRPO step bench on SmolLM2 (issues #6, #18): optimiser steps of the Rust
+//! trainer on a saved batch of miner rollouts, the sparse delta step 1
+//! publishes against the full checkpoint, and the same steps in PyTorch (HF
 //! transformers, `scripts/pytorch-grpo-bench.py`) on the same batch, same
 //! micro-batching, same thread count, as the ratio to beat.
 //!
+//! Step 1 is the warm-up on both sides (left out of the medians); its
+//! weights are compared across the sides (max abs difference of the fp32
+//! masters) and its delta is measured. Then `--rounds` rounds alternate a
+//! Rust step and a PyTorch step (one warm PyTorch process), and the table
+//! shows true medians. The batch must have non-zero advantages.
+//!
 //! ```text
-//! edge-miner generate --model .cache/models/SmolLM2-135M-Instruct.bf16.gguf --env gsm8k \
-//!     --data /work/shared/data/gsm8k/train.jsonl --tasks 4 --group 8 --max-new-tokens 128 \
-//!     --seed 7 --out .cache/bench/grpo-batch.jsonl
-//! cargo run -p trainer --bin grpo-bench -- --batch .cache/bench/grpo-batch.jsonl
+//! edge-miner generate --model .cache/models/SmolLM2-135M-Instruct.bf16.gguf --env arith \
+//!     --difficulty 1 --tasks 4 --group 8 --max-new-tokens 128 --seed 11 --out .cache/bench/grpo-batch.jsonl
+//! cargo run -p trainer --bin grpo-bench -- --batch .cache/bench/grpo-batch.jsonl --lr 3e-5 --rounds 5
 //! ```
 //!
 //! Before the step it also exports the base for transformers and has the
@@ -49,8 +54,10 @@ struct Args {
     /// The BF16 base checkpoint the rollouts were generated with.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Peak learning rate (warm-up off, so step 1 uses it).
-    #[arg(long, default_value_t = TrainConfig::default().lr)]
+    /// Peak learning rate (warm-up off, so step 1 uses it). The default is
+    /// the lr of the training run in docs/training.md (3e-5): the delta's
+    /// size depends on it (Adam moves every weight by about lr per step).
+    #[arg(long, default_value_t = 3e-5)]
     lr: f64,
     /// Threads for libtorch (and for the PyTorch run).
     #[arg(long, default_value_t = 2)]
@@ -58,11 +65,20 @@ struct Args {
     /// Python with torch + transformers (default: `$TRIBUTARY_HOME/../venv-bench`, see scripts/bench-venv.sh).
     #[arg(long)]
     python: Option<PathBuf>,
-    /// Timed rounds, each one Rust step then one PyTorch step (a fresh process
-    /// from the base), so load from other processes hits both alike; the
-    /// table shows medians. The delta figures are those of the first step.
-    #[arg(long, default_value_t = 3)]
+    /// Timed rounds after the warm-up step 1, each one Rust step then one
+    /// PyTorch step (one warm PyTorch process throughout), so load from
+    /// other processes hits both alike; the table shows true medians. The
+    /// delta and weight figures are those of step 1.
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Measure a batch whose advantages are all 0 (only the entropy bonus has a gradient).
+    #[arg(long)]
+    allow_zero_advantages: bool,
+    /// The trainer's full-anchor period (`full_every` in trainer.toml): a
+    /// miner downloads one full checkpoint and `full_every - 1` deltas per
+    /// period; the table shows the average.
+    #[arg(long, default_value_t = 8)]
+    full_every: u64,
     /// Run every sample's prompt in full on both sides (`TrainConfig::share_prompts`
     /// off; the PyTorch script without `--share-prompts`).
     #[arg(long)]
@@ -73,10 +89,15 @@ struct Args {
     /// Measure the trainer's proof of the batch against the step (no PyTorch).
     #[arg(long)]
     verify: bool,
+    /// Only measure the delta codec between two saved checkpoints (BASE NEW,
+    /// e.g. `--save`'s `.last-base.gguf` and `.last.gguf`): size, ratio,
+    /// times, and the entropy floor. No training.
+    #[arg(long, num_args = 2, value_names = ["BASE", "NEW"])]
+    delta_pair: Option<Vec<PathBuf>>,
     /// Folder for the HF export of the base.
     #[arg(long, default_value = ".cache/bench/hf-base")]
     hf: PathBuf,
-    /// Where to write the checkpoint after the step (for `relay-bench`).
+    /// Where to write the checkpoint after step 1 (for `relay-bench` and the delta codec bench).
     #[arg(long, default_value = ".cache/bench/grpo-step1.gguf")]
     save: PathBuf,
 }
@@ -141,38 +162,119 @@ fn default_python() -> PathBuf {
     cache.join("venv-bench/bin/python")
 }
 
-/// Runs the PyTorch script and returns its `key=value` lines.
-fn run_pytorch(
-    args: &Args,
-    python: &Path,
-    cfg: &TrainConfig,
-    check: Option<(&Path, &[u32])>,
-) -> Result<BTreeMap<String, String>> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pytorch-grpo-bench.py");
-    let mut cmd = Command::new(python);
-    cmd.arg(&script)
-        .args(["--hf".as_ref(), args.hf.as_os_str()])
-        .args(["--batch".as_ref(), args.batch.as_os_str()])
-        .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()])
-        .args(["--micro-batch-tokens", &cfg.micro_batch_tokens.to_string()]);
-    if cfg.share_prompts {
-        cmd.arg("--share-prompts");
-    }
-    if let Some((ref_logits, prompt)) = check {
+/// The PyTorch script as a server (`--serve`): it loads the HF export,
+/// checks logits, takes its warm-up step 1 and compares its weights with
+/// ours, then takes one timed step per request.
+struct PyServer {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl PyServer {
+    fn start(
+        args: &Args,
+        python: &Path,
+        cfg: &TrainConfig,
+        ref_logits: &Path,
+        prompt: &[u32],
+        weights: &Path,
+    ) -> Result<Self> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pytorch-grpo-bench.py");
+        let mut cmd = Command::new(python);
+        cmd.arg(&script)
+            .args(["--hf".as_ref(), args.hf.as_os_str()])
+            .args(["--batch".as_ref(), args.batch.as_os_str()])
+            .args(["--threads", &args.threads.to_string(), "--lr", &args.lr.to_string()])
+            .args(["--micro-batch-tokens", &cfg.micro_batch_tokens.to_string()])
+            .args(["--rust-weights".as_ref(), weights.as_os_str()])
+            .arg("--serve");
+        if cfg.share_prompts {
+            cmd.arg("--share-prompts");
+        }
         let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
         cmd.args(["--ref-logits".as_ref(), ref_logits.as_os_str()]).args(["--prompt", &prompt.join(",")]);
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("running {} (create it with scripts/bench-venv.sh)", python.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = std::io::BufReader::new(child.stdout.take().context("no stdout")?);
+        Ok(PyServer { child, stdin, stdout })
     }
-    let out =
-        cmd.output().with_context(|| format!("running {} (create it with scripts/bench-venv.sh)", python.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!("PyTorch bench failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    /// `key=value` lines up to the line `end`.
+    fn until(&mut self, end: &str) -> Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.stdout.read_line(&mut line)? == 0 {
+                let status = self.child.wait()?;
+                bail!("the PyTorch bench ended ({status}) before {end:?}");
+            }
+            let l = line.trim();
+            if l == end {
+                return Ok(out);
+            }
+            if let Some((k, v)) = l.split_once('=') {
+                out.insert(k.trim().to_owned(), v.trim().to_owned());
+            }
+        }
     }
-    Ok(stdout
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect())
+
+    fn step(&mut self) -> Result<BTreeMap<String, String>> {
+        let stdin = self.stdin.as_mut().context("PyTorch bench closed")?;
+        std::io::Write::write_all(stdin, b"step\n")?;
+        std::io::Write::flush(stdin)?;
+        self.until("done")
+    }
+}
+
+impl Drop for PyServer {
+    fn drop(&mut self) {
+        // Closing stdin ends its loop.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The trainer's fp32 weights under their HF names and layout (Q/K rows
+/// un-permuted, as `trainer::hf::export` does), for the weight comparison.
+fn save_hf_f32(model: &tributary_policy::ReferenceModel, base: &Checkpoint, path: &Path) -> Result<()> {
+    let vars = model.var_store().variables();
+    let c = *base.config();
+    let mut out = Vec::new();
+    tch::no_grad(|| -> Result<()> {
+        for info in &base.header().tensors {
+            let name = trainer::hf::hf_name(&info.name).with_context(|| format!("no HF name for {}", info.name))?;
+            let p = vars.get(&info.name).with_context(|| format!("model has no {}", info.name))?;
+            let shape: Vec<i64> = info.dims.iter().rev().map(|&d| d as i64).collect();
+            let mut t = p.f_to_kind(Kind::Float)?.f_reshape(shape)?;
+            if info.name.ends_with("attn_q.weight") {
+                t = trainer::hf::unpermute(&t, c.n_head as i64)?;
+            } else if info.name.ends_with("attn_k.weight") {
+                t = trainer::hf::unpermute(&t, c.n_head_kv as i64)?;
+            }
+            out.push((name, t.f_contiguous()?));
+        }
+        Ok(())
+    })?;
+    Tensor::write_safetensors(&out, path)?;
+    Ok(())
+}
+
+/// The median: the middle value of an odd count, the mean of the two middle
+/// values of an even one (NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// The trainer's proof of every rollout of the batch file (as
@@ -264,11 +366,6 @@ fn verify_arm(args: &Args, base: &Checkpoint, samples: &[Sample], cfg: TrainConf
         step.push(t.elapsed().as_secs_f64());
         eprintln!("round {}: proof {secs:.2} s ({passed}/{total} rollouts pass), step {:.2} s", round + 1, step[round]);
     }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let (p, s) = (median(&proof), median(&step));
     let list = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -282,8 +379,114 @@ fn verify_arm(args: &Args, base: &Checkpoint, samples: &[Sample], cfg: TrainConf
     Ok(())
 }
 
+/// Empirical entropy (bits) of a histogram.
+fn entropy_bits(counts: impl IntoIterator<Item = u64>) -> f64 {
+    let counts: Vec<u64> = counts.into_iter().filter(|&c| c > 0).collect();
+    let n: u64 = counts.iter().sum();
+    counts.iter().map(|&c| c as f64 * (n as f64 / c as f64).log2()).sum()
+}
+
+/// `--delta-pair`: the codec on a saved pair, and where its floor is.
+fn delta_pair(base: &Path, new: &Path, full_every: u64) -> Result<()> {
+    let (base, new) = (std::fs::read(base)?, std::fs::read(new)?);
+    let mut times = Vec::new();
+    let mut d = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        d = delta::encode_gguf(&base, &new, delta::DEFAULT_LEVEL)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut apply = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let out = delta::apply_to_copy(&d, &base)?;
+        apply.push(t.elapsed().as_secs_f64() * 1e3);
+        if out != new {
+            bail!("applying the delta did not reproduce the new checkpoint");
+        }
+    }
+    // The floor for a coder that knows the base: per element kind and base
+    // exponent, the entropy of "changed" plus that of the bit-pattern
+    // difference of the changes (static, fitted to this very pair, so a
+    // little optimistic), and the same without the exponent.
+    let h = tributary_protocol::gguf::parse_header(&base)?;
+    let mut pos: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    let mut diff: BTreeMap<(u32, i64), u64> = BTreeMap::new();
+    let mut diff_all: BTreeMap<i64, u64> = BTreeMap::new();
+    let mut per_tensor_iid = 0.0;
+    for t in &h.tensors {
+        let Some(elem) = delta::ElemKind::of(t.ty) else { continue };
+        let r = h.tensor_range(t);
+        let (a, b) = (&base[r.clone()], &new[r]);
+        let size = elem.size();
+        let mut c = 0u64;
+        for (x, y) in a.chunks_exact(size).zip(b.chunks_exact(size)) {
+            let (x, y, e, d) = if size == 2 {
+                let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+                (u64::from(x), u64::from(y), u32::from((x >> 7) & 0xff), i64::from(y.wrapping_sub(x) as i16))
+            } else {
+                let (x, y) =
+                    (u32::from_le_bytes([x[0], x[1], x[2], x[3]]), u32::from_le_bytes([y[0], y[1], y[2], y[3]]));
+                (u64::from(x), u64::from(y), 256 + ((x >> 23) & 0xff), i64::from(y.wrapping_sub(x) as i32))
+            };
+            let slot = pos.entry(e).or_default();
+            slot.0 += 1;
+            if x != y {
+                slot.1 += 1;
+                c += 1;
+                *diff.entry((e, d)).or_default() += 1;
+                *diff_all.entry(d).or_default() += 1;
+            }
+        }
+        let n = t.n_elements();
+        per_tensor_iid += entropy_bits([c, n - c]);
+    }
+    let changed: u64 = pos.values().map(|v| v.1).sum();
+    let total: u64 = pos.values().map(|v| v.0).sum();
+    let pos_bits: f64 = pos.values().map(|&(n, c)| entropy_bits([c, n - c])).sum();
+    let mut by_e: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for (&(e, _), &n) in &diff {
+        by_e.entry(e).or_default().push(n);
+    }
+    let diff_bits: f64 = by_e.into_values().map(entropy_bits).sum();
+    let diff_all_bits = entropy_bits(diff_all.into_values());
+    let full = new.len() as f64;
+    let per = |bits: f64| bits / changed.max(1) as f64;
+    let floor = (pos_bits + diff_bits) / 8.0;
+    let k = full_every.max(1) as f64;
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!("| changed elements | {changed} of {total} ({:.3} %) |", 100.0 * changed as f64 / total as f64);
+    println!("| delta v{} (bytes) | {} |", delta::VERSION, d.len());
+    println!("| full / delta | {:.1} |", full / d.len() as f64);
+    println!("| delta, bits per changed element | {:.2} |", 8.0 * d.len() as f64 / changed.max(1) as f64);
+    println!(
+        "| floor knowing the base: position given exponent {:.2} + difference given exponent {:.2} bits per change | {floor:.0} bytes (full / floor {:.1}) |",
+        per(pos_bits),
+        per(diff_bits),
+        full / floor
+    );
+    println!(
+        "| without the base's exponent: position (per-tensor rate) {:.2} + difference {:.2} bits per change | {:.0} bytes |",
+        per(per_tensor_iid),
+        per(diff_all_bits),
+        (per_tensor_iid + diff_all_bits) / 8.0
+    );
+    println!(
+        "| a miner's download per update over a full-anchor period of {k} | {:.0} bytes (full / that = {:.1}) |",
+        (full + (k - 1.0) * d.len() as f64) / k,
+        full * k / (full + (k - 1.0) * d.len() as f64)
+    );
+    println!("| encode, median of 5 (ms) | {:.0} |", median(&times));
+    println!("| decode + apply to a copy, median of 5 (ms) | {:.0} |", median(&apply));
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(pair) = &args.delta_pair {
+        return delta_pair(&pair[0], &pair[1], args.full_every);
+    }
     let threads = tributary_policy::init_threads(Some(args.threads));
     let model = args.model.clone().unwrap_or_else(assets::smollm2_bf16);
     let base = Checkpoint::open(&model).with_context(|| format!("{} (run `trainer init-base`)", model.display()))?;
@@ -298,6 +501,14 @@ fn main() -> Result<()> {
     let completion_tokens: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
     let share_prompts = !args.no_share_prompts;
     let cfg = TrainConfig { lr: args.lr, warmup_steps: 1, share_prompts, ..TrainConfig::default() };
+    // A batch whose advantages are all 0 has no policy gradient (only the
+    // entropy bonus): the parity and the delta would measure the wrong step.
+    let nonzero = samples.iter().filter(|s| s.advantage != 0.0).count();
+    if nonzero == 0 && !args.allow_zero_advantages {
+        bail!(
+            "every advantage of the batch is 0 (no group has reward variance); pass --allow-zero-advantages to measure it anyway"
+        );
+    }
     let mut trainer = Trainer::from_checkpoint(&base, Device::Cpu, cfg)?;
 
     // Reference next-token logits on the first prompt (for the HF parity check).
@@ -311,11 +522,12 @@ fn main() -> Result<()> {
         Ok(Vec::<f32>::try_from(&logits)?)
     })?;
 
-    // Round 1's Rust step, then what it publishes.
+    // Step 1 is the warm-up on both sides (first kernels, Adam state
+    // allocated): its time is shown apart and left out of the medians; its
+    // weights are the ones compared and published.
     let (t, cpu) = (Instant::now(), process_cpu_secs());
     let stats = trainer.step(&samples)?;
-    let mut rust_wall = vec![t.elapsed().as_secs_f64()];
-    let mut rust_cpu = vec![process_cpu_secs() - cpu];
+    let warm = (t.elapsed().as_secs_f64(), process_cpu_secs() - cpu);
     let split = |tr: &Trainer| {
         let t = tr.last_timings();
         eprintln!(
@@ -323,6 +535,7 @@ fn main() -> Result<()> {
             t.micro_batches, t.shared_prompt_batches, t.positions, t.forward_s, t.backward_s, t.optimizer_s
         );
     };
+    eprintln!("warm-up step: Rust {:.2} s ({:.2} CPU s)", warm.0, warm.1);
     split(&trainer);
 
     let t = Instant::now();
@@ -347,64 +560,86 @@ fn main() -> Result<()> {
     let d_len = d.len();
     drop((new, d, decoded));
 
-    // PyTorch on the same batch, alternating with further Rust steps (same
-    // batch, same cost per step).
+    // PyTorch in one process that warms up with its own step 1 (compared
+    // with ours), then alternates: a Rust step here, a PyTorch step there,
+    // `--rounds` times, so load from other processes hits both alike.
     let mut py = BTreeMap::new();
+    let (mut rust_wall, mut rust_cpu) = (Vec::new(), Vec::new());
     let (mut py_wall, mut py_cpu) = (Vec::new(), Vec::new());
     let mut loads = Vec::new();
     let loadavg = || {
         std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("").to_owned()
     };
-    if !args.no_pytorch {
+    let mut server = if args.no_pytorch {
+        None
+    } else {
         trainer::hf::export(&base, &args.hf)?;
         let ref_path = args.hf.join("ref_logits.f32");
         let raw: Vec<u8> = ref_logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         std::fs::write(&ref_path, raw)?;
+        let weights = args.hf.join("rust-step1.safetensors");
+        save_hf_f32(trainer.model(), &base, &weights)?;
         let python = args.python.clone().unwrap_or_else(default_python);
-        for round in 0..args.rounds.max(1) {
-            if round > 0 {
-                let (t, cpu) = (Instant::now(), process_cpu_secs());
-                trainer.step(&samples)?;
-                rust_wall.push(t.elapsed().as_secs_f64());
-                rust_cpu.push(process_cpu_secs() - cpu);
-                split(&trainer);
+        let mut server = PyServer::start(&args, &python, &cfg, &ref_path, &prompt, &weights)?;
+        py = server.until("ready")?;
+        Some(server)
+    };
+    let rounds = args.rounds.max(1);
+    let mut last = None;
+    for round in 0..rounds {
+        // The last step's delta is the steady-state one: from a base that
+        // is itself an export of drifted fp32 masters, as in a training run
+        // after its first publication (step 1's base is exactly on the
+        // BF16 grid, which makes its changes predictable).
+        let prev = (round + 1 == rounds).then(|| trainer.export_checkpoint(&base)).transpose()?;
+        let (t, cpu) = (Instant::now(), process_cpu_secs());
+        trainer.step(&samples)?;
+        rust_wall.push(t.elapsed().as_secs_f64());
+        rust_cpu.push(process_cpu_secs() - cpu);
+        split(&trainer);
+        if let Some(prev) = prev {
+            let (prev, next) =
+                (Checkpoint::from_bytes(prev)?, Checkpoint::from_bytes(trainer.export_checkpoint(&base)?)?);
+            let d = delta::encode(&prev, &next)?;
+            if delta::apply_to_copy(&d, prev.bytes())? != next.bytes() {
+                bail!("applying the last step's delta did not reproduce its checkpoint");
             }
-            let check = (round == 0).then_some((ref_path.as_path(), prompt.as_slice()));
-            let out = run_pytorch(&args, &python, &cfg, check)?;
+            let (c, _) = delta::change_stats(prev.bytes(), next.bytes())?;
+            let stem = args.save.with_extension("");
+            let (pp, np) = (stem.with_extension("last-base.gguf"), stem.with_extension("last.gguf"));
+            std::fs::write(&pp, prev.bytes()).with_context(|| format!("writing {}", pp.display()))?;
+            std::fs::write(&np, next.bytes()).with_context(|| format!("writing {}", np.display()))?;
+            last = Some((round + 2, d.len(), c));
+        }
+        if let Some(server) = server.as_mut() {
+            let out = server.step()?;
             let get = |k: &str| out.get(k).and_then(|v| v.parse::<f64>().ok());
             if let (Some(w), Some(c)) = (get("pytorch_step_seconds"), get("pytorch_step_cpu_seconds")) {
                 py_wall.push(w);
                 py_cpu.push(c);
             }
-            loads.push(loadavg());
-            eprintln!(
-                "round {}: Rust {:.2} s ({:.2} CPU s), PyTorch {:.2} s ({:.2} CPU s), load {}",
-                round + 1,
-                rust_wall[round],
-                rust_cpu[round],
-                py_wall.last().copied().unwrap_or(f64::NAN),
-                py_cpu.last().copied().unwrap_or(f64::NAN),
-                loads[round]
-            );
-            if round == 0 {
-                py = out;
-            }
         }
+        loads.push(loadavg());
+        eprintln!(
+            "round {}: Rust {:.2} s ({:.2} CPU s), PyTorch {:.2} s ({:.2} CPU s), load {}",
+            round + 1,
+            rust_wall[round],
+            rust_cpu[round],
+            py_wall.get(round).copied().unwrap_or(f64::NAN),
+            py_cpu.get(round).copied().unwrap_or(f64::NAN),
+            loads[round]
+        );
     }
-    let median = |v: &[f64]| -> f64 {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
-    };
+    drop(server);
     let (rust_step, rust_cpu_m) = (median(&rust_wall), median(&rust_cpu));
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "batch: {seqs} sequences, {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}, share_prompts={}",
+        "batch: {seqs} sequences ({nonzero} with a non-zero advantage), {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}, share_prompts={}",
         cfg.micro_batch_tokens, cfg.share_prompts
     );
     println!(
-        "step: lr={:e} loss={:.6} grad_norm={:.4} ratio_mean={:.4} entropy={:.4}",
+        "step 1: lr={:e} loss={:.6} grad_norm={:.4} ratio_mean={:.4} entropy={:.4}",
         stats.lr, stats.loss, stats.grad_norm, stats.ratio_mean, stats.entropy
     );
     println!("threads={threads} loadavg={}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
@@ -412,7 +647,15 @@ fn main() -> Result<()> {
     println!("| figure | value |");
     println!("|---|---|");
     let list = |v: &[f64]| v.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(", ");
-    println!("| rounds (Rust step, then PyTorch step) | {} (load {}) |", rust_wall.len(), loads.join(", "));
+    println!("| warm-up step 1, Rust (s) | {:.2} ({:.2} CPU s) |", warm.0, warm.1);
+    if let (Some(w), Some(c)) = (py.get("pytorch_warmup_seconds"), py.get("pytorch_warmup_cpu_seconds")) {
+        println!("| warm-up step 1, PyTorch (s) | {w} ({c} CPU s) |");
+    }
+    println!(
+        "| timed rounds after the warm-up (Rust step, then PyTorch step) | {} (load {}) |",
+        rust_wall.len(),
+        loads.join(", ")
+    );
     println!("| Rust step, median (s) | {rust_step:.2} ({}) |", list(&rust_wall));
     println!("| Rust step CPU, median (s) | {rust_cpu_m:.2} ({}) |", list(&rust_cpu));
     if !py_wall.is_empty() {
@@ -437,11 +680,18 @@ fn main() -> Result<()> {
         println!("| PyTorch / Rust, medians, wall | {:.2} |", p / rust_step);
         println!("| PyTorch / Rust, medians, CPU | {:.2} |", pc / rust_cpu_m);
     }
-    if let Some(l) = py.get("pytorch_loss") {
+    if let Some(l) = py.get("pytorch_warmup_loss") {
         println!("| PyTorch loss, step 1 (Rust {:.6}) | {l} |", stats.loss);
     }
-    if let Some(g) = py.get("pytorch_grad_norm") {
+    if let Some(g) = py.get("pytorch_warmup_grad_norm") {
         println!("| PyTorch grad norm, step 1 (Rust {:.4}) | {g} |", stats.grad_norm);
+    }
+    if let (Some(d), Some(u)) = (py.get("weights_max_abs_diff"), py.get("weights_max_abs_update")) {
+        let worst = py.get("weights_max_abs_diff_tensor").map_or("", String::as_str);
+        let n = py.get("weights_compared_tensors").map_or("?", String::as_str);
+        println!(
+            "| fp32 weights after step 1, Rust vs PyTorch, max abs diff ({n} tensors; largest update {u}) | {d} ({worst}) |"
+        );
     }
     if let Some(v) = py.get("hf_logits_max_abs_diff") {
         println!("| HF export vs reference, next-token logits max abs diff | {v} |");
@@ -449,10 +699,27 @@ fn main() -> Result<()> {
     if let Some(v) = py.get("hf_argmax_match") {
         println!("| HF export vs reference, same argmax | {v} |");
     }
+    let k = args.full_every.max(1);
+    let lr = args.lr;
     println!("| full checkpoint (bytes) | {full} |");
-    println!("| delta (bytes) | {d_len} |");
-    println!("| full / delta (goal ≥ 130) | {:.1} |", full as f64 / d_len as f64);
-    println!("| changed elements | {changed} of {total} ({:.4} %) |", 100.0 * changed as f64 / total as f64);
+    println!("| delta of step 1 from the base (bytes), lr {lr:e}, format v{} | {d_len} |", delta::VERSION);
+    println!("| full / delta, step 1, lr {lr:e} | {:.1} |", full as f64 / d_len as f64);
+    println!("| changed elements, step 1 | {changed} of {total} ({:.4} %) |", 100.0 * changed as f64 / total as f64);
+    let steady = match last {
+        Some((step, len, c)) => {
+            println!("| delta of step {step} from step {} (bytes), lr {lr:e} | {len} |", step - 1);
+            println!("| full / delta, step {step}, lr {lr:e} (goal ≥ 40) | {:.1} |", full as f64 / len as f64);
+            println!("| changed elements, step {step} | {c} of {total} ({:.4} %) |", 100.0 * c as f64 / total as f64);
+            len
+        }
+        None => d_len,
+    };
+    let per_update = (full as f64 + (k - 1) as f64 * steady as f64) / k as f64;
+    println!(
+        "| a miner's download per update, averaged over a full-anchor period of {k} (1 full + {} deltas) (bytes) | {per_update:.0} (full / that = {:.1}) |",
+        k - 1,
+        full as f64 / per_update
+    );
     println!("| export BF16 GGUF (ms) | {export_ms:.0} |");
     println!("| delta encode (ms) | {encode_ms:.0} |");
     println!("| delta decode + apply in place (ms) | {apply_ms:.0} |");

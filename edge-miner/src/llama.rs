@@ -18,12 +18,16 @@
 //! reference and the wgpu backend (measured: honest |Δ logprob| ≤ 3.5e-5,
 //! sketch distance ≤ 0.12 × tolerance; `docs/calibration.md`). Three settings
 //! make it so, each read off `ggml-cpu`:
-//! - a BF16 checkpoint is loaded widened to F32 ([`load`](LlamaCppBackend::load)):
-//!   ggml multiplies a BF16 matrix by first rounding the f32 activations to
-//!   bf16 (`vec_dot_type` of BF16), and those roundings are chaotic — two
-//!   implementations of the same rounding that differ only by f32 summation
-//!   order end up 0.5 % apart in the final hidden state, enough to move the
-//!   sampling CDF by 1e-2. With F32 weights `vec_dot_type` is F32;
+//! - a BF16 checkpoint's matrices stay BF16 in memory, as published, and the
+//!   vendored ggml (`vendor/README.md`) multiplies them with the f32
+//!   activations in f32, widening each weight exactly in the dot product —
+//!   bit for bit what the same matrix widened to F32 gives. Upstream ggml
+//!   rounds the activations to bf16 first (`vec_dot_type` of BF16), and those
+//!   roundings are chaotic: two implementations of the same rounding that
+//!   differ only by f32 summation order end up 0.5 % apart in the final
+//!   hidden state, enough to move the sampling CDF by 1e-2. With layers
+//!   offloaded to a GPU, whose BF16 kernels are not calibrated, the
+//!   checkpoint is widened to F32 at load instead ([`Bf16Weights`]);
 //! - the KV cache is F32 (an F16 cache rounds K and V, and the attention
 //!   kernels then round Q and the softmax or the `V·softmax` accumulator to
 //!   f16 too: honest |Δ logprob| up to 2.7e-2, measured);
@@ -112,6 +116,19 @@ impl LlamaConfig {
     }
 }
 
+/// How the matrices of a BF16 checkpoint are held in memory (other types
+/// are loaded as they are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bf16Weights {
+    /// BF16, as published (the file is mapped): the vendored ggml's CPU
+    /// matmul widens each weight exactly and accumulates in f32 (module docs).
+    AsPublished,
+    /// Widened exactly to F32 in a temporary copy at load: twice the memory
+    /// and the bytes read per token, for backends without that matmul (GPU
+    /// offload; same values on the CPU).
+    WidenedToF32,
+}
+
 /// A model loaded into llama.cpp, ready to generate groups.
 pub struct LlamaCppBackend {
     model: LlamaModel,
@@ -135,10 +152,17 @@ impl std::fmt::Debug for LlamaCppBackend {
 }
 
 impl LlamaCppBackend {
-    /// Loads `cfg.model` (memory-mapped). A checkpoint with BF16 tensors is
-    /// first widened to F32 in a temporary file (removed once mapped), so the
-    /// forward pass is plain f32 (module docs).
+    /// Loads `cfg.model` (memory-mapped). BF16 matrices stay BF16 on the
+    /// CPU; with layers offloaded to a GPU they are first widened to F32 in
+    /// a temporary file (removed once mapped), so the forward pass is plain
+    /// f32 either way (module docs).
     pub fn load(cfg: &LlamaConfig) -> Result<Self, BackendError> {
+        let weights = if cfg.gpu_layers > 0 { Bf16Weights::WidenedToF32 } else { Bf16Weights::AsPublished };
+        Self::load_with(cfg, weights)
+    }
+
+    /// [`load`](Self::load) with the BF16 matrices held as `weights` says.
+    pub fn load_with(cfg: &LlamaConfig, weights: Bf16Weights) -> Result<Self, BackendError> {
         let backend = llama_backend()?;
         if !cfg.model.is_file() {
             return Err(BackendError::Load(format!("{} is not a file", cfg.model.display())));
@@ -146,7 +170,10 @@ impl LlamaCppBackend {
         let threads =
             i32::try_from(cfg.threads.max(1)).map_err(|_| BackendError::Config(format!("{} threads", cfg.threads)))?;
         let params = LlamaModelParams::default().with_n_gpu_layers(cfg.gpu_layers);
-        let widened = widen_bf16_to_f32(&cfg.model)?;
+        let widened = match weights {
+            Bf16Weights::AsPublished => None,
+            Bf16Weights::WidenedToF32 => widen_bf16_to_f32(&cfg.model)?,
+        };
         let file = widened.as_ref().map_or(cfg.model.as_path(), |w| w.0.as_path());
         let model = LlamaModel::load_from_file(backend, file, &params)
             .map_err(|e| BackendError::Load(format!("{}: {e}", cfg.model.display())))?;

@@ -19,9 +19,10 @@
 //! back from deltas to a full download. Nothing unverified is ever loaded.
 //!
 //! Everything slow about a new model happens here, off the generation
-//! thread: the loader's work (for llama.cpp, widening BF16 to F32 and
-//! mapping the file) and a warm-up decode that faults in every weight page
-//! and runs the first graph allocation. The generator's swap is a pointer
+//! thread: the loader's work (for llama.cpp, mapping the file, after
+//! widening BF16 to F32 when layers are offloaded to a GPU) and a warm-up
+//! decode that faults in every weight page and runs the first graph
+//! allocation. The generator's swap is a pointer
 //! exchange; it hands the old model back ([`SlotState::retired`]) and this
 //! task drops it on a blocking thread before the old slot is written again.
 

@@ -394,8 +394,11 @@ static const struct ggml_type_traits_cpu type_traits_cpu[GGML_TYPE_COUNT] = {
     },
     [GGML_TYPE_BF16] = {
         .from_float               = (ggml_from_float_t) ggml_cpu_fp32_to_bf16,
-        .vec_dot                  = (ggml_vec_dot_t) ggml_vec_dot_bf16,
-        .vec_dot_type             = GGML_TYPE_BF16,
+        // tributary: F32 activations stay F32 (upstream rounds them to BF16
+        // and runs ggml_vec_dot_bf16); the weights are widened exactly in
+        // the dot product, which accumulates in f32 (vec.cpp)
+        .vec_dot                  = (ggml_vec_dot_t) ggml_vec_dot_bf16_f32,
+        .vec_dot_type             = GGML_TYPE_F32,
         .nrows                    = 1,
     },
     [GGML_TYPE_TQ1_0] = {

@@ -136,6 +136,66 @@ void ggml_vec_dot_f32(int n, float * GGML_RESTRICT s, size_t bs, const float * G
     *s = sumf;
 }
 
+// tributary: a BF16 row times an F32 row, accumulated in f32 — BF16's CPU
+// vec_dot (ggml-cpu.c), where upstream first rounds y to bf16. bf16 -> f32 is
+// exact (a 16-bit shift), and the loop is ggml_vec_dot_f32's step for step,
+// so a BF16 matrix gives bit for bit what its F32 widening gives. On SVE and
+// RVV, whose ggml_vec_dot_f32 has its own loops, a scalar loop.
+#if defined(__AVX512F__)
+#define GGML_BF16_F32_VEC_LOAD(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#elif defined(__AVX2__)
+#define GGML_BF16_F32_VEC_LOAD(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#elif defined(GGML_SIMD) && !defined(__ARM_FEATURE_SVE) && !defined(__riscv_v_intrinsic)
+static inline GGML_F32_VEC ggml_bf16_f32_vec_load(const ggml_bf16_t * p) {
+    float t[GGML_F32_EPR];
+    for (int k = 0; k < GGML_F32_EPR; ++k) {
+        t[k] = GGML_BF16_TO_FP32(p[k]);
+    }
+    return GGML_F32_VEC_LOAD(t);
+}
+#define GGML_BF16_F32_VEC_LOAD(p) ggml_bf16_f32_vec_load(p)
+#endif
+
+void ggml_vec_dot_bf16_f32(int n, float * GGML_RESTRICT s, size_t bs, const ggml_bf16_t * GGML_RESTRICT x, size_t bx, const float * GGML_RESTRICT y, size_t by, int nrc) {
+    assert(nrc == 1);
+    GGML_UNUSED(nrc);
+    GGML_UNUSED(bx);
+    GGML_UNUSED(by);
+    GGML_UNUSED(bs);
+
+#if defined(GGML_SIMD) && !defined(__ARM_FEATURE_SVE) && !defined(__riscv_v_intrinsic)
+    float sumf = 0.0f;
+    const int np = (n & ~(GGML_F32_STEP - 1));
+
+    GGML_F32_VEC sum[GGML_F32_ARR] = { GGML_F32_VEC_ZERO };
+
+    GGML_F32_VEC ax[GGML_F32_ARR];
+    GGML_F32_VEC ay[GGML_F32_ARR];
+
+    for (int i = 0; i < np; i += GGML_F32_STEP) {
+        for (int j = 0; j < GGML_F32_ARR; j++) {
+            ax[j] = GGML_BF16_F32_VEC_LOAD(x + i + j*GGML_F32_EPR);
+            ay[j] = GGML_F32_VEC_LOAD(y + i + j*GGML_F32_EPR);
+
+            sum[j] = GGML_F32_VEC_FMA(sum[j], ax[j], ay[j]);
+        }
+    }
+
+    GGML_F32_VEC_REDUCE(sumf, sum);
+
+    for (int i = np; i < n; ++i) {
+        sumf += GGML_BF16_TO_FP32(x[i])*y[i];
+    }
+#else
+    ggml_float sumf = 0.0;
+    for (int i = 0; i < n; ++i) {
+        sumf += (ggml_float)(GGML_BF16_TO_FP32(x[i])*y[i]);
+    }
+#endif
+
+    *s = sumf;
+}
+
 void ggml_vec_dot_bf16(int n, float * GGML_RESTRICT s, size_t bs, ggml_bf16_t * GGML_RESTRICT x, size_t bx, ggml_bf16_t * GGML_RESTRICT y, size_t by, int nrc) {
     assert(nrc == 1);
     GGML_UNUSED(nrc);

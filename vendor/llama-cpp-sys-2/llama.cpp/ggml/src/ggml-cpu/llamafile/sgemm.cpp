@@ -3982,6 +3982,27 @@ bool llamafile_sgemm(const struct ggml_compute_params * params, int64_t m, int64
     }
 
     case GGML_TYPE_BF16: {
+        // tributary: BF16 weights times F32 activations, accumulated in f32
+        // (BF16's CPU vec_dot_type is F32, ggml-cpu.c). The kernel is the
+        // F32 one above with the weights widened exactly as they are loaded,
+        // so a BF16 matrix gives bit for bit what its F32 widening gives.
+#if defined(__AVX512F__)
+        if (Btype == GGML_TYPE_F32) {
+            tinyBLAS<16, __m512, __m512, ggml_bf16_t, float, float> tb{ params, k,
+                (const ggml_bf16_t *)A, lda,
+                (const float *)B, ldb,
+                (float *)C, ldc};
+            return tb.matmul(m, n);
+        }
+#elif defined(__AVX2__)
+        if (Btype == GGML_TYPE_F32) {
+            tinyBLAS<8, __m256, __m256, ggml_bf16_t, float, float> tb{ params, k,
+                (const ggml_bf16_t *)A, lda,
+                (const float *)B, ldb,
+                (float *)C, ldc};
+            return tb.matmul(m, n);
+        }
+#endif
 #if defined(__AVX512BF16__)
         if (Btype == GGML_TYPE_BF16) {
             tinyBLAS<32, __m512, __m512bh, ggml_bf16_t, ggml_bf16_t, float> tb{ params, k,

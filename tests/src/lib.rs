@@ -79,7 +79,6 @@ pub fn extra_validator_key(seed: u64, i: u32) -> Keypair {
     seeded_key(seed, &format!("validator-{i}"))
 }
 
-
 impl NetConfig {
     /// Short windows for the tiny model.
     pub fn new(window_ms: u64, grace_ms: u64, groups_per_miner: u32, group_size: u32) -> Self {
@@ -108,7 +107,8 @@ impl NetConfig {
         cfg.max_new_tokens = self.max_new_tokens;
         cfg.difficulty = self.difficulty;
         cfg.committee = self.committee;
-        cfg.validators.extend((0..self.extra_validators).map(|i| extra_validator_key(self.seed, i).public().to_string()));
+        cfg.validators
+            .extend((0..self.extra_validators).map(|i| extra_validator_key(self.seed, i).public().to_string()));
         cfg
     }
 }

@@ -23,7 +23,8 @@ async fn two_validators_split_the_miners_and_cover_them_all() {
     let start = mesh.net.window();
     let mut dev = tributary_tests::validator_config(&mesh.net, start);
     dev.sample = SampleConfig::ASSIGNED;
-    let mut validators = [ValidatorHandle::spawn(dev), ValidatorHandle::spawn(extra_validator_config(&mesh.net, start, 0))];
+    let mut validators =
+        [ValidatorHandle::spawn(dev), ValidatorHandle::spawn(extra_validator_config(&mesh.net, start, 0))];
     let keys: Vec<PublicKey> = validators.iter().map(|v| v.config.key.public()).collect();
     let miners: BTreeSet<PublicKey> = mesh.miners.iter().map(|m| m.key.public()).collect();
     let mut seen: [BTreeMap<u64, WindowReport>; 2] = [BTreeMap::new(), BTreeMap::new()];
@@ -35,7 +36,8 @@ async fn two_validators_split_the_miners_and_cover_them_all() {
         let core = mesh.net.node.shared.core();
         for (w, a) in &seen[0] {
             let Some(b) = seen[1].get(w) else { continue };
-            let stored: BTreeSet<PublicKey> = miners.iter().filter(|m| core.submitted(*w, m).is_some()).copied().collect();
+            let stored: BTreeSet<PublicKey> =
+                miners.iter().filter(|m| core.submitted(*w, m).is_some()).copied().collect();
             if stored.len() < miners.len() {
                 continue;
             }

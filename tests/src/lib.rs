@@ -72,6 +72,9 @@ pub struct NetConfig {
     pub extra_validators: u32,
     /// Validators per miner in the assignment (the coordinator's `committee`).
     pub committee: u32,
+    /// Rollouts each validator is assigned per window (the coordinator's
+    /// `validator_budget`); past one group per miner it buys more groups.
+    pub validator_budget: u32,
 }
 
 /// The key of the `i`-th validator a test network authorises besides the `--dev` one.
@@ -94,6 +97,7 @@ impl NetConfig {
             difficulty,
             extra_validators: 0,
             committee: tributary_protocol::assign::DEFAULT_COMMITTEE,
+            validator_budget: tributary_protocol::assign::DEFAULT_BUDGET,
         }
     }
 
@@ -107,6 +111,7 @@ impl NetConfig {
         cfg.max_new_tokens = self.max_new_tokens;
         cfg.difficulty = self.difficulty;
         cfg.committee = self.committee;
+        cfg.validator_budget = self.validator_budget;
         cfg.validators
             .extend((0..self.extra_validators).map(|i| extra_validator_key(self.seed, i).public().to_string()));
         cfg

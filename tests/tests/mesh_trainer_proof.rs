@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use tributary_protocol::env::PRACTICE_LEVEL;
+use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::window::WindowSecrets;
@@ -30,16 +31,11 @@ fn master(seed: u64) -> [u8; 32] {
         .as_bytes()
 }
 
-/// The group a validator sampling one group per miner checks: the first in
-/// the challenge's order (`validator::judge`'s group sample).
-fn sampled_group(challenge: &Seed, groups: u32) -> u32 {
-    let rank = |g: u32| {
-        let mut h = blake3::Hasher::new_derive_key("tributary 2025 validator group sample v1");
-        h.update(&challenge.0);
-        h.update(&g.to_le_bytes());
-        *h.finalize().as_bytes()
-    };
-    (0..groups).min_by_key(|&g| rank(g)).unwrap_or(0)
+/// The group a validator assigned one group of `miner` proves: the first in
+/// the assignment's order (`protocol::assign::group_order`).
+fn sampled_group(challenge: &Seed, window: u64, miner: &[u8; 32], groups: u32) -> u32 {
+    let all = (0..groups).collect();
+    tributary_protocol::assign::group_order(challenge, window, &PublicKey(*miner), &all)[0]
 }
 
 fn to_hex(d: &[u8; 32]) -> String {
@@ -60,9 +56,9 @@ struct OutsideTheSample {
 
 impl edge_miner::run::Tamper for OutsideTheSample {
     fn tamper(&mut self, info: &WindowInfo, group: &mut Vec<Rollout>) {
-        let Some(g) = group.first().map(|r| r.group) else { return };
+        let Some((g, miner)) = group.first().map(|r| (r.group, r.miner)) else { return };
         let challenge = WindowSecrets::derive(&self.master, info.window).challenge;
-        if g == sampled_group(&challenge, info.groups_per_miner) {
+        if g == sampled_group(&challenge, info.window, &miner, info.groups_per_miner) {
             return;
         }
         match g % 5 {
@@ -104,7 +100,14 @@ impl edge_miner::run::Tamper for OutsideTheSample {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_unchecked_groups_never_reach_a_gradient() {
-    let net = NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(4_000, 600, GROUPS, 2) };
+    // One validator assigned one group (two rollouts) per miner: the
+    // attacker's other groups are proven by nobody but the trainer.
+    let net = NetConfig {
+        max_new_tokens: 16,
+        difficulty: PRACTICE_LEVEL,
+        validator_budget: 2 * 2,
+        ..NetConfig::new(4_000, 600, GROUPS, 2)
+    };
     let log = Arc::new(Mutex::new(Vec::new()));
     let tok = tributary_protocol::tokenizer::Tokenizer::from_gguf_file(&tributary_assets::smollm2_q4_1())
         .expect("SmolLM2 tokenizer (run scripts/setup.sh)");
@@ -116,9 +119,9 @@ async fn tampered_unchecked_groups_never_reach_a_gradient() {
         validator: false,
     })
     .await;
-    // A sampling validator: one group (two rollouts) per miner.
+    // A validator that proves its assignment and nothing more.
     let mut vc = validator_config(&mesh.net, mesh.net.window());
-    vc.sample = validator::service::SampleConfig { rollouts_per_miner: 2, ..validator::service::SampleConfig::ALL };
+    vc.sample = validator::service::SampleConfig::ASSIGNED;
     mesh.validator = Some(ValidatorHandle::spawn(vc));
     let w0 = mesh.net.window();
     assert_eq!(

@@ -219,14 +219,14 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Locks the core (a poisoned lock is recovered: the core has no invariants a panic can break half-way).
-    pub fn core(&self) -> MutexGuard<'_, Core> {
     /// This coordinator's network: what every signed document it takes or
     /// signs names ([`wire::NetworkId::of`] its key).
     pub fn network(&self) -> wire::NetworkId {
         wire::NetworkId::of(&self.key.public())
     }
 
+    /// Locks the core (a poisoned lock is recovered: the core has no invariants a panic can break half-way).
+    pub fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -1461,6 +1461,7 @@ impl Drop for PartFile {
 async fn receive_checkpoint(
     sh: &Arc<Shared>,
     recv: &mut quinn::RecvStream,
+    peer: PublicKey,
     p: wire::PublishCheckpoint,
 ) -> Result<Frame, NetError> {
     use tokio::io::AsyncWriteExt;
@@ -1513,6 +1514,23 @@ async fn receive_checkpoint(
     if p.body.trainer != peer || p.verify(&sh.network()).is_err() {
         return refuse(err(ErrorCode::BadSignature, "checkpoint announcement signature"));
     }
+    // The trainer's announcement of the genesis checkpoint (which the relay
+    // holds from the start): kept and stored, so miners check the first model too.
+    if let Some(e) = sh.relay.entry(&p.body.id)
+        && sh.relay.announcement(&e.id).is_none()
+        && e.id == sh.core().config().genesis_checkpoint
+    {
+        if !Relay::announces_full(&p, &e, &peer, &sh.network()) {
+            return refuse(err(ErrorCode::Malformed, "not an announcement of the genesis file"));
+        }
+        if let Err(e) =
+            sh.store.put_meta(crate::node::GENESIS_ANNOUNCEMENT, &postcard::to_stdvec(&p).unwrap_or_default())
+        {
+            return refuse(err(ErrorCode::Internal, &e.to_string()));
+        }
+        sh.relay.set_announcement(p.clone());
+        tracing::info!(id = %p.body.id, "genesis checkpoint announced by the trainer");
+    }
     // Idempotent for the same checkpoint; never two checkpoints for one window.
     if sh.relay.entry(&p.body.id).is_some() {
         return Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }));
@@ -1564,21 +1582,3 @@ async fn receive_checkpoint(
     tracing::info!(id = %p.body.id, window = p.body.window, from, "checkpoint published");
     Ok(Frame::CheckpointStored(wire::CheckpointStored { id: p.body.id }))
 }
-    peer: PublicKey,
-    // The trainer's announcement of the genesis checkpoint (which the relay
-    // holds from the start): kept and stored, so miners check the first model too.
-    if let Some(e) = sh.relay.entry(&p.body.id)
-        && sh.relay.announcement(&e.id).is_none()
-        && e.id == sh.core().config().genesis_checkpoint
-    {
-        if !Relay::announces_full(&p, &e, &peer, &sh.network()) {
-            return refuse(err(ErrorCode::Malformed, "not an announcement of the genesis file"));
-        }
-        if let Err(e) =
-            sh.store.put_meta(crate::node::GENESIS_ANNOUNCEMENT, &postcard::to_stdvec(&p).unwrap_or_default())
-        {
-            return refuse(err(ErrorCode::Internal, &e.to_string()));
-        }
-        sh.relay.set_announcement(p.clone());
-        tracing::info!(id = %p.body.id, "genesis checkpoint announced by the trainer");
-    }

@@ -115,6 +115,8 @@ pub struct ServiceConfig {
     pub coordinator: SocketAddr,
     /// Its certificate fingerprint.
     pub fingerprint: String,
+    /// The coordinator key this trainer accepts (its network).
+    pub coordinator_key: KeyPin,
     /// The trainer key (authorised by the coordinator).
     pub key: Keypair,
     /// State folder (trainer state, publications, progress).
@@ -123,8 +125,6 @@ pub struct ServiceConfig {
     pub genesis: PathBuf,
     /// Optimiser settings.
     pub train: TrainConfig,
-    /// The coordinator key this trainer accepts (its network).
-    pub coordinator_key: KeyPin,
     /// Selection settings.
     pub select: SelectConfig,
     /// A full payload every this many publications.
@@ -458,45 +458,6 @@ impl Service {
         prune(&dir, KEEP_RECORDS)
     }
 
-    /// Trains on every closed, untrained window and publishes once for the
-    /// current window. Does nothing while the current window is already
-    /// published or no window has closed.
-    pub async fn round(&mut self) -> Result<Round, ServiceError> {
-        let now = now_ms();
-        let current = self.schedule.window_at(now).unwrap_or(0);
-        let mut round = Round::default();
-        if self.publisher.last().is_some_and(|r| r.window >= current) {
-            return Ok(round);
-        }
-        let mut rollouts = Vec::new();
-        let mut w = self.progress.next_window;
-        while self.schedule.closes_at(w) <= now {
-            let got = self.fetch(w).await?;
-            round.rollouts += got.len();
-            rollouts.extend(got);
-            round.windows.push(w);
-            w += 1;
-        }
-        if round.windows.is_empty() {
-            return Ok(round);
-        }
-        let genesis = self.template.content_id();
-        let mut published = vec![genesis];
-        published.extend(self.publisher.published_ids());
-        let trust = self.cfg.trust_unjudged;
-        let windows: std::collections::BTreeSet<WindowId> = rollouts.iter().map(|r| r.window).collect();
-        let mut known: std::collections::HashMap<([u8; 32], WindowId), MinerStanding> =
-            std::collections::HashMap::new();
-        let mut infos = std::collections::BTreeMap::new();
-        for &w in &windows {
-            for (miner, st) in self.standing(w).await? {
-                known.insert((miner.0, w), st);
-            }
-            let info = self.window_info(w).await?;
-            self.hold_checkpoint(info.checkpoint);
-            infos.insert(w, info);
-        }
-        let standing = |miner: &[u8; 32], window: u64| match known.get(&(*miner, window)) {
     /// Posts one signed verdict per (window, miner) the proof looked at: the
     /// digests it proved passing (what refutes a validator's false evidence)
     /// and the evidence of each failure (what confirms a validator's, or bans
@@ -542,6 +503,45 @@ impl Service {
         Ok(())
     }
 
+    /// Trains on every closed, untrained window and publishes once for the
+    /// current window. Does nothing while the current window is already
+    /// published or no window has closed.
+    pub async fn round(&mut self) -> Result<Round, ServiceError> {
+        let now = now_ms();
+        let current = self.schedule.window_at(now).unwrap_or(0);
+        let mut round = Round::default();
+        if self.publisher.last().is_some_and(|r| r.window >= current) {
+            return Ok(round);
+        }
+        let mut rollouts = Vec::new();
+        let mut w = self.progress.next_window;
+        while self.schedule.closes_at(w) <= now {
+            let got = self.fetch(w).await?;
+            round.rollouts += got.len();
+            rollouts.extend(got);
+            round.windows.push(w);
+            w += 1;
+        }
+        if round.windows.is_empty() {
+            return Ok(round);
+        }
+        let genesis = self.template.content_id();
+        let mut published = vec![genesis];
+        published.extend(self.publisher.published_ids());
+        let trust = self.cfg.trust_unjudged;
+        let windows: std::collections::BTreeSet<WindowId> = rollouts.iter().map(|r| r.window).collect();
+        let mut known: std::collections::HashMap<([u8; 32], WindowId), MinerStanding> =
+            std::collections::HashMap::new();
+        let mut infos = std::collections::BTreeMap::new();
+        for &w in &windows {
+            for (miner, st) in self.standing(w).await? {
+                known.insert((miner.0, w), st);
+            }
+            let info = self.window_info(w).await?;
+            self.hold_checkpoint(info.checkpoint);
+            infos.insert(w, info);
+        }
+        let standing = |miner: &[u8; 32], window: u64| match known.get(&(*miner, window)) {
             Some(MinerStanding::Passed) => Standing::Passed,
             Some(MinerStanding::Failed) => Standing::Failed,
             Some(MinerStanding::Suspect) => Standing::Pending { good_standing: false },
@@ -550,12 +550,18 @@ impl Service {
         };
         let prover = &mut self.prover;
         let mut rejected = Vec::new();
+        let mut proven: BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>> = BTreeMap::new();
         let mut prove = |g: &crate::select::TrainGroup| {
             let info = infos.get(&g.key.window)?;
             match prover.prove_group(info, &g.rollouts) {
                 Ok(GroupProof::Rejected(recs)) => {
                     rejected.extend(recs.iter().cloned());
                     Some(GroupProof::Rejected(recs))
+                }
+                Ok(p @ GroupProof::Proven(_)) => {
+                    let key = (g.key.window, PublicKey(g.key.miner));
+                    proven.entry(key).or_default().extend(g.rollouts.iter().map(Rollout::digest));
+                    Some(p)
                 }
                 Ok(p) => Some(p),
                 Err(e) => {
@@ -568,6 +574,7 @@ impl Service {
             tokio::task::block_in_place(|| select_proven(rollouts, &published, standing, &self.cfg.select, &mut prove));
         sel.record_metrics();
         self.record_rejected(&rejected)?;
+        self.post_verdicts(&rejected, proven).await?;
         round.rejected = rejected;
         round.groups = sel.kept.len();
         self.progress.next_window = w;
@@ -589,7 +596,6 @@ impl Service {
             self.save_progress()?;
             self.send_stats(&report).await?;
             round.published = Some((current, p.announcement.body.id));
-        let mut proven: BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>> = BTreeMap::new();
         }
         self.save_progress()?;
         Ok(round)
@@ -597,11 +603,6 @@ impl Service {
 
     /// Writes `batches/<window>.json` for the step published for `window`.
     fn record_batch(
-                Ok(p @ GroupProof::Proven(_)) => {
-                    let key = (g.key.window, PublicKey(g.key.miner));
-                    proven.entry(key).or_default().extend(g.rollouts.iter().map(Rollout::digest));
-                    Some(p)
-                }
         &self,
         window: WindowId,
         step: u64,
@@ -613,7 +614,6 @@ impl Service {
         let trained: std::collections::BTreeSet<WindowId> = sel.kept.iter().map(|g| g.key.window).collect();
         let rec = BatchRecord {
             window,
-        self.post_verdicts(&rejected, proven).await?;
             step,
             trained: trained.into_iter().collect(),
             digests: digests.iter().map(hex::encode).collect(),
@@ -623,7 +623,14 @@ impl Service {
     }
 
     /// Runs rounds until `stop` is set.
+    /// A network failure (the coordinator restarting, a refusal such as
+    /// "not yet" from a clock ahead of the coordinator's) does not end it:
+    /// the service reconnects with backoff, re-sends what the coordinator did
+    /// not confirm, and retries the round (nothing of a failed round was
+    /// saved as done). A refusal no retry can cure ([`NetError::is_final`]) ends it.
     pub async fn run(&mut self, stop: Arc<AtomicBool>) -> Result<(), ServiceError> {
+        let mut backoff = RECONNECT_MIN;
+        let mut connected = true;
         while !stop.load(Ordering::Relaxed) {
             let result = if connected { self.round().await } else { self.reconnect().await.map(|()| Round::default()) };
             match result {
@@ -646,52 +653,6 @@ impl Service {
         }
         Ok(())
     }
-}
-
-/// Removes all but the `keep` files of `dir` with the highest window number
-/// (files are named `<window>.<ext>`).
-fn prune(dir: &Path, keep: usize) -> Result<(), ServiceError> {
-    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let p = e.path();
-            let w = p.file_stem()?.to_str()?.parse::<u64>().ok()?;
-            Some((w, p))
-        })
-        .collect();
-    if files.len() <= keep {
-        return Ok(());
-    }
-    files.sort();
-    for (_, p) in &files[..files.len() - keep] {
-        std::fs::remove_file(p)?;
-    }
-    Ok(())
-}
-
-/// The batch records in a trainer folder (`batches/*.json`), oldest first.
-pub fn batch_records(dir: &Path) -> Result<Vec<BatchRecord>, ServiceError> {
-    let mut out = Vec::new();
-    let d = dir.join("batches");
-    if !d.exists() {
-        return Ok(out);
-    /// A network failure (the coordinator restarting, a refusal such as
-    /// "not yet" from a clock ahead of the coordinator's) does not end it:
-    /// the service reconnects with backoff, re-sends what the coordinator did
-    /// not confirm, and retries the round (nothing of a failed round was
-    /// saved as done). A refusal no retry can cure ([`NetError::is_final`]) ends it.
-    }
-        let mut backoff = RECONNECT_MIN;
-        let mut connected = true;
-    for e in std::fs::read_dir(d)? {
-        let p = e?.path();
-        if p.extension().is_some_and(|x| x == "json") {
-            out.push(serde_json::from_slice::<BatchRecord>(&std::fs::read(&p)?)?);
-        }
-    }
-    out.sort_by_key(|r| r.window);
-    Ok(out)
-}
 
     /// A new session with the coordinator, then what it did not confirm
     /// (the last publication, the last step report) sent again.
@@ -727,6 +688,45 @@ fn empty_verdict(window: WindowId, miner: PublicKey, trainer: PublicKey) -> Verd
         passed: vec![],
         evidence: vec![],
     }
+}
+
+/// Removes all but the `keep` files of `dir` with the highest window number
+/// (files are named `<window>.<ext>`).
+fn prune(dir: &Path, keep: usize) -> Result<(), ServiceError> {
+    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let p = e.path();
+            let w = p.file_stem()?.to_str()?.parse::<u64>().ok()?;
+            Some((w, p))
+        })
+        .collect();
+    if files.len() <= keep {
+        return Ok(());
+    }
+    files.sort();
+    for (_, p) in &files[..files.len() - keep] {
+        std::fs::remove_file(p)?;
+    }
+    Ok(())
+}
+
+/// The batch records in a trainer folder (`batches/*.json`), oldest first.
+pub fn batch_records(dir: &Path) -> Result<Vec<BatchRecord>, ServiceError> {
+    let mut out = Vec::new();
+    let d = dir.join("batches");
+    if !d.exists() {
+        return Ok(out);
+    }
+    for e in std::fs::read_dir(d)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            out.push(serde_json::from_slice::<BatchRecord>(&std::fs::read(&p)?)?);
+        }
+    }
+    out.sort_by_key(|r| r.window);
+    Ok(out)
+}
 
 /// The proof rejections recorded in a trainer folder (`rejected/*.jsonl`), by window.
 pub fn rejected_records(dir: &Path) -> Result<Vec<RejectRecord>, ServiceError> {

@@ -470,7 +470,7 @@ impl Service {
         let mut bodies: BTreeMap<(WindowId, PublicKey), VerdictBody> = BTreeMap::new();
         let trainer = self.cfg.key.public();
         for ((window, miner), digests) in proven {
-            let b = bodies.entry((window, miner)).or_insert_with(|| empty_verdict(window, miner, trainer));
+            let b = bodies.entry((window, miner)).or_insert_with(|| VerdictBody::empty(window, miner, trainer));
             for d in digests {
                 b.checked += 1;
                 b.valid += 1;
@@ -480,7 +480,7 @@ impl Service {
         for r in rejected {
             let Some(e) = &r.evidence else { continue };
             let Ok(miner) = r.miner.parse::<PublicKey>() else { continue };
-            let b = bodies.entry((r.window, miner)).or_insert_with(|| empty_verdict(r.window, miner, trainer));
+            let b = bodies.entry((r.window, miner)).or_insert_with(|| VerdictBody::empty(r.window, miner, trainer));
             b.checked += 1;
             b.hard_failure = true;
             b.add_reason(&format!("trainer proof: {} group {} rollout {}: {}", r.check, r.group, r.rollout, r.detail));
@@ -671,23 +671,6 @@ const RECONNECT_MAX: Duration = Duration::from_secs(10);
 
 async fn connect(cfg: &ServiceConfig) -> Result<Session, NetError> {
     Session::connect_pinned(cfg.coordinator, &cfg.fingerprint, &cfg.coordinator_key, &cfg.key, Role::Trainer).await
-}
-
-/// The trainer's verdict on `miner` in `window` before any rollout is counted.
-fn empty_verdict(window: WindowId, miner: PublicKey, trainer: PublicKey) -> VerdictBody {
-    VerdictBody {
-        window,
-        miner,
-        validator: trainer,
-        checked: 0,
-        valid: 0,
-        estimated_valid: 0,
-        hard_failure: false,
-        soft_failures: 0,
-        reasons: vec![],
-        passed: vec![],
-        evidence: vec![],
-    }
 }
 
 /// Removes all but the `keep` files of `dir` with the highest window number

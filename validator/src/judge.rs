@@ -561,17 +561,8 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
             let mut sampled: Vec<Rollout> = all.into_iter().filter(|r| groups.contains(&r.group)).collect();
             sampled.sort_by_key(|r| (r.group, r.rollout));
             let body = VerdictBody {
-                window,
-                miner: *m,
-                validator,
                 checked: u32::try_from(sampled.len()).unwrap_or(u32::MAX),
-                valid: 0,
-                estimated_valid: 0,
-                hard_failure: false,
-                soft_failures: 0,
-                reasons: vec![],
-                passed: vec![],
-                evidence: vec![],
+                ..VerdictBody::empty(window, *m, validator)
             };
             report.miners.insert(*m, MinerReport { body, failed: BTreeMap::new() });
             for r in sampled {

@@ -292,6 +292,24 @@ pub const MAX_VERDICT_REASONS: usize = 6;
 pub const MAX_REASON_LEN: usize = 320;
 
 impl VerdictBody {
+    /// `signer`'s verdict on `miner` in `window` before any rollout is
+    /// counted: nothing checked, no failure, no evidence.
+    pub fn empty(window: WindowId, miner: PublicKey, signer: PublicKey) -> Self {
+        Self {
+            window,
+            miner,
+            validator: signer,
+            checked: 0,
+            valid: 0,
+            estimated_valid: 0,
+            hard_failure: false,
+            soft_failures: 0,
+            reasons: vec![],
+            passed: vec![],
+            evidence: vec![],
+        }
+    }
+
     /// Adds a reason line, truncated to [`MAX_REASON_LEN`] bytes (on a
     /// character boundary); lines beyond [`MAX_VERDICT_REASONS`] are dropped.
     pub fn add_reason(&mut self, line: &str) {

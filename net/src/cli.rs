@@ -37,7 +37,7 @@ pub struct CoordinatorArgs {
     /// CA certificate (PEM) that signed the coordinator's certificate.
     #[arg(long)]
     pub ca: Option<PathBuf>,
-    /// The coordinator's key (hex, `coordinator key`): a coordinator with
+    /// The coordinator's key (hex, `coordinator pubkey --key DATA/coordinator.key`): a coordinator with
     /// another key is refused. Default: the key pinned on first sight in the
     /// data folder (none with --dev).
     #[arg(long)]

@@ -962,7 +962,13 @@ impl Core {
         self.books.retain(|w, _| s.closes_at(*w) > now_ms);
         // Proofs and claims matter while a window's verdicts may still come.
         let current = self.current_window(now_ms).unwrap_or(0);
-        self.tribunal.prune(current.saturating_sub(self.cfg.ban_windows.max(self.cfg.weight_windows) + 2));
+        let horizon = current.saturating_sub(self.cfg.ban_windows.max(self.cfg.weight_windows) + 2);
+        self.tribunal.prune(horizon);
+        // Verdicts older than every window a ban or a weight still reads
+        // stay in the store (the dashboard reads them there), not in memory:
+        // without this the core grows by every verdict of every window.
+        self.verdicts.retain(|(w, _), _| *w >= horizon);
+        self.set_aside.retain(|(w, _), _| *w >= horizon);
         // The weights of window `W` are signed once `W + 1` ends and look back
         // `weight_windows` windows from `W`.
         let keep_from = self.current_window(now_ms).unwrap_or(0).saturating_sub(self.cfg.weight_windows + 2);
@@ -1466,6 +1472,29 @@ mod tests {
         let w = core.weights(1, miner(99));
         assert_eq!(w.weights.len(), 2);
         assert!(w.weights.iter().all(|(_, x)| (*x - 0.5).abs() < 1e-12));
+    }
+
+    /// The core forgets verdicts no rule reads any more (the store keeps
+    /// them), so its memory per miner is bounded however long it runs.
+    #[test]
+    fn prune_forgets_verdicts_older_than_bans_and_weights_read() {
+        let mut core = Core::new(cfg());
+        let horizon = core.cfg.ban_windows.max(core.cfg.weight_windows) + 2;
+        let last = horizon + 5;
+        for w in 0..=last {
+            core.apply_verdict(&verdict(w, miner(1), 4, false));
+        }
+        let before = core.weights(last, miner(99));
+        let standing = core.standing(last);
+        core.prune(at(last) + 1);
+        assert!(core.verdicts_on(0, &miner(1)).is_empty(), "window 0 is past every rule's reach");
+        assert!(core.verdicts_on(last - horizon - 1, &miner(1)).is_empty());
+        for w in last - horizon..=last {
+            assert_eq!(core.verdicts_on(w, &miner(1)).len(), 1, "window {w} is still read");
+        }
+        assert_eq!(core.verdicts.len() as u64, horizon + 1);
+        assert_eq!(core.weights(last, miner(99)).weights, before.weights);
+        assert_eq!(core.standing(last), standing);
     }
 
     /// issue 16: a validator posting a false failing verdict against an

@@ -642,19 +642,8 @@ impl Core {
         {
             return None;
         }
-        let mut body = VerdictBody {
-            window,
-            miner: *miner,
-            validator: coordinator,
-            checked: 1,
-            valid: 0,
-            estimated_valid: 0,
-            hard_failure: true,
-            soft_failures: 0,
-            reasons: vec![],
-            passed: vec![],
-            evidence: vec![],
-        };
+        let mut body =
+            VerdictBody { checked: 1, hard_failure: true, ..VerdictBody::empty(window, *miner, coordinator) };
         body.add_reason(&format!("door: {}", reason.as_str()));
         Some(body)
     }

@@ -1038,19 +1038,7 @@ fn recheck(sh: &Shared, body: &wire::VerdictBody) {
         }
     }
     let Some(e) = found else { return };
-    let mut v = wire::VerdictBody {
-        window: w,
-        miner: m,
-        validator: sh.key.public(),
-        checked: 1,
-        valid: 0,
-        estimated_valid: 0,
-        hard_failure: true,
-        soft_failures: 0,
-        reasons: vec![],
-        passed: vec![],
-        evidence: vec![],
-    };
+    let mut v = wire::VerdictBody { checked: 1, hard_failure: true, ..wire::VerdictBody::empty(w, m, sh.key.public()) };
     v.add_reason(&format!(
         "coordinator re-check: {} fails (group {} rollout {}, {:?})",
         e.check.as_str(),

@@ -295,10 +295,10 @@ impl Tokenizer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn toy() -> (Vec<String>, Vec<i32>, Vec<String>) {
+    pub(crate) fn toy() -> (Vec<String>, Vec<i32>, Vec<String>) {
         let mut tokens: Vec<String> =
             ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].iter().map(|s| s.to_string()).collect();
         let mut types = vec![TOKEN_TYPE_CONTROL; 3];
@@ -318,7 +318,7 @@ mod tests {
         (tokens, types, merges)
     }
 
-    fn spec<'a>(t: &'a [String], ty: &'a [i32], m: &'a [String]) -> TokenizerSpec<'a> {
+    pub(crate) fn spec<'a>(t: &'a [String], ty: &'a [i32], m: &'a [String]) -> TokenizerSpec<'a> {
         TokenizerSpec { model: "gpt2", pre: "smollm", tokens: t, token_types: ty, merges: m, eos_id: 2, eot_id: None }
     }
 

@@ -9,6 +9,13 @@
 //! figures. A failing miner is data, never an `Err`; `Err` only means the
 //! validator's own evidence has the wrong shape.
 //!
+//! The checks that need no model run first, once for every role that
+//! judges a rollout ([`ModelFreeCheck`]: the validator before its forward,
+//! the trainer before its gradient gate's, the coordinator when it re-checks
+//! a failure): signature, the prompt re-derived from the task, structure and
+//! the window's [`Contract`], the model's context, the reward recomputed
+//! from the completion.
+//!
 //! Checks, in order:
 //! 1. **Structure** (hard): assignment fields, lengths (completion at most
 //!    `max_new_tokens`), token ids < vocab, finite numbers, sketch values in
@@ -43,11 +50,14 @@
 //!    interval within ε of the draw but not containing it.
 
 use crate::checkpoint::ContentId;
-use crate::env::EnvId;
+use crate::env::{EnvId, Environment, completion_reward, task_seed};
 use crate::prf::Seed;
 use crate::rollout::{Rollout, SamplingParams};
 use crate::sampling::{self, SampleCheck};
 use crate::sketch::{self, SketchParams};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::window::WindowId;
+use crate::wire::WindowInfo;
 
 /// What the validator knows about one position's chosen token (from its own
 /// logits): exactly [`crate::sampling::TokenStats`].
@@ -164,6 +174,182 @@ pub struct Assignment<'a> {
     pub sampling_seed: Seed,
     /// The window's revealed challenge secret (challenged positions).
     pub challenge_secret: Seed,
+}
+
+/// What a window fixed for the rollouts in it: the coordinator's
+/// [`WindowInfo`] (the generation contract) with the window's environment and
+/// its revealed challenge secret, or an offline stand-in.
+#[derive(Debug, Clone, Copy)]
+pub struct Contract<'e> {
+    /// The window.
+    pub window: WindowId,
+    /// The checkpoint miners had to use.
+    pub checkpoint: ContentId,
+    /// The window's environment.
+    pub env: &'e Environment,
+    /// Temperature and `max_new_tokens` every rollout must carry.
+    pub sampling: SamplingParams,
+    /// Groups per miner.
+    pub groups_per_miner: u32,
+    /// Rollouts per group.
+    pub group_size: u32,
+    /// The one miner the window is for (offline runs); `None`: any miner,
+    /// each rollout judged as its signer's.
+    pub miner: Option<[u8; 32]>,
+    /// The window's public seed (tasks, draws, sketch coefficients).
+    pub seed: Seed,
+    /// The revealed challenge secret (challenged positions, sampling of
+    /// groups); checks without the sketch check (the trainer's, the
+    /// coordinator's) read none and may pass any value.
+    pub challenge: Seed,
+}
+
+impl<'e> Contract<'e> {
+    /// The contract of a coordinator's window; `env` is the window's
+    /// environment ([`Environment::for_window`]).
+    pub fn of_window(info: &WindowInfo, env: &'e Environment, challenge: Seed) -> Self {
+        Self {
+            window: info.window,
+            checkpoint: info.checkpoint,
+            env,
+            sampling: info.sampling,
+            groups_per_miner: info.groups_per_miner,
+            group_size: info.group_size,
+            miner: None,
+            seed: info.seed,
+            challenge,
+        }
+    }
+
+    /// What this contract expects of `r`: its task (from the window's seed,
+    /// the rollout's miner and group), whose prompt tokens are
+    /// `prompt_tokens`, under a model of `vocab_size` tokens with the
+    /// end-of-generation ids `eos_tokens`.
+    pub fn assignment<'a>(
+        &self,
+        r: &Rollout,
+        prompt_tokens: &'a [u32],
+        vocab_size: u32,
+        eos_tokens: &'a [u32],
+    ) -> Assignment<'a> {
+        Assignment {
+            window: self.window,
+            checkpoint: self.checkpoint,
+            env: self.env.id(),
+            miner: self.miner.unwrap_or(r.miner),
+            task_id: task_seed(&self.seed, &r.miner, r.group),
+            sampling: self.sampling,
+            prompt_tokens,
+            groups_per_miner: self.groups_per_miner,
+            group_size: self.group_size,
+            vocab_size,
+            eos_tokens,
+            sampling_seed: self.seed,
+            challenge_secret: self.challenge,
+        }
+    }
+}
+
+/// The checks that need no model, in the protocol's order, cheapest first;
+/// what the validator runs before its forward, the trainer before its
+/// gradient gate's forward, and the coordinator when it re-checks a failure
+/// ([`ModelFreeCheck::run`]):
+/// 1. the signature (when [`ModelFreeCheck::signatures`] asks for it);
+/// 2. the task and its prompt re-derived from the window's seed, the
+///    rollout's miner and group;
+/// 3. **Structure**: the window's contract (window, checkpoint, environment,
+///    miner, task, sampling settings, indices), lengths (completion at most
+///    `max_new_tokens`), ranges, end-of-generation only as the last token;
+/// 4. **Prompt**: the rollout's prompt tokens are the task's;
+/// 5. the model's context (when [`ModelFreeCheck::context`] names one);
+/// 6. **Reward**: recomputed from the completion and compared.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelFreeCheck<'t> {
+    /// The network's tokenizer (every checkpoint of a network shares it).
+    pub tokenizer: &'t Tokenizer,
+    /// Its end-of-generation ids.
+    pub eos_tokens: &'t [u32],
+    /// The model's vocabulary size (token ids must be below it; the
+    /// tokenizer's may be smaller).
+    pub vocab_size: u32,
+    /// The context of the model the checker runs next (`None`: no model, not checked).
+    pub context: Option<usize>,
+    /// Whether the rollout must carry a valid signature (offline records are
+    /// unsigned; the trainer reads rollouts the coordinator's door checked).
+    pub signatures: bool,
+    /// Verification constants.
+    pub params: &'t VerifyParams,
+}
+
+/// A rollout the model-free checks did not reject before its reward: what
+/// the model's checks need next.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    /// The assigned task's prompt tokens.
+    pub prompt: Vec<u32>,
+    /// The reward recomputed from the completion.
+    pub reward: f32,
+    /// The structure, prompt and reward outcomes. Only the reward can have
+    /// failed: it is data here, not a [`Rejection`], so that a validator
+    /// still proves the rollout and its verdict carries every failed check
+    /// ([`Prepared::hard_failure`] for a caller that stops at it).
+    pub verdict: Verdict,
+}
+
+impl Prepared {
+    /// The reward check, if it failed.
+    pub fn hard_failure(&self) -> Option<&CheckOutcome> {
+        self.verdict.first_hard_failure()
+    }
+}
+
+/// Why the model-free checks rejected a rollout before its reward.
+#[derive(Debug)]
+pub enum Rejection {
+    /// The rollout's signature does not verify.
+    Signature,
+    /// The task's prompt does not tokenize.
+    Environment(TokenizerError),
+    /// The structure or prompt check failed: the checks run, the last one failed.
+    Failed(Verdict),
+    /// More tokens than the model's context.
+    ExceedsContext {
+        /// Tokens in the rollout.
+        tokens: usize,
+        /// The model's context.
+        context: usize,
+    },
+    /// The completion does not decode (its reward cannot be recomputed).
+    Undecodable(TokenizerError),
+}
+
+impl ModelFreeCheck<'_> {
+    /// Runs the model-free checks on `r` under `c`, in order; stops at the
+    /// first failure but the reward's ([`Prepared::verdict`]).
+    pub fn run(&self, r: &Rollout, c: &Contract<'_>) -> Result<Prepared, Rejection> {
+        if self.signatures && r.verify_signature().is_err() {
+            return Err(Rejection::Signature);
+        }
+        let task = c.env.task(task_seed(&c.seed, &r.miner, r.group));
+        let prompt = self.tokenizer.encode(&c.env.prompt_text(&task)).map_err(Rejection::Environment)?;
+        let a = c.assignment(r, &prompt, self.vocab_size, self.eos_tokens);
+        let structure = check_structure(r, &a, self.params);
+        if structure.failed() {
+            return Err(Rejection::Failed(Verdict::of_checks(vec![structure])));
+        }
+        let prompt_check = check_prompt(r, &a);
+        if prompt_check.failed() {
+            return Err(Rejection::Failed(Verdict::of_checks(vec![structure, prompt_check])));
+        }
+        if let Some(context) = self.context
+            && r.tokens.len() > context
+        {
+            return Err(Rejection::ExceedsContext { tokens: r.tokens.len(), context });
+        }
+        let reward = completion_reward(self.tokenizer, c.env, &task, r.completion()).map_err(Rejection::Undecodable)?;
+        let reward_check = check_reward(r, reward, self.params);
+        Ok(Prepared { prompt, reward, verdict: Verdict::of_checks(vec![structure, prompt_check, reward_check]) })
+    }
 }
 
 /// The validator's evidence for one rollout.
@@ -482,9 +668,19 @@ pub struct SamplingCounts {
 }
 
 impl Verdict {
+    /// The verdict of checks that involve no sampling draw.
+    fn of_checks(checks: Vec<CheckOutcome>) -> Self {
+        Self { checks, sampling_counts: SamplingCounts::default() }
+    }
+
     /// No hard check failed.
     pub fn accepted(&self) -> bool {
-        !self.checks.iter().any(|c| c.severity == Severity::Hard && c.failed())
+        self.first_hard_failure().is_none()
+    }
+
+    /// The first hard check that failed, if any.
+    pub fn first_hard_failure(&self) -> Option<&CheckOutcome> {
+        self.checks.iter().find(|c| c.severity == Severity::Hard && c.failed())
     }
 
     /// Some soft check failed.
@@ -818,7 +1014,7 @@ fn verify_with(
 ) -> Result<Verdict, VerifyError> {
     let structure = check_structure(r, a, p);
     if structure.failed() {
-        return Ok(Verdict { checks: vec![structure], sampling_counts: SamplingCounts::default() });
+        return Ok(Verdict::of_checks(vec![structure]));
     }
     if let Some(s) = sketches
         && s.len() != r.tokens.len()
@@ -920,6 +1116,254 @@ mod tests {
         assert!(binomial_tail(64, HONEST_SOFT_FAILURE_RATE, k - 1) > 1e-6);
         assert_eq!(k, 17);
         assert_eq!(soft_ban_threshold(2, 0.9, 1e-6), 3, "never");
+    }
+
+    /// The model-free checks on a toy byte-level tokenizer and an arith task.
+    mod model_free {
+        use super::super::*;
+        use crate::env::{ArithEnv, TaskAnswer};
+        use crate::identity::Keypair;
+        use crate::tokenizer::tests::{spec, toy};
+
+        const MAX_NEW: u32 = 32;
+
+        struct World {
+            tok: Tokenizer,
+            eos: Vec<u32>,
+            env: Environment,
+            key: Keypair,
+            params: VerifyParams,
+        }
+
+        impl World {
+            fn new() -> Self {
+                let (t, ty, m) = toy();
+                let tok = Tokenizer::from_spec(spec(&t, &ty, &m)).unwrap();
+                let eos = tok.eog_ids().collect();
+                let env = Environment::Arith(ArithEnv::new(3));
+                Self { tok, eos, env, key: Keypair::from_seed([4; 32]), params: VerifyParams::DEFAULT }
+            }
+
+            fn contract(&self) -> Contract<'_> {
+                let info = WindowInfo {
+                    window: 5,
+                    opens_at_ms: 0,
+                    closes_at_ms: 1,
+                    seed: Seed([7; 32]),
+                    commitment: [0; 32],
+                    checkpoint: ContentId([3; 32]),
+                    env: EnvId::Arith,
+                    groups_per_miner: 4,
+                    group_size: 2,
+                    sampling: SamplingParams { temperature: 0.7, max_new_tokens: MAX_NEW },
+                    difficulty: 3,
+                    dataset: None,
+                };
+                Contract::of_window(&info, &self.env, Seed([8; 32]))
+            }
+
+            fn check(&self, context: Option<usize>) -> ModelFreeCheck<'_> {
+                ModelFreeCheck {
+                    tokenizer: &self.tok,
+                    eos_tokens: &self.eos,
+                    vocab_size: self.vocab(),
+                    context,
+                    signatures: true,
+                    params: &self.params,
+                }
+            }
+
+            /// The model's vocabulary: a few ids more than the tokenizer's.
+            fn vocab(&self) -> u32 {
+                self.tok.vocab_size() as u32 + 8
+            }
+
+            /// An honest rollout of group 1: the task's prompt, the right
+            /// answer, end-of-generation last, the recomputed reward, signed.
+            fn honest(&self, c: &Contract<'_>) -> Rollout {
+                let miner = *self.key.public().as_bytes();
+                let task = self.env.task(task_seed(&c.seed, &miner, 1));
+                let TaskAnswer::Number(n) = &task.answer else { panic!("arith answers are numbers") };
+                let mut tokens = self.tok.encode(&self.env.prompt_text(&task)).unwrap();
+                let prompt_len = tokens.len();
+                tokens.extend(self.tok.encode(&format!("Answer: {n}")).unwrap());
+                tokens.push(self.tok.eos_id());
+                let reward = completion_reward(&self.tok, &self.env, &task, &tokens[prompt_len..]).unwrap();
+                assert_eq!(reward, 1.0);
+                let mut r = Rollout {
+                    window: c.window,
+                    checkpoint: c.checkpoint,
+                    env: EnvId::Arith,
+                    group: 1,
+                    rollout: 0,
+                    task_id: task.id,
+                    sampling: c.sampling,
+                    prompt_len: prompt_len as u32,
+                    logprobs: vec![-0.5; tokens.len() - prompt_len],
+                    sketches: vec![0; tokens.len()],
+                    tokens,
+                    reward,
+                    miner,
+                    signature: [0; 64],
+                };
+                r.sign(&self.key);
+                r
+            }
+
+            /// `r` edited by `f`, signed again.
+            fn edited(&self, r: &Rollout, f: impl FnOnce(&mut Rollout)) -> Rollout {
+                let mut r = r.clone();
+                f(&mut r);
+                r.sign(&self.key);
+                r
+            }
+        }
+
+        /// The failed checks of a rejection before the reward.
+        fn failed(rejection: Result<Prepared, Rejection>) -> Vec<(CheckKind, Failure)> {
+            match rejection {
+                Err(Rejection::Failed(v)) => v.failures().map(|(k, f)| (k, f.clone())).collect(),
+                other => panic!("expected a failed check, got {other:?}"),
+            }
+        }
+
+        #[test]
+        fn an_honest_rollout_passes_with_its_prompt_and_reward() {
+            let w = World::new();
+            let c = w.contract();
+            let r = w.honest(&c);
+            let p = w.check(Some(r.tokens.len())).run(&r, &c).unwrap();
+            assert_eq!((p.prompt.as_slice(), p.reward), (r.prompt(), 1.0));
+            assert!(p.hard_failure().is_none() && p.verdict.accepted(), "{:?}", p.verdict);
+            let kinds: Vec<CheckKind> = p.verdict.checks.iter().map(|c| c.kind).collect();
+            assert_eq!(kinds, [CheckKind::Structure, CheckKind::Prompt, CheckKind::Reward]);
+        }
+
+        #[test]
+        fn a_wrong_window_fails_the_contract() {
+            let w = World::new();
+            let c = w.contract();
+            let r = w.edited(&w.honest(&c), |r| r.window = 6);
+            assert_eq!(
+                failed(w.check(None).run(&r, &c)),
+                [(CheckKind::Structure, Failure::AssignmentMismatch { field: "window" })]
+            );
+            let r = w.edited(&w.honest(&c), |r| r.checkpoint = ContentId([4; 32]));
+            assert_eq!(
+                failed(w.check(None).run(&r, &c)),
+                [(CheckKind::Structure, Failure::AssignmentMismatch { field: "checkpoint" })]
+            );
+        }
+
+        #[test]
+        fn a_wrong_prompt_fails_before_the_context_and_the_reward() {
+            let w = World::new();
+            let c = w.contract();
+            let r = w.edited(&w.honest(&c), |r| {
+                r.tokens[5] += 1;
+                r.reward = 0.5;
+            });
+            let f = failed(w.check(Some(3)).run(&r, &c));
+            assert_eq!(f.len(), 1);
+            assert!(matches!(f[0], (CheckKind::Prompt, Failure::PromptMismatch { first_diff: 5, .. })), "{f:?}");
+        }
+
+        #[test]
+        fn a_fake_reward_fails_the_reward_check() {
+            let w = World::new();
+            let c = w.contract();
+            let r = w.edited(&w.honest(&c), |r| r.reward = 1e30);
+            let p = w.check(None).run(&r, &c).unwrap();
+            let failure = p.hard_failure().map(|o| (o.kind, o.status.clone()));
+            let want = Failure::RewardMismatch { reported: 1e30, recomputed: 1.0 };
+            assert_eq!(failure, Some((CheckKind::Reward, Status::Fail(want))));
+            assert!(!p.verdict.accepted());
+        }
+
+        #[test]
+        fn a_token_past_end_of_generation_fails_the_structure() {
+            let w = World::new();
+            let c = w.contract();
+            let r = w.edited(&w.honest(&c), |r| {
+                let at = r.prompt_len as usize + 1;
+                r.tokens[at] = w.tok.eos_id();
+            });
+            let len = r.completion().len();
+            assert_eq!(
+                failed(w.check(None).run(&r, &c)),
+                [(CheckKind::Structure, Failure::EosBeforeEnd { index: 1, token: w.tok.eos_id(), len })]
+            );
+        }
+
+        #[test]
+        fn an_over_long_sequence_fails_the_limit_or_the_context() {
+            let w = World::new();
+            let c = w.contract();
+            let honest = w.honest(&c);
+            // Past max_new_tokens: a structure failure, whatever the context.
+            let r = w.edited(&honest, |r| {
+                let last = r.tokens.len() - 1;
+                let filler = r.tokens[last - 1];
+                let extra = MAX_NEW as usize + 1 - r.completion().len();
+                r.tokens.splice(last..last, std::iter::repeat_n(filler, extra));
+                r.logprobs.extend(std::iter::repeat_n(-0.5, extra));
+                r.sketches.extend(std::iter::repeat_n(0, extra));
+            });
+            assert_eq!(
+                failed(w.check(None).run(&r, &c)),
+                [(CheckKind::Structure, Failure::TooLong { len: MAX_NEW as usize + 1, max: MAX_NEW })]
+            );
+            // Within the contract but past the model's context.
+            let tokens = honest.tokens.len();
+            assert!(w.check(Some(tokens)).run(&honest, &c).is_ok());
+            let e = w.check(Some(tokens - 1)).run(&honest, &c);
+            assert!(
+                matches!(e, Err(Rejection::ExceedsContext { tokens: t, context }) if t == tokens && context == tokens - 1),
+                "{e:?}"
+            );
+        }
+
+        #[test]
+        fn a_bad_signature_is_refused_only_when_signatures_are_required() {
+            let w = World::new();
+            let c = w.contract();
+            let mut r = w.honest(&c);
+            r.signature[0] ^= 1;
+            assert!(matches!(w.check(None).run(&r, &c), Err(Rejection::Signature)));
+            let unsigned = ModelFreeCheck { signatures: false, ..w.check(None) };
+            assert!(unsigned.run(&r, &c).is_ok());
+        }
+
+        #[test]
+        fn a_completion_outside_the_tokenizer_is_undecodable() {
+            let w = World::new();
+            let c = w.contract();
+            // Below the model's vocabulary (the structure check passes), above the tokenizer's.
+            let id = w.tok.vocab_size() as u32 + 1;
+            let r = w.edited(&w.honest(&c), |r| {
+                let at = r.prompt_len as usize;
+                r.tokens[at] = id;
+            });
+            assert!(matches!(w.check(None).run(&r, &c), Err(Rejection::Undecodable(_))));
+        }
+
+        #[test]
+        fn the_contract_of_a_window_is_its_info() {
+            let w = World::new();
+            let c = w.contract();
+            let r = w.honest(&c);
+            let a = c.assignment(&r, r.prompt(), w.vocab(), &w.eos);
+            assert_eq!((a.window, a.checkpoint, a.env, a.miner), (5, ContentId([3; 32]), EnvId::Arith, r.miner));
+            assert_eq!((a.task_id, a.sampling, a.groups_per_miner, a.group_size), (r.task_id, r.sampling, 4, 2));
+            assert_eq!((a.sampling_seed, a.challenge_secret), (Seed([7; 32]), Seed([8; 32])));
+            // An offline contract for one miner holds every rollout to that miner.
+            let one = Contract { miner: Some([9; 32]), ..c };
+            assert_eq!(one.assignment(&r, r.prompt(), w.vocab(), &w.eos).miner, [9; 32]);
+            assert_eq!(
+                failed(ModelFreeCheck { signatures: false, ..w.check(None) }.run(&r, &one)),
+                [(CheckKind::Structure, Failure::AssignmentMismatch { field: "miner" })]
+            );
+        }
     }
 
     #[test]

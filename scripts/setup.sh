@@ -57,11 +57,26 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 have_torch="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
-if [ "${have_torch%%+*}" != "$TORCH_VERSION" ]; then
-  say "installing torch==$TORCH_VERSION (libtorch for tch, ~1.3 GB)"
-  if [ "${TRIBUTARY_TORCH_FULL:-0}" = 1 ]; then
+# The CUDA stack (cuBLAS, cuDNN, ... several GB) only where a GPU can use it:
+# TRIBUTARY_TORCH_FULL=1/0 decides, else a working nvidia-smi does. Build the
+# roles with `--features tributary-policy/cuda` there (docs/runbook.md).
+torch_full="${TRIBUTARY_TORCH_FULL:-}"
+if [ -z "$torch_full" ]; then
+  torch_full=0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    torch_full=1
+  fi
+fi
+torch_incomplete=0
+if [ "$torch_full" = 1 ] && [ -n "$have_torch" ] && "$venv/bin/pip" check 2>/dev/null | grep -q '^torch '; then
+  torch_incomplete=1  # the slim install of an earlier run, now on a GPU machine
+fi
+if [ "${have_torch%%+*}" != "$TORCH_VERSION" ] || [ "$torch_incomplete" = 1 ]; then
+  if [ "$torch_full" = 1 ]; then
+    say "installing torch==$TORCH_VERSION with its CUDA libraries (nvidia-smi sees a GPU; several GB)"
     "$venv/bin/pip" install -q "torch==$TORCH_VERSION"
   else
+    say "installing torch==$TORCH_VERSION (libtorch for tch, CPU use, ~1.3 GB)"
     # shellcheck disable=SC2086
     "$venv/bin/pip" install -q --no-deps "torch==$TORCH_VERSION" $CUDA_RT
   fi

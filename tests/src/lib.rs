@@ -602,6 +602,8 @@ pub fn trainer_config(
         full_every: 8,
         trust_unjudged: true,
         poll: Duration::from_millis(200),
+        device: tch::Device::Cpu,
+        keep_publications: 8,
     }
 }
 

@@ -33,6 +33,8 @@ async fn trainer_publishes_and_miners_follow() {
         full_every: 8,
         trust_unjudged: true,
         poll: Duration::from_millis(200),
+        device: tch::Device::Cpu,
+        keep_publications: 8,
     };
     let mut s = within(30, Service::open(cfg.clone())).await.unwrap();
     // Rounds until a checkpoint is published (needs a closed window with a

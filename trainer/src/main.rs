@@ -75,9 +75,16 @@ struct RunArgs {
     /// Trainer key file (default with --dev: the dev trainer key).
     #[arg(long)]
     key: Option<PathBuf>,
-    /// Peak learning rate (default 1e-4).
+    /// Peak learning rate (default 3e-5, `trainer::train::DEFAULT_LR`).
     #[arg(long)]
     lr: Option<f64>,
+    /// Where training runs: cpu, cuda, cuda:N or auto (default auto: the
+    /// first GPU libtorch sees, else the CPU).
+    #[arg(long)]
+    device: Option<tributary_policy::DeviceSpec>,
+    /// Publications whose checkpoint and payload files stay on disk (0: all; default 16).
+    #[arg(long)]
+    keep_publications: Option<usize>,
     /// A full payload every this many publications (default 8).
     #[arg(long)]
     full_every: Option<u64>,
@@ -111,8 +118,45 @@ struct RunConfig {
     model: Option<PathBuf>,
     /// The trainer key file. Required without `--dev`.
     key: Option<PathBuf>,
-    /// Peak learning rate. Default 1e-4.
+    /// Where training and the proof run: cpu, cuda, cuda:N or auto. Default auto.
+    device: tributary_policy::DeviceSpec,
+    /// Peak learning rate. Default [`trainer::train::DEFAULT_LR`].
     lr: f64,
+    /// Linear warm-up, in steps. Default 1.
+    warmup_steps: u64,
+    /// AdamW β1. Default 0.9.
+    adam_beta1: f64,
+    /// AdamW β2. Default 0.95.
+    adam_beta2: f64,
+    /// AdamW ε. Default 1e-8.
+    adam_eps: f64,
+    /// Decoupled weight decay. Default 0.1.
+    weight_decay: f64,
+    /// Global gradient-norm clip (0 disables). Default 1.0.
+    grad_clip: f64,
+    /// Most completion tokens per micro-batch (bounds memory). Default 512.
+    micro_batch_tokens: usize,
+    /// Run a group's shared prompt once per micro-batch. Default true.
+    share_prompts: bool,
+    /// GRPO lower clip ε_lo. Default 0.2.
+    clip_low: f64,
+    /// GRPO upper clip ε_hi. Default 0.28.
+    clip_high: f64,
+    /// Ratio cap δ for negative advantages. Default 4.0.
+    neg_ratio_cap: f64,
+    /// Clamp on the length-normalised log-ratio. Default 5.0.
+    logratio_clamp: f64,
+    /// Cap on the importance ratio. Default 10.0.
+    ratio_max: f64,
+    /// Entropy bonus coefficient. Default 0.001.
+    entropy_coef: f64,
+    /// Reference-KL coefficient β (0 disables). Default 0.
+    kl_beta: f64,
+    /// Checkpoints whose weights the proof keeps loaded (rollouts naming an
+    /// older one are dropped as stale). Default 3.
+    keep_checkpoints: usize,
+    /// Publications whose checkpoint and payload files stay on disk (0: all). Default 16.
+    keep_publications: usize,
     /// A full payload (instead of a sparse delta) every this many publications. Default 8.
     full_every: u64,
     /// Prometheus metrics listener. Default: none.
@@ -124,7 +168,26 @@ struct RunConfig {
 
 impl Default for RunConfig {
     fn default() -> Self {
+        let t = trainer::train::TrainConfig::default();
         Self {
+            device: tributary_policy::DeviceSpec::Auto,
+            warmup_steps: t.warmup_steps,
+            adam_beta1: t.beta1,
+            adam_beta2: t.beta2,
+            adam_eps: t.eps,
+            weight_decay: t.weight_decay,
+            grad_clip: t.grad_clip,
+            micro_batch_tokens: t.micro_batch_tokens,
+            share_prompts: t.share_prompts,
+            clip_low: t.grpo.clip_low,
+            clip_high: t.grpo.clip_high,
+            neg_ratio_cap: t.grpo.neg_ratio_cap,
+            logratio_clamp: t.grpo.logratio_clamp,
+            ratio_max: t.grpo.ratio_max,
+            entropy_coef: t.grpo.entropy_coef,
+            kl_beta: t.grpo.kl_beta,
+            keep_checkpoints: trainer::proof::ProofConfig::default().keep_checkpoints,
+            keep_publications: 16,
             coordinator: None,
             fingerprint: None,
             ca: None,
@@ -132,7 +195,7 @@ impl Default for RunConfig {
             data: "trainer-data".into(),
             model: None,
             key: None,
-            lr: 1e-4,
+            lr: t.lr,
             full_every: 8,
             metrics: None,
             gsm8k: None,
@@ -172,12 +235,38 @@ impl RunArgs {
             c.data = d.clone();
         }
         c.lr = self.lr.unwrap_or(c.lr);
+        c.device = self.device.unwrap_or(c.device);
+        c.keep_publications = self.keep_publications.unwrap_or(c.keep_publications);
         c.full_every = self.full_every.unwrap_or(c.full_every);
         Ok(c)
     }
 }
 
 impl RunConfig {
+    /// The optimiser and objective settings.
+    fn train(&self) -> trainer::train::TrainConfig {
+        trainer::train::TrainConfig {
+            lr: self.lr,
+            warmup_steps: self.warmup_steps,
+            beta1: self.adam_beta1,
+            beta2: self.adam_beta2,
+            eps: self.adam_eps,
+            weight_decay: self.weight_decay,
+            grad_clip: self.grad_clip,
+            micro_batch_tokens: self.micro_batch_tokens,
+            share_prompts: self.share_prompts,
+            grpo: trainer::grpo::GrpoConfig {
+                clip_low: self.clip_low,
+                clip_high: self.clip_high,
+                neg_ratio_cap: self.neg_ratio_cap,
+                logratio_clamp: self.logratio_clamp,
+                ratio_max: self.ratio_max,
+                entropy_coef: self.entropy_coef,
+                kl_beta: self.kl_beta,
+            },
+        }
+    }
+
     /// The coordinator's address and pin spec.
     fn coordinator(&self) -> Result<(std::net::SocketAddr, String)> {
         Ok(tributary_net::coordinator_target(
@@ -212,7 +301,14 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let vocab = tributary_protocol::checkpoint::Checkpoint::open(&genesis)?.config().vocab_size;
     let metrics = conf.metrics;
-    let proof = trainer::proof::ProofConfig { gsm8k: conf.gsm8k.clone(), ..Default::default() };
+    let device = conf.device.resolve()?;
+    let train = conf.train();
+    tracing::info!(device = ?device, "training device");
+    let proof = trainer::proof::ProofConfig {
+        gsm8k: conf.gsm8k.clone(),
+        keep_checkpoints: conf.keep_checkpoints,
+        ..Default::default()
+    };
     let cfg = ServiceConfig {
         coordinator,
         fingerprint,
@@ -220,11 +316,13 @@ fn run(args: RunArgs) -> Result<()> {
         key,
         dir: conf.data,
         genesis,
-        train: trainer::train::TrainConfig { lr: conf.lr, warmup_steps: 1, ..Default::default() },
+        train,
         select: trainer::select::SelectConfig::new(vocab),
         full_every: conf.full_every,
         trust_unjudged: dev,
         poll: std::time::Duration::from_millis(500),
+        device,
+        keep_publications: conf.keep_publications,
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {

@@ -7,10 +7,15 @@
 //!
 //! ```text
 //! published.json                 [{window, id, kind, base}] in order (the record)
-//! checkpoints/<id>.gguf          every published checkpoint (the next delta's base)
+//! checkpoints/<id>.gguf          the last `keep` published checkpoints (the next delta's base)
 //! windows/<window>/announce.bin  postcard(PublishCheckpoint), signed by the trainer
 //! windows/<window>/payload       the delta or full GGUF the announcement describes
 //! ```
+//!
+//! Retention ([`Publisher::set_retention`]): the files of the last `keep`
+//! publications stay (the last is the next delta's base, the others let the
+//! trainer prove rollouts that name them); older ones are deleted after each
+//! publication. The record keeps every publication.
 //!
 //! The record for a window is written (atomically) before its artefacts, and
 //! the artefacts are a deterministic function of the record (deltas are
@@ -106,6 +111,7 @@ pub struct Publisher {
     network: NetworkId,
     full_every: u64,
     records: Vec<Record>,
+    keep: usize,
 }
 
 impl Publisher {
@@ -122,7 +128,42 @@ impl Publisher {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(source) => return Err(PublishError::Io { path, source }),
         };
-        Ok(Publisher { dir: dir.to_owned(), key, network, full_every: full_every.max(1), records })
+        Ok(Publisher { dir: dir.to_owned(), key, network, full_every: full_every.max(1), records, keep: 0 })
+    }
+
+    /// Keeps the checkpoint and payload files of the last `keep` publications
+    /// (at least the last one); 0 keeps everything.
+    pub fn set_retention(&mut self, keep: usize) {
+        self.keep = keep;
+    }
+
+    /// Deletes the files of publications older than the last `keep`, except a
+    /// checkpoint a kept publication also names; returns how many files and
+    /// folders went. Called after every publication.
+    pub fn prune(&self) -> Result<usize, PublishError> {
+        if self.keep == 0 || self.records.len() <= self.keep {
+            return Ok(0);
+        }
+        let (old, kept) = self.records.split_at(self.records.len() - self.keep.max(1));
+        let mut removed = 0;
+        for rec in old {
+            let wdir = self.window_dir(rec.window);
+            match std::fs::remove_dir_all(&wdir) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(PublishError::Io { path: wdir, source }),
+            }
+            if kept.iter().any(|k| k.id == rec.id) {
+                continue;
+            }
+            let cpath = self.checkpoint_path(&rec.id);
+            match std::fs::remove_file(&cpath) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(PublishError::Io { path: cpath, source }),
+            }
+        }
+        Ok(removed)
     }
 
     /// Every publication, oldest first.
@@ -182,7 +223,14 @@ impl Publisher {
             self.records.pop();
             return Err(e.into());
         }
-        self.artefacts(&rec, &new)
+        let publication = self.artefacts(&rec, &new)?;
+        match self.prune() {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(removed = n, keep = self.keep, "old publications pruned"),
+            // The publication stands; the next one prunes again.
+            Err(e) => tracing::warn!(error = %e, "pruning old publications failed"),
+        }
+        Ok(publication)
     }
 
     /// (Re)creates a recorded publication's payload and announcement.

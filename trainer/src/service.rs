@@ -137,6 +137,10 @@ pub struct ServiceConfig {
     /// How often to check the clock.
     pub poll: Duration,
 }
+    /// Where training runs (`trainer run --device`).
+    pub device: Device,
+    /// Publications whose files stay on disk (0: all; [`Publisher::set_retention`]).
+    pub keep_publications: usize,
 
 /// `service.json`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -199,11 +203,13 @@ impl Service {
         let schedule = session.welcome.schedule;
         std::fs::create_dir_all(&cfg.dir)?;
         let template = Checkpoint::open(&cfg.genesis)?;
-        let trainer = match state::load(&cfg.dir.join("state"), Device::Cpu, cfg.train)? {
+        let trainer = match state::load(&cfg.dir.join("state"), cfg.device, cfg.train)? {
             Some(t) => t,
-            None => Trainer::from_checkpoint(&template, Device::Cpu, cfg.train)?,
+            None => Trainer::from_checkpoint(&template, cfg.device, cfg.train)?,
         };
-        let publisher = Publisher::open(&cfg.dir.join("publish"), cfg.key.clone(), session.network(), cfg.full_every)?;
+        let mut publisher =
+            Publisher::open(&cfg.dir.join("publish"), cfg.key.clone(), session.network(), cfg.full_every)?;
+        publisher.set_retention(cfg.keep_publications);
         let progress = match std::fs::read(cfg.dir.join("service.json")) {
             Ok(b) => serde_json::from_slice(&b)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -30,6 +30,11 @@ pub enum TrainError {
     Invalid(String),
 }
 
+/// The peak learning rate everywhere a default is needed (the library, `trainer
+/// run`, `docs/config/trainer.toml`, `scripts/train-bench.sh`): the rate of
+/// the measured training run in docs/training.md.
+pub const DEFAULT_LR: f64 = 3e-5;
+
 /// Optimiser and batching hyperparameters.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainConfig {
@@ -71,8 +76,8 @@ fn default_share_prompts() -> bool {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            lr: 1e-6,
-            warmup_steps: 10,
+            lr: DEFAULT_LR,
+            warmup_steps: 1,
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,

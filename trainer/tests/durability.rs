@@ -105,3 +105,50 @@ fn one_checkpoint_per_window_full_then_deltas() {
     assert_eq!(fourth.announcement.body.kind, CheckpointKind::Full);
     assert_eq!(p.published_ids().len(), 4);
 }
+
+#[test]
+fn retention_keeps_the_last_publications_files_and_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = tiny_ckpt(dir.path());
+    let cfg = TrainConfig { lr: 1e-3, warmup_steps: 1, ..TrainConfig::default() };
+    let mut tr = Trainer::from_checkpoint(&base, Device::Cpu, cfg).unwrap();
+    let pdir = dir.path().join("pub");
+    let mut p = Publisher::open(&pdir, Keypair::from_seed([7; 32]), NET, 2).unwrap();
+    p.set_retention(2);
+    let files = |sub: &str| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(pdir.join(sub))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut published = vec![p.publish(20, base.bytes().to_vec()).unwrap()];
+    for w in 21..25 {
+        tr.step(&samples()).unwrap();
+        published.push(p.publish(w, tr.export_checkpoint(&base).unwrap()).unwrap());
+    }
+    // The same weights again (an lr = 0 window): one file, named by two records.
+    published.push(p.publish(25, std::fs::read(&published[4].checkpoint).unwrap()).unwrap());
+    assert_eq!(p.records().len(), 6, "the record keeps every publication");
+    assert_eq!(files("windows"), ["24", "25"]);
+    let kept: Vec<String> =
+        published[4..].iter().map(|x| x.checkpoint.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(kept[0], kept[1]);
+    assert_eq!(files("checkpoints"), [kept[0].clone()]);
+    for old in &published[..4] {
+        assert!(!old.checkpoint.exists() && !old.payload.exists(), "{old:?}");
+    }
+    // The next delta's base is still there: the chain goes on.
+    tr.step(&samples()).unwrap();
+    let next = p.publish(26, tr.export_checkpoint(&base).unwrap()).unwrap();
+    assert!(matches!(next.announcement.body.kind, CheckpointKind::Delta { .. } | CheckpointKind::Full));
+    assert_eq!(files("windows"), ["25", "26"]);
+    // 0 keeps everything.
+    let mut all = Publisher::open(&dir.path().join("all"), Keypair::from_seed([7; 32]), NET, 2).unwrap();
+    all.set_retention(0);
+    for w in 0..4 {
+        all.publish(w, base.bytes().to_vec()).unwrap();
+    }
+    assert_eq!(std::fs::read_dir(dir.path().join("all/windows")).unwrap().count(), 4);
+}

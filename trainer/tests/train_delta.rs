@@ -121,10 +121,10 @@ fn grpo_step_publishes_a_bit_exact_delta() {
 }
 
 #[test]
-fn default_learning_rate_changes_few_bf16_weights() {
+fn a_learning_rate_of_1e_6_changes_few_bf16_weights() {
     let dir = tempfile::tempdir().unwrap();
     let base = tiny_ckpt(dir.path(), 0);
-    let cfg = TrainConfig { warmup_steps: 1, ..TrainConfig::default() };
+    let cfg = TrainConfig { lr: 1e-6, warmup_steps: 1, ..TrainConfig::default() };
     let mut tr = Trainer::from_checkpoint(&base, Device::Cpu, cfg).unwrap();
     let samples = batch(tr.model(), 4, 4);
     tr.step(&samples).unwrap();

@@ -65,6 +65,8 @@ pub struct CheckOptions {
     pub temperature: Option<f32>,
     /// libtorch threads (default: available cores).
     pub threads: Option<usize>,
+    /// Where the reference model runs.
+    pub device: tch::Device,
     /// Verification constants.
     pub params: VerifyParams,
 }
@@ -83,6 +85,7 @@ impl CheckOptions {
             max_new_tokens: None,
             temperature: None,
             threads: None,
+            device: tributary_policy::default_device(),
             params: VerifyParams::DEFAULT,
         }
     }
@@ -358,7 +361,7 @@ pub fn run_check(opts: &CheckOptions, out: &mut dyn Write) -> Result<CheckSummar
 
     let ckpt = Checkpoint::open(&opts.model)?;
     let tokenizer = Tokenizer::from_gguf_file(&opts.model)?;
-    let model = ReferenceModel::load(&ckpt, tributary_policy::default_device())?;
+    let model = ReferenceModel::load(&ckpt, opts.device)?;
     let cx = Context { window: OfflineWindow::from_seed(opts.seed), checkpoint: ckpt.content_id() };
     drop(ckpt);
 

@@ -61,6 +61,9 @@ struct RunArgs {
     /// libtorch threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Where the reference model runs: cpu, cuda, cuda:N or auto (default auto).
+    #[arg(long)]
+    device: Option<tributary_policy::DeviceSpec>,
     /// Prometheus metrics listener (plain HTTP), e.g. 127.0.0.1:9091.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
@@ -101,6 +104,8 @@ struct RunConfig {
     gsm8k: Option<PathBuf>,
     /// libtorch threads. Default: available cores.
     threads: Option<usize>,
+    /// Where the reference model runs: cpu, cuda, cuda:N or auto. Default auto.
+    device: tributary_policy::DeviceSpec,
     /// Prometheus metrics listener. Default: none.
     metrics: Option<std::net::SocketAddr>,
 }
@@ -122,6 +127,7 @@ impl Default for RunConfig {
             batch_tokens: 8192,
             gsm8k: None,
             threads: None,
+            device: tributary_policy::DeviceSpec::Auto,
             metrics: None,
         }
     }
@@ -148,6 +154,7 @@ impl RunArgs {
             ($($f:ident),*) => {$( if self.$f.is_some() { c.$f = self.$f.clone(); } )*};
         }
         over!(miner_fraction, min_miners, max_miners, rollouts_per_miner, gsm8k, threads, metrics);
+        c.device = self.device.unwrap_or(c.device);
         if common.coordinator.is_some() {
             c.coordinator.clone_from(&common.coordinator);
         }
@@ -201,6 +208,7 @@ fn run(args: RunArgs) -> Result<()> {
     tributary_policy::init_threads(conf.threads);
     let mut cfg = ServiceConfig::new(coordinator, pin, key, conf.data.clone());
     cfg.coordinator_key = coordinator_key;
+    cfg.device = conf.device.resolve()?;
     let mut sample = if conf.all { SampleConfig::ALL } else { SampleConfig::ASSIGNED };
     if let Some(f) = conf.miner_fraction {
         sample.miner_fraction = f;
@@ -286,10 +294,14 @@ struct CheckArgs {
     /// libtorch threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Where the reference model runs: cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "auto")]
+    device: tributary_policy::DeviceSpec,
 }
 
 fn check(args: CheckArgs) -> Result<()> {
     let mut opts = CheckOptions::new(args.model, args.rollouts, args.seed);
+    opts.device = args.device.resolve()?;
     opts.batch = args.batch;
     opts.batch_tokens = args.batch_tokens;
     opts.data = args.data;

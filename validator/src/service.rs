@@ -155,6 +155,9 @@ pub struct Progress {
     pub posted: Vec<PublicKey>,
 }
 
+    /// Where the reference model runs (`validator run --device`; default
+    /// [`tributary_policy::default_device`]).
+    pub device: tch::Device,
 impl Progress {
     fn path(dir: &std::path::Path) -> PathBuf {
         dir.join("progress.json")
@@ -227,6 +230,7 @@ struct Client {
 
 impl Client {
     async fn session(&mut self) -> Result<&mut Session, ServiceError> {
+            device: tributary_policy::default_device(),
         if self.session.is_none() {
             let backoff =
                 Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
@@ -437,7 +441,7 @@ impl Service {
         }
         let tokenizer = Tokenizer::from_gguf_file(&path).map_err(|e| ServiceError::Env(e.to_string()))?;
         self.loaded = None;
-        let model = tokio::task::block_in_place(|| ReferenceModel::load(&ckpt, tributary_policy::default_device()))?;
+        let model = tokio::task::block_in_place(|| ReferenceModel::load(&ckpt, self.cfg.device))?;
         tracing::info!(%id, "reference model loaded");
         self.loaded = Some(Loaded { id, model, tokenizer });
         Ok(())

@@ -3,12 +3,13 @@
 //! records) and `validator run` (a coordinator's windows).
 //!
 //! A rollout goes through three stages:
-//! 1. [`Judge::prepare`]: everything that needs no model, cheapest first —
-//!    the signature, the task and prompt re-derived from the window's seed,
-//!    the structure and generation contract ([`verify::check_structure`]),
-//!    the prompt ([`verify::check_prompt`]), the completion length against
+//! 1. [`Judge::prepare`]: everything that needs no model, cheapest first,
+//!    as every role runs it ([`verify::ModelFreeCheck`]) — the signature,
+//!    the task and prompt re-derived from the window's seed, the structure
+//!    and generation contract, the prompt, the completion length against
 //!    `max_new_tokens`, the model's context, and the reward recomputed from
-//!    the completion. A rollout failing any of these never reaches the model.
+//!    the completion. A rollout failing any of these but the reward never
+//!    reaches the model (the reward's outcome joins the model's checks).
 //! 2. [`Judge::prove`]: the rest in length-sorted batches: the reference
 //!    model's [`Evidence`] and [`verify::verify_rollout`].
 //! 3. [`Judge::window`] (the service only): decode, sample miners and whole
@@ -25,18 +26,21 @@ use std::fmt;
 
 use tributary_policy::{EvidenceRequest, ModelConfig, PolicyError, ReferenceModel, SequenceEvidence};
 use tributary_protocol::assign;
-use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::{Environment, completion_reward, task_seed};
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
-use tributary_protocol::rollout::{Rollout, RolloutLimits, SamplingParams};
+use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::sketch::{self, SketchError, SketchKey};
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::verify::{
-    self, Assignment, CheckKind, CheckOutcome, Evidence, Failure, Severity, Status, Verdict, VerifyError, VerifyParams,
+    self, Assignment, CheckKind, Evidence, Failure, ModelFreeCheck, Rejection, Severity, Status, Verdict, VerifyError,
+    VerifyParams,
 };
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, VerdictBody, WindowInfo};
+use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, VerdictBody};
+
+/// What a window fixed for the rollouts in it (the protocol's, shared with
+/// the trainer and the coordinator).
+pub use tributary_protocol::verify::Contract;
 
 /// The reference model as the judge sees it: its shape and one batched
 /// evidence pass. [`ReferenceModel`] is the real one; tests wrap it (to count
@@ -122,48 +126,6 @@ impl Default for JudgeConfig {
             batch: 8,
             batch_tokens: 8192,
             check_signatures: true,
-        }
-    }
-}
-
-/// What a window fixed for the rollouts in it: the coordinator's
-/// [`WindowInfo`] plus its revealed challenge secret, or an offline stand-in.
-#[derive(Debug, Clone, Copy)]
-pub struct Contract<'e> {
-    /// The window.
-    pub window: WindowId,
-    /// The checkpoint miners had to use.
-    pub checkpoint: ContentId,
-    /// The window's environment.
-    pub env: &'e Environment,
-    /// Temperature and `max_new_tokens` every rollout must carry.
-    pub sampling: SamplingParams,
-    /// Groups per miner.
-    pub groups_per_miner: u32,
-    /// Rollouts per group.
-    pub group_size: u32,
-    /// The one miner the window is for (offline runs); `None`: any miner,
-    /// each rollout judged as its signer's.
-    pub miner: Option<[u8; 32]>,
-    /// The window's public seed (tasks, draws, sketch coefficients).
-    pub seed: Seed,
-    /// The revealed challenge secret (challenged positions, sampling of groups).
-    pub challenge: Seed,
-}
-
-impl<'e> Contract<'e> {
-    /// The contract of a coordinator's window.
-    pub fn of_window(info: &WindowInfo, env: &'e Environment, challenge: Seed) -> Self {
-        Self {
-            window: info.window,
-            checkpoint: info.checkpoint,
-            env,
-            sampling: info.sampling,
-            groups_per_miner: info.groups_per_miner,
-            group_size: info.group_size,
-            miner: None,
-            seed: info.seed,
-            challenge,
         }
     }
 }
@@ -334,11 +296,6 @@ fn severity_name(s: Severity) -> &'static str {
     if s == Severity::Hard { "hard" } else { "soft" }
 }
 
-/// A verdict made of the cheap checks run so far, the last one failed.
-fn cheap_rejection(checks: Vec<CheckOutcome>) -> RolloutFailure {
-    RolloutFailure::Checked(Verdict { checks, sampling_counts: Default::default() })
-}
-
 impl<'a, R: Reference + ?Sized> Judge<'a, R> {
     /// A judge over `model` with its `tokenizer`.
     pub fn new(cfg: &'a JudgeConfig, tokenizer: &'a Tokenizer, model: &'a R) -> Self {
@@ -349,24 +306,12 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
         self.tokenizer.eog_ids().collect()
     }
 
+    fn vocab_size(&self) -> u32 {
+        u32::try_from(self.model.dims().vocab_size).unwrap_or(u32::MAX)
+    }
+
     fn assignment<'b>(&self, case: &'b Case<'_>, eos: &'b [u32]) -> Assignment<'b> {
-        let c = &case.contract;
-        let r = &case.rollout;
-        Assignment {
-            window: c.window,
-            checkpoint: c.checkpoint,
-            env: c.env.id(),
-            miner: c.miner.unwrap_or(r.miner),
-            task_id: task_seed(&c.seed, &r.miner, r.group),
-            sampling: c.sampling,
-            prompt_tokens: &case.prompt,
-            groups_per_miner: c.groups_per_miner,
-            group_size: c.group_size,
-            vocab_size: u32::try_from(self.model.dims().vocab_size).unwrap_or(u32::MAX),
-            eos_tokens: eos,
-            sampling_seed: c.seed,
-            challenge_secret: c.challenge,
-        }
+        case.contract.assignment(&case.rollout, &case.prompt, self.vocab_size(), eos)
     }
 
     /// Every check that needs no model (module docs): the returned case is
@@ -378,36 +323,29 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
         case
     }
 
+    /// The model-free checks; a failed reward is left to [`Judge::prove`]'s
+    /// verdict, with the model's checks.
     fn cheap(&self, case: &mut Case<'_>) -> Result<(), RolloutFailure> {
-        let r = &case.rollout;
-        if self.cfg.check_signatures && r.verify_signature().is_err() {
-            return Err(RolloutFailure::Signature);
-        }
-        let env = case.contract.env;
-        let task = env.task(task_seed(&case.contract.seed, &r.miner, r.group));
-        case.prompt =
-            self.tokenizer.encode(&env.prompt_text(&task)).map_err(|e| RolloutFailure::Environment(e.to_string()))?;
-        let params = &self.cfg.params;
         let eos = self.eos_tokens();
-        let a = self.assignment(case, &eos);
-        let r = &case.rollout;
-        let structure = verify::check_structure(r, &a, params);
-        if structure.failed() {
-            return Err(cheap_rejection(vec![structure]));
-        }
-        let prompt = verify::check_prompt(r, &a);
-        if prompt.failed() {
-            return Err(cheap_rejection(vec![structure, prompt]));
-        }
-        let context = self.model.dims().context_length;
-        if r.tokens.len() > context {
-            return Err(RolloutFailure::Structure(StructureFailure::ExceedsContext {
-                tokens: r.tokens.len(),
-                context,
-            }));
-        }
-        case.reward = completion_reward(self.tokenizer, env, &task, r.completion())
-            .map_err(|e| RolloutFailure::Structure(StructureFailure::Undecodable(e.to_string())))?;
+        let check = ModelFreeCheck {
+            tokenizer: self.tokenizer,
+            eos_tokens: &eos,
+            vocab_size: self.vocab_size(),
+            context: Some(self.model.dims().context_length),
+            signatures: self.cfg.check_signatures,
+            params: &self.cfg.params,
+        };
+        let prepared = check.run(&case.rollout, &case.contract).map_err(|e| match e {
+            Rejection::Signature => RolloutFailure::Signature,
+            Rejection::Environment(e) => RolloutFailure::Environment(e.to_string()),
+            Rejection::Failed(v) => RolloutFailure::Checked(v),
+            Rejection::ExceedsContext { tokens, context } => {
+                RolloutFailure::Structure(StructureFailure::ExceedsContext { tokens, context })
+            }
+            Rejection::Undecodable(e) => RolloutFailure::Structure(StructureFailure::Undecodable(e.to_string())),
+        })?;
+        case.prompt = prepared.prompt;
+        case.reward = prepared.reward;
         Ok(())
     }
 
@@ -873,6 +811,7 @@ fn rollout_evidence<R: Reference + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tributary_protocol::verify::CheckOutcome;
 
     #[test]
     fn sample_sizes() {

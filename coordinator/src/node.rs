@@ -124,6 +124,11 @@ pub struct Config {
     /// refused (`internal`, the miner retries) while everything stored is
     /// still served. Default 1024.
     pub min_free_mib: u64,
+    /// Published checkpoints kept in the relay (full file, delta, record),
+    /// the most recent first; older ones are deleted (0: keep all). The
+    /// genesis checkpoint and every checkpoint the open window or the one
+    /// being verified uses are kept whatever this says. Default 16.
+    pub keep_checkpoints: u64,
 }
 
 impl Default for Config {
@@ -170,6 +175,7 @@ impl Default for Config {
             max_window_miners: 5_000,
             keep_windows: l.keep_windows,
             min_free_mib: l.min_free_mib,
+            keep_checkpoints: 16,
         }
     }
 }
@@ -258,6 +264,25 @@ fn read_or_create(path: &Path, make: impl FnOnce() -> anyhow::Result<Vec<u8>>) -
     let v = make()?;
     std::fs::write(path, &v)?;
     Ok(v)
+}
+
+/// Applies the checkpoint retention ([`crate::relay::apply_retention`])
+/// now and every 30 seconds while the coordinator runs.
+fn spawn_checkpoint_retention(shared: &Arc<Shared>, keep: u64) {
+    if keep == 0 {
+        return;
+    }
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        loop {
+            let Some(sh) = weak.upgrade() else { break };
+            let pass = tokio::task::spawn_blocking(move || crate::relay::apply_retention(&sh, keep, server::now_ms()));
+            if let Ok(Err(e)) = pass.await {
+                tracing::error!(error = %e, "checkpoint retention failed");
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        }
+    });
 }
 
 /// The meta key of the trainer's signed announcement of the genesis checkpoint.
@@ -430,6 +455,11 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     }
     let relay = Arc::new(Relay::open(&relay_dir(&cfg.data_dir), entries)?);
     for (_, ann) in store.checkpoints()? {
+    let orphans = relay.remove_orphans()?;
+    if orphans > 0 {
+        tracing::warn!(files = orphans, "relay files no checkpoint record names were deleted");
+    }
+    // Only the checkpoints still relayed: a deleted one's announcement is never sent.
         relay.set_announcement(ann);
     }
     if let Some(ann) = genesis_announcement(cfg, &store, &relay, &key, genesis)? {
@@ -443,3 +473,4 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     crate::weights::spawn_signer(&shared);
     Ok(Node { quic: server.addr, http, fingerprint, server, shared })
 }
+    spawn_checkpoint_retention(&shared, cfg.keep_checkpoints);

@@ -19,7 +19,7 @@
 //! content id of the full file (a delta is applied to the base's full file,
 //! which checks the base and result ids).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -70,6 +70,20 @@ pub enum RelayError {
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RelayError + '_ {
     move |source| RelayError::Io { path: path.to_owned(), source }
+}
+
+/// Deletes a file if it is there; returns the bytes it held.
+fn remove_file(path: &Path) -> Result<u64, RelayError> {
+    let len = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io(path)(e)),
+    };
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(len),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(io(path)(e)),
+    }
 }
 
 /// What the relay keeps of one checkpoint (its redb metadata).
@@ -366,6 +380,74 @@ impl Relay {
         Ok(buf)
     }
 
+    /// The entries retention deletes: all but the `keep` most recent
+    /// publications, the ones in `in_use`, genesis (publication 0) and any in
+    /// force only after window `after` (announced ahead).
+    pub fn past_retention(&self, keep: usize, in_use: &HashSet<ContentId>, after: WindowId) -> Vec<ContentId> {
+        let entries = self.entries();
+        let newest = entries.len().saturating_sub(keep);
+        entries[..newest]
+            .iter()
+            .filter(|e| e.seq != 0 && !in_use.contains(&e.id) && e.from_window <= after)
+            .map(|e| e.id)
+            .collect()
+    }
+
+    /// Forgets checkpoints (the caller deleted their records) and deletes
+    /// their full files and deltas. Returns the bytes freed.
+    ///
+    /// Blocking (deletes files).
+    pub fn remove(&self, ids: &[ContentId]) -> Result<u64, RelayError> {
+        let gone: Vec<Entry> = {
+            let mut entries = lock(&self.entries);
+            ids.iter().filter_map(|id| entries.remove(id)).collect()
+        };
+        {
+            let mut anns = lock(&self.announcements);
+            for id in ids {
+                anns.remove(id);
+            }
+        }
+        let mut freed = 0u64;
+        for e in &gone {
+            let mut files = vec![self.full_path(&e.id)];
+            files.extend(e.delta.map(|(base, _, _)| self.delta_path(&base, &e.id)));
+            for f in files {
+                freed += remove_file(&f)?;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Deletes the payload files no entry names (left by a crash between a
+    /// retention's record deletion and its file deletion, or by an upload
+    /// that never became an entry). Call at start, before any upload.
+    /// Returns how many went.
+    pub fn remove_orphans(&self) -> Result<usize, RelayError> {
+        let named: HashSet<PathBuf> = self
+            .entries()
+            .iter()
+            .flat_map(|e| {
+                let mut v = vec![self.full_path(&e.id)];
+                v.extend(e.delta.map(|(base, _, _)| self.delta_path(&base, &e.id)));
+                v
+            })
+            .collect();
+        let mut n = 0;
+        for sub in ["full", "delta"] {
+            let dir = self.dir.join(sub);
+            for item in std::fs::read_dir(&dir).map_err(io(&dir))? {
+                let path = item.map_err(io(&dir))?.path();
+                if path.is_file() && !named.contains(&path) {
+                    tracing::info!(file = %path.display(), "relay file no checkpoint names deleted");
+                    remove_file(&path)?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Notes the checkpoint a peer said it holds.
     pub fn note_holds(&self, peer: PublicKey, id: Option<ContentId>) {
         lock(&self.peers).entry(peer).or_default().holds = id;
@@ -380,6 +462,58 @@ impl Relay {
     pub fn peers(&self) -> HashMap<PublicKey, PeerCheckpoint> {
         lock(&self.peers).clone()
     }
+}
+
+/// Retention failures.
+#[derive(Debug, thiserror::Error)]
+pub enum RetentionError {
+    /// The store refused the deletion.
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
+    /// A payload file could not be deleted.
+    #[error("{0}")]
+    Relay(#[from] RelayError),
+}
+
+/// Deletes the checkpoints past the retention: every entry but the `keep`
+/// most recent publications (0 keeps all), the genesis checkpoint (every
+/// start reads it) and the checkpoints of the window open at `now_ms`, of
+/// the one before (validators verify it now), and of any later window
+/// already announced. Their relay records go first, durably, then their
+/// files (a crash between leaves files that the next start deletes,
+/// [`Relay::remove_orphans`]). The window → checkpoint announcements stay:
+/// they are small and keep every window's checkpoint id exact. Each kept
+/// checkpoint keeps its full file and its own delta, so nothing older is
+/// needed to serve it, and a miner holding the base of the oldest kept
+/// delta still gets a delta chain. Returns the ids deleted.
+///
+/// Blocking (writes the store, deletes files).
+pub fn apply_retention(
+    shared: &crate::server::Shared,
+    keep: u64,
+    now_ms: u64,
+) -> Result<Vec<ContentId>, RetentionError> {
+    if keep == 0 {
+        return Ok(vec![]);
+    }
+    let in_use: HashSet<ContentId> = {
+        let core = shared.core();
+        let mut ids = HashSet::from([core.config().genesis_checkpoint]);
+        if let Some(w) = core.current_window(now_ms) {
+            ids.extend((w.saturating_sub(1)..=w.saturating_add(1)).map(|w| core.checkpoint_for(w)));
+        }
+        ids
+    };
+    let after = shared.core().current_window(now_ms).unwrap_or(0);
+    let doomed = shared.relay.past_retention(usize::try_from(keep).unwrap_or(usize::MAX), &in_use, after);
+    if doomed.is_empty() {
+        return Ok(doomed);
+    }
+    shared.store.delete_relay_entries(&doomed)?;
+    let freed = shared.relay.remove(&doomed)?;
+    metrics::counter!("tributary_checkpoints_deleted_total").increment(doomed.len() as u64);
+    tracing::info!(checkpoints = doomed.len(), mib = freed >> 20, "old checkpoints deleted (retention)");
+    Ok(doomed)
 }
 
 /// Path of a checkpoint's full file in the relay folder `dir`.

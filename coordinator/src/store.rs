@@ -540,6 +540,20 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes relay entries (checkpoint retention) in one transaction; the
+    /// announcements stay (they say which checkpoint each window used).
+    pub fn delete_relay_entries(&self, ids: &[ContentId]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write()?;
+        {
+            let mut t = tx.open_table(RELAY)?;
+            for id in ids {
+                t.remove(id.0.as_slice())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Every relay entry.
     pub fn relay_entries(&self) -> Result<Vec<relay::Entry>, StoreError> {
         let tx = self.db.begin_read()?;

@@ -5,6 +5,7 @@
 //! - [`bans`]: bans need evidence (confirmation, refutation, flagged validators, the model-free re-check).
 //! - [`admin`]: operator commands on a stopped coordinator (ban, unban, window length, inspect).
 
+pub mod archive;
 pub mod bans;
 pub mod core;
 pub use tributary_net as net;

@@ -1,0 +1,405 @@
+//! Closed windows on object storage (issue 21): a window's rollouts, once its
+//! submissions are closed, written as immutable, content-addressed segment
+//! objects plus a manifest written last, through the `object_store` crate
+//! (the local filesystem by default; S3 and compatible stores by URL).
+//!
+//! Layout under the store's root (or the URL's prefix):
+//!
+//! ```text
+//! windows/<window, 20 digits>/seg-<blake3 of the object, hex>.bin   postcard(Segment)
+//! windows/<window, 20 digits>/manifest.json                        Manifest, written last
+//! ```
+//!
+//! A reader lists nothing: it reads the manifest, then each segment, and
+//! checks every segment's bytes against the hash in its name and in the
+//! manifest, and the rollout count against the manifest, so a torn or edited
+//! object is a typed error, never a silent short window. Writing a window
+//! again (after a crash between segments and manifest) writes the same
+//! segment names (the content is a deterministic function of the stored
+//! window) and then the manifest; an existing manifest that differs is
+//! refused ([`ArchiveError::Conflict`]).
+
+use std::path::Path as FsPath;
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use tributary_protocol::window::WindowId;
+
+/// The manifest format written by this build.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// The most rollout bytes in one segment object.
+pub const SEGMENT_BYTES: usize = 64 << 20;
+
+/// Errors of the archive.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The store URL is not one this build understands.
+    #[error(
+        "object store `{0}`: expected file:///ABSOLUTE/PATH or a folder path (s3:// needs the coordinator's `s3` feature)"
+    )]
+    Url(String),
+    /// The object store failed.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    /// A segment's bytes do not match its content address.
+    #[error("window {window}: segment {key} does not match its hash")]
+    Corrupt {
+        /// The window.
+        window: WindowId,
+        /// The object key.
+        key: String,
+    },
+    /// A manifest or segment does not decode, or disagrees with itself.
+    #[error("window {window}: {what}")]
+    Malformed {
+        /// The window.
+        window: WindowId,
+        /// What is wrong.
+        what: String,
+    },
+    /// The window was archived before with different content.
+    #[error("window {0} is already archived with different content")]
+    Conflict(WindowId),
+}
+
+/// One segment as the manifest lists it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SegmentEntry {
+    /// The object key, relative to the store's root.
+    pub key: String,
+    /// blake3 of the object's bytes, hex (also in the key).
+    pub blake3: String,
+    /// The object's size in bytes.
+    pub bytes: u64,
+    /// Rollouts in it.
+    pub rollouts: u64,
+}
+
+/// A closed window's manifest: everything a reader needs to fetch and verify
+/// the window's rollouts.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    /// [`MANIFEST_VERSION`].
+    pub version: u32,
+    /// The window.
+    pub window: WindowId,
+    /// Rollouts in the window (the sum over segments).
+    pub rollouts: u64,
+    /// The segments, in the order of the stored window (rollout digest order).
+    pub segments: Vec<SegmentEntry>,
+}
+
+/// A segment object: encoded rollouts, each exactly as the miner signed it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Segment {
+    window: WindowId,
+    rollouts: Vec<Vec<u8>>,
+}
+
+/// Closed windows in an object store.
+#[derive(Clone, Debug)]
+pub struct Archive {
+    store: Arc<dyn ObjectStore>,
+    url: String,
+}
+
+fn window_dir(window: WindowId) -> String {
+    format!("windows/{window:020}")
+}
+
+fn manifest_key(window: WindowId) -> Path {
+    Path::from(format!("{}/manifest.json", window_dir(window)))
+}
+
+impl Archive {
+    /// Opens the store a URL names: `file:///ABSOLUTE/PATH` or a plain folder
+    /// path (created if missing); with the `s3` feature also
+    /// `s3://BUCKET[/PREFIX]`, configured from the environment
+    /// (`AWS_ENDPOINT`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_ALLOW_HTTP`).
+    pub fn open(url: &str) -> Result<Self, ArchiveError> {
+        if let Some(rest) = url.strip_prefix("s3://") {
+            return Self::open_s3(url, rest);
+        }
+        let dir = url.strip_prefix("file://").unwrap_or(url);
+        if dir.is_empty() || url.contains("://") && !url.starts_with("file://") {
+            return Err(ArchiveError::Url(url.to_owned()));
+        }
+        Self::local(FsPath::new(dir))
+    }
+
+    /// A store in a local folder (created if missing).
+    pub fn local(dir: &FsPath) -> Result<Self, ArchiveError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            ArchiveError::Store(object_store::Error::Generic { store: "LocalFileSystem", source: e.into() })
+        })?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)?;
+        Ok(Self { store: Arc::new(store), url: format!("file://{}", dir.display()) })
+    }
+
+    #[cfg(not(feature = "s3"))]
+    fn open_s3(url: &str, _rest: &str) -> Result<Self, ArchiveError> {
+        Err(ArchiveError::Url(url.to_owned()))
+    }
+
+    #[cfg(feature = "s3")]
+    fn open_s3(url: &str, rest: &str) -> Result<Self, ArchiveError> {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(ArchiveError::Url(url.to_owned()));
+        }
+        let s3 = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).build()?;
+        let store: Arc<dyn ObjectStore> =
+            if prefix.is_empty() { Arc::new(s3) } else { Arc::new(object_store::prefix::PrefixStore::new(s3, prefix)) };
+        Ok(Self { store, url: url.to_owned() })
+    }
+
+    /// The store's URL, for logs.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Writes `window`'s rollouts (each encoded as stored), segments first
+    /// and the manifest last; returns the manifest. Idempotent for the same
+    /// rollouts; refuses different ones for a window already archived.
+    pub async fn put_window(&self, window: WindowId, rollouts: Vec<Vec<u8>>) -> Result<Manifest, ArchiveError> {
+        let mut segments = Vec::new();
+        let mut total = 0u64;
+        let mut chunk: Vec<Vec<u8>> = Vec::new();
+        let mut chunk_bytes = 0usize;
+        let mut it = rollouts.into_iter().peekable();
+        while let Some(r) = it.next() {
+            chunk_bytes += r.len();
+            chunk.push(r);
+            let full = it.peek().is_some_and(|next| chunk_bytes + next.len() > SEGMENT_BYTES);
+            if full || it.peek().is_none() {
+                let seg = Segment { window, rollouts: std::mem::take(&mut chunk) };
+                total += seg.rollouts.len() as u64;
+                segments.push(self.put_segment(&seg).await?);
+                chunk_bytes = 0;
+            }
+        }
+        let manifest = Manifest { version: MANIFEST_VERSION, window, rollouts: total, segments };
+        let bytes = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| ArchiveError::Malformed { window, what: format!("manifest: {e}") })?;
+        match self.manifest(window).await? {
+            Some(old) if old == manifest => return Ok(manifest),
+            Some(_) => return Err(ArchiveError::Conflict(window)),
+            None => {}
+        }
+        self.store.put(&manifest_key(window), PutPayload::from(bytes)).await?;
+        Ok(manifest)
+    }
+
+    async fn put_segment(&self, seg: &Segment) -> Result<SegmentEntry, ArchiveError> {
+        let bytes = postcard::to_stdvec(seg)
+            .map_err(|e| ArchiveError::Malformed { window: seg.window, what: format!("segment: {e}") })?;
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        let key = format!("{}/seg-{hash}.bin", window_dir(seg.window));
+        let entry = SegmentEntry {
+            key: key.clone(),
+            blake3: hash,
+            bytes: bytes.len() as u64,
+            rollouts: seg.rollouts.len() as u64,
+        };
+        self.store.put(&Path::from(key), PutPayload::from(bytes)).await?;
+        Ok(entry)
+    }
+
+    /// `window`'s manifest, or `None` if the window is not archived (yet).
+    pub async fn manifest(&self, window: WindowId) -> Result<Option<Manifest>, ArchiveError> {
+        let bytes = match self.store.get(&manifest_key(window)).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let m: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| ArchiveError::Malformed { window, what: format!("manifest: {e}") })?;
+        if m.version != MANIFEST_VERSION {
+            return Err(ArchiveError::Malformed {
+                window,
+                what: format!("manifest version {} (this build reads {MANIFEST_VERSION})", m.version),
+            });
+        }
+        if m.window != window || m.segments.iter().map(|s| s.rollouts).sum::<u64>() != m.rollouts {
+            return Err(ArchiveError::Malformed { window, what: "manifest disagrees with itself".into() });
+        }
+        Ok(Some(m))
+    }
+
+    /// One segment's rollouts, checked against the manifest's entry.
+    pub async fn read_segment(&self, window: WindowId, entry: &SegmentEntry) -> Result<Vec<Vec<u8>>, ArchiveError> {
+        let expected = format!("{}/seg-{}.bin", window_dir(window), entry.blake3);
+        if entry.key != expected {
+            return Err(ArchiveError::Malformed { window, what: format!("segment key {} is not its hash", entry.key) });
+        }
+        let bytes = self.store.get(&Path::from(entry.key.as_str())).await?.bytes().await?;
+        if bytes.len() as u64 != entry.bytes || blake3::hash(&bytes).to_hex().as_str() != entry.blake3 {
+            return Err(ArchiveError::Corrupt { window, key: entry.key.clone() });
+        }
+        let seg: Segment = postcard::from_bytes(&bytes)
+            .map_err(|e| ArchiveError::Malformed { window, what: format!("segment {}: {e}", entry.key) })?;
+        if seg.window != window || seg.rollouts.len() as u64 != entry.rollouts {
+            return Err(ArchiveError::Malformed {
+                window,
+                what: format!("segment {} disagrees with the manifest", entry.key),
+            });
+        }
+        Ok(seg.rollouts)
+    }
+
+    /// Every rollout of an archived window, in order, or `None` if the window
+    /// is not archived.
+    pub async fn read_window(&self, window: WindowId) -> Result<Option<Vec<Vec<u8>>>, ArchiveError> {
+        let Some(m) = self.manifest(window).await? else { return Ok(None) };
+        let mut out = Vec::with_capacity(usize::try_from(m.rollouts).unwrap_or(0));
+        for s in &m.segments {
+            out.extend(self.read_segment(window, s).await?);
+        }
+        Ok(Some(out))
+    }
+}
+
+/// The store's meta key holding the first window not yet archived (8 bytes LE).
+pub const ARCHIVED_UPTO: &str = "archived_upto";
+
+/// The first window not yet archived, per the store (`None`: archiving never ran).
+pub fn archived_upto(store: &crate::store::Store) -> Result<Option<WindowId>, crate::store::StoreError> {
+    Ok(store.meta(ARCHIVED_UPTO)?.and_then(|v| v.try_into().ok()).map(u64::from_le_bytes))
+}
+
+/// Archives every window whose submissions have closed and that is not
+/// archived yet, oldest first, then records how far it got; returns the
+/// windows archived. The first run starts `keep_windows` before the current
+/// window (older windows may already be pruned). A failure stops the pass;
+/// the next one retries from the same window.
+pub async fn archive_closed_windows(
+    sh: &std::sync::Arc<crate::server::Shared>,
+    archive: &Archive,
+    now_ms: u64,
+) -> Result<Vec<WindowId>, ArchiveError> {
+    let (current, keep) = (sh.core().current_window(now_ms), sh.limits().keep_windows);
+    let Some(current) = current else { return Ok(Vec::new()) };
+    let store_err =
+        |e: crate::store::StoreError| ArchiveError::Malformed { window: current, what: format!("store: {e}") };
+    let mut next = archived_upto(&sh.store).map_err(store_err)?.unwrap_or(current.saturating_sub(keep.max(1)));
+    let mut done = Vec::new();
+    while next < current && sh.core().closed(next, now_ms) {
+        let window = next;
+        let sh2 = sh.clone();
+        let rollouts = tokio::task::spawn_blocking(move || {
+            // A commit that began before the close may still add to the
+            // window: wait for it, as a fetch does.
+            drop(sh2.hold_commits());
+            let mut all = Vec::new();
+            let mut after = None;
+            loop {
+                let (items, more) = sh2.store.rollouts(window, None, after, 256)?;
+                all.extend(items);
+                match more {
+                    Some(d) => after = Some(d),
+                    None => break,
+                }
+            }
+            Ok::<_, crate::store::StoreError>(all)
+        })
+        .await
+        .map_err(|e| ArchiveError::Malformed { window, what: format!("reader task: {e}") })?
+        .map_err(|e| ArchiveError::Malformed { window, what: format!("store: {e}") })?;
+        let m = archive.put_window(window, rollouts).await?;
+        sh.store.put_meta(ARCHIVED_UPTO, &(window + 1).to_le_bytes()).map_err(store_err)?;
+        tracing::info!(
+            window,
+            rollouts = m.rollouts,
+            segments = m.segments.len(),
+            store = archive.url(),
+            "window archived"
+        );
+        metrics::counter!("tributary_windows_archived_total").increment(1);
+        done.push(window);
+        next = window + 1;
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rollouts(n: usize, len: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| (0..len).map(|j| (i * 31 + j) as u8).collect()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_window_round_trips_through_the_local_store_and_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::open(dir.path().join("objects").to_str().unwrap()).unwrap();
+        assert_eq!(a.manifest(7).await.unwrap(), None);
+        assert_eq!(a.read_window(7).await.unwrap(), None);
+        let rs = rollouts(50, 1000);
+        let m = a.put_window(7, rs.clone()).await.unwrap();
+        assert_eq!(m.rollouts, 50);
+        assert_eq!(a.read_window(7).await.unwrap(), Some(rs.clone()));
+        // Again with the same rollouts: the same manifest; with others: refused.
+        assert_eq!(a.put_window(7, rs.clone()).await.unwrap(), m);
+        assert!(matches!(a.put_window(7, rollouts(49, 1000)).await, Err(ArchiveError::Conflict(7))));
+        // Another handle on the same folder (a reader elsewhere) reads it.
+        let b = Archive::open(&format!("file://{}", dir.path().join("objects").display())).unwrap();
+        assert_eq!(b.read_window(7).await.unwrap(), Some(rs));
+        // An empty window has a manifest with no segments.
+        let e = a.put_window(8, Vec::new()).await.unwrap();
+        assert_eq!((e.rollouts, e.segments.len()), (0, 0));
+        assert_eq!(a.read_window(8).await.unwrap(), Some(Vec::new()));
+    }
+
+    #[tokio::test]
+    async fn large_windows_split_into_segments_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::local(dir.path()).unwrap();
+        // 3 rollouts of 30 MiB: two segments (64 MiB holds two).
+        let rs: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 30 << 20]).collect();
+        let m = a.put_window(1, rs.clone()).await.unwrap();
+        assert_eq!(m.segments.iter().map(|s| s.rollouts).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(a.read_window(1).await.unwrap(), Some(rs));
+    }
+
+    #[tokio::test]
+    async fn an_edited_or_torn_object_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::local(dir.path()).unwrap();
+        let m = a.put_window(3, rollouts(10, 100)).await.unwrap();
+        let seg = dir.path().join(&m.segments[0].key);
+        let mut bytes = std::fs::read(&seg).unwrap();
+        bytes[20] ^= 1;
+        std::fs::write(&seg, &bytes).unwrap();
+        assert!(matches!(a.read_window(3).await, Err(ArchiveError::Corrupt { window: 3, .. })));
+        bytes.truncate(10);
+        std::fs::write(&seg, &bytes).unwrap();
+        assert!(matches!(a.read_window(3).await, Err(ArchiveError::Corrupt { window: 3, .. })));
+        std::fs::remove_file(&seg).unwrap();
+        assert!(matches!(a.read_window(3).await, Err(ArchiveError::Store(_))));
+        // A manifest that lies about its counts, or from another version.
+        let mpath = dir.path().join("windows/00000000000000000003/manifest.json");
+        let mut bad = m.clone();
+        bad.rollouts += 1;
+        std::fs::write(&mpath, serde_json::to_vec(&bad).unwrap()).unwrap();
+        assert!(matches!(a.manifest(3).await, Err(ArchiveError::Malformed { window: 3, .. })));
+        let mut v2 = m.clone();
+        v2.version = 2;
+        std::fs::write(&mpath, serde_json::to_vec(&v2).unwrap()).unwrap();
+        assert!(matches!(a.manifest(3).await, Err(ArchiveError::Malformed { window: 3, .. })));
+        std::fs::write(&mpath, b"{not json").unwrap();
+        assert!(matches!(a.manifest(3).await, Err(ArchiveError::Malformed { window: 3, .. })));
+    }
+
+    #[test]
+    fn urls_this_build_does_not_know_are_refused() {
+        for bad in ["", "http://x/y", "gs://bucket"] {
+            assert!(matches!(Archive::open(bad), Err(ArchiveError::Url(_))), "{bad}");
+        }
+        #[cfg(not(feature = "s3"))]
+        assert!(matches!(Archive::open("s3://bucket/prefix"), Err(ArchiveError::Url(_))));
+    }
+}

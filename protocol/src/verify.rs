@@ -304,15 +304,19 @@ impl Prepared {
 }
 
 /// Why the model-free checks rejected a rollout before its reward.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Rejection {
     /// The rollout's signature does not verify.
+    #[error("the rollout's signature does not verify")]
     Signature,
     /// The task's prompt does not tokenize.
-    Environment(TokenizerError),
+    #[error("the task's prompt does not tokenize: {0}")]
+    Environment(#[source] TokenizerError),
     /// The structure or prompt check failed: the checks run, the last one failed.
+    #[error("{}", .0.first_hard_failure().map_or_else(String::new, CheckOutcome::to_line))]
     Failed(Verdict),
     /// More tokens than the model's context.
+    #[error("{tokens} tokens exceed the model's context of {context}")]
     ExceedsContext {
         /// Tokens in the rollout.
         tokens: usize,
@@ -320,7 +324,8 @@ pub enum Rejection {
         context: usize,
     },
     /// The completion does not decode (its reward cannot be recomputed).
-    Undecodable(TokenizerError),
+    #[error("the completion does not decode: {0}")]
+    Undecodable(#[source] TokenizerError),
 }
 
 impl ModelFreeCheck<'_> {
@@ -644,6 +649,19 @@ impl CheckOutcome {
     /// Whether this check failed.
     pub fn failed(&self) -> bool {
         matches!(self.status, Status::Fail(_))
+    }
+
+    /// The failure, if the check failed.
+    pub fn failure(&self) -> Option<&Failure> {
+        match &self.status {
+            Status::Fail(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// `check: status` on one line.
+    fn to_line(&self) -> String {
+        format!("{}: {:?}", self.kind.as_str(), self.status)
     }
 }
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::{Frame, Signed, SignedBody, Tag, WireError, canonical};
 use crate::identity::{self, PublicKey};
 use crate::rollout::Rollout;
-use crate::verify::{CheckKind, Failure, Severity};
+use crate::verify::{self, CheckKind, Failure, Rejection, Severity};
 use crate::window::WindowId;
 
 /// A validator's findings about one miner in one window (the signed part of a [`Verdict`]).
@@ -241,6 +241,25 @@ impl FailureEvidence {
             hard: severity == Severity::Hard,
             position,
             figures,
+        }
+    }
+
+    /// The evidence of `v`'s first hard failure on `r`, if a hard check failed.
+    pub fn of_verdict(r: &Rollout, v: &verify::Verdict) -> Option<Self> {
+        let c = v.first_hard_failure()?;
+        c.failure().map(|f| Self::of_check(r, c.kind, c.severity, f))
+    }
+
+    /// The evidence of a rollout the model-free checks rejected
+    /// ([`crate::verify::ModelFreeCheck`]).
+    pub fn of_rejection(r: &Rollout, e: &Rejection) -> Self {
+        let one = |check, position| Self::of_rollout(r, check, position, Figures::None);
+        match e {
+            Rejection::Signature => one(FailedCheck::Signature, None),
+            Rejection::Environment(_) => one(FailedCheck::Environment, None),
+            Rejection::Failed(v) => Self::of_verdict(r, v).unwrap_or_else(|| one(FailedCheck::Structure, None)),
+            Rejection::ExceedsContext { context, .. } => one(FailedCheck::Context, Some(*context)),
+            Rejection::Undecodable(_) => one(FailedCheck::Structure, None),
         }
     }
 

@@ -36,6 +36,28 @@ if [ "${#missing[@]}" -gt 0 ]; then
   as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# 1b. Opt-in (TRIBUTARY_VULKAN=1): what llama.cpp's Vulkan backend needs to
+#     build (`--features edge-miner/vulkan`, scripts/gpu-calibrate.sh): glslc
+#     for its shaders, the Vulkan and SPIR-V headers, vulkaninfo. Not in the
+#     default install because nothing in CI builds it: that build compiles
+#     llama.cpp a second time plus its ~1 200 shader variants (measured:
+#     18 min wall, 18.5 CPU-min on 2 shared cores), beyond CI's ~10-minute
+#     allowance. Headers older than 1.3.272 (Debian 12's) need the shim in
+#     vendor/vulkan-compat, which scripts/gpu-calibrate.sh selects itself.
+if [ "${TRIBUTARY_VULKAN:-0}" = 1 ]; then
+  vk_pkgs=(glslc libvulkan-dev spirv-headers vulkan-tools)
+  vk_missing=()
+  for p in "${vk_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || vk_missing+=("$p")
+  done
+  if [ "${#vk_missing[@]}" -gt 0 ]; then
+    say "installing the Vulkan build packages: ${vk_missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends "${vk_missing[@]}" >/dev/null
+  fi
+fi
+
 command -v cargo >/dev/null || { say "cargo not found: install a Rust toolchain (rustup) first"; exit 1; }
 # rustfmt and clippy (scripts/test.sh checks formatting and lints); a minimal
 # rustup profile lacks them.

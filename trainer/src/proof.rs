@@ -3,12 +3,13 @@
 //! A validator samples miners and groups; a miner whose sample passes must
 //! not get its unchecked groups trained on its word. So before a group
 //! enters a GRPO batch the trainer runs the protocol's own checks
-//! ([`verify::verify_tokens`], the implementation the validator runs) on
-//! each of its rollouts against the window's contract ([`WindowInfo`]):
-//! the prompt re-derived from the task, the reward recomputed from the
-//! completion, lengths (prompt + completion within the model's context,
-//! completion within `max_new_tokens`), end-of-generation only as the last
-//! token, and the exact seeded-sampling check at every position, from a
+//! ([`verify::ModelFreeCheck`] and [`verify::verify_tokens`], the
+//! implementation the validator runs) on each of its rollouts against the
+//! window's contract ([`WindowInfo`]): the prompt re-derived from the task,
+//! the reward recomputed from the completion, lengths (prompt + completion
+//! within the model's context, completion within `max_new_tokens`),
+//! end-of-generation only as the last token, and the exact seeded-sampling
+//! check at every position, from a
 //! no-grad forward of the checkpoint the rollout names (the trainer keeps
 //! the last few checkpoints' weights; a rollout naming one it no longer
 //! holds is stale). The cheap checks run before any model work.
@@ -23,12 +24,12 @@ use std::path::{Path, PathBuf};
 
 use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
-use tributary_protocol::env::{EnvError, EnvId, EnvSpec, Environment, completion_reward, task_seed};
+use tributary_protocol::env::{EnvError, EnvId, EnvSpec, Environment};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
-use tributary_protocol::verify::{self, Assignment, Severity, Status, VerifyError, VerifyParams};
-use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, WindowInfo};
+use tributary_protocol::verify::{self, Contract, ModelFreeCheck, Rejection, Verdict, VerifyError, VerifyParams};
+use tributary_protocol::wire::{FailureEvidence, Figures, WindowInfo};
 
 /// Settings of the trainer's proof.
 #[derive(Debug, Clone)]
@@ -103,18 +104,25 @@ pub struct RejectRecord {
 }
 
 impl RejectRecord {
-    fn new(r: &Rollout, check: &str, position: Option<usize>, detail: String, evidence: FailureEvidence) -> Self {
+    /// The record of `evidence` on `r`, described by `detail`.
+    fn new(r: &Rollout, detail: String, evidence: FailureEvidence) -> Self {
         Self {
             window: r.window,
             miner: hex::encode(r.miner),
             group: r.group,
             rollout: r.rollout,
             digest: hex::encode(r.digest()),
-            check: check.to_owned(),
-            position,
+            check: evidence.check.as_str().to_owned(),
+            position: evidence.position.map(|p| p as usize),
             detail,
             evidence: Some(evidence),
         }
+    }
+
+    /// The record of `v`'s first hard failure on `r`, if a hard check failed.
+    fn of_verdict(r: &Rollout, v: &Verdict) -> Option<Self> {
+        let detail = format!("{:?}", v.first_hard_failure()?.failure()?);
+        FailureEvidence::of_verdict(r, v).map(|e| Self::new(r, detail, e))
     }
 }
 
@@ -205,52 +213,37 @@ impl Prover {
     /// Proves one group (rollouts of one miner, window and group index)
     /// against its window's contract `info`.
     pub fn prove_group(&mut self, info: &WindowInfo, rollouts: &[Rollout]) -> Result<GroupProof, ProofError> {
-        let Some(first) = rollouts.first() else { return Ok(GroupProof::Proven(Vec::new())) };
-        let (miner, group) = (first.miner, first.group);
-        let task_id = task_seed(&info.seed, &miner, group);
+        if rollouts.is_empty() {
+            return Ok(GroupProof::Proven(Vec::new()));
+        }
         let env = self.env(info)?.clone();
-        let task = env.task(task_id);
-        let prompt = self.tokenizer.encode(&env.prompt_text(&task))?;
         let Some(model) = self.model(&info.checkpoint) else { return Ok(GroupProof::Stale) };
         let dims = model.dims();
         let vocab = u32::try_from(dims.vocab_size).unwrap_or(u32::MAX);
-        let context = dims.context_length;
         let params = self.cfg.params;
-        let assignment = |r: &Rollout| Assignment {
-            window: info.window,
-            checkpoint: info.checkpoint,
-            env: info.env,
-            miner: r.miner,
-            task_id,
-            sampling: info.sampling,
-            prompt_tokens: &prompt,
-            groups_per_miner: info.groups_per_miner,
-            group_size: info.group_size,
-            vocab_size: vocab,
+        // The sketch check is not run: no challenge is needed.
+        let contract = Contract::of_window(info, &env, Seed([0; 32]));
+        // Cheap checks first: structure (contract, lengths, EOS), prompt,
+        // context and reward need no model. The door checked the signatures.
+        let check = ModelFreeCheck {
+            tokenizer: &self.tokenizer,
             eos_tokens: &self.eos,
-            sampling_seed: info.seed,
-            // The sketch check is not run: no challenge is needed.
-            challenge_secret: Seed([0; 32]),
+            vocab_size: vocab,
+            context: Some(dims.context_length),
+            signatures: false,
+            params: &params,
         };
-        // Cheap checks first: structure (contract, lengths, EOS), context,
-        // prompt and reward need no model.
         let mut rejected = Vec::new();
-        let mut rewards = Vec::with_capacity(rollouts.len());
+        let mut prepared = Vec::with_capacity(rollouts.len());
         for r in rollouts {
-            let a = assignment(r);
-            let reward = completion_reward(&self.tokenizer, &env, &task, r.completion()).unwrap_or(f32::NAN);
-            rewards.push(reward);
-            let mut cheap = vec![verify::check_structure(r, &a, &params)];
-            if !cheap[0].failed() {
-                cheap.push(verify::check_prompt(r, &a));
-                cheap.push(verify::check_reward(r, reward, &params));
-            }
-            if let Some(rec) = first_hard_failure(r, &cheap) {
-                rejected.push(rec);
-            } else if r.tokens.len() > context {
-                let detail = format!("{} tokens exceed the model's context of {context}", r.tokens.len());
-                let e = FailureEvidence::of_rollout(r, FailedCheck::Context, Some(context), Figures::None);
-                rejected.push(RejectRecord::new(r, "context", Some(context), detail, e));
+            match check.run(r, &contract) {
+                Ok(p) => match RejectRecord::of_verdict(r, &p.verdict) {
+                    Some(rec) => rejected.push(rec),
+                    None => prepared.push(p),
+                },
+                Err(Rejection::Environment(e)) => return Err(ProofError::Tokenizer(e)),
+                Err(Rejection::Failed(v)) => rejected.extend(RejectRecord::of_verdict(r, &v)),
+                Err(e) => rejected.push(RejectRecord::new(r, e.to_string(), FailureEvidence::of_rejection(r, &e))),
             }
         }
         if !rejected.is_empty() {
@@ -269,9 +262,10 @@ impl Prover {
             .collect();
         let evidence = model.evidence(&reqs)?;
         let mut old = Vec::with_capacity(rollouts.len());
-        for ((r, ev), reward) in rollouts.iter().zip(&evidence).zip(&rewards) {
-            let v = verify::verify_tokens(r, &assignment(r), *reward, &ev.positions(), &params)?;
-            match first_hard_failure(r, &v.checks) {
+        for ((r, ev), prep) in rollouts.iter().zip(&evidence).zip(&prepared) {
+            let a = contract.assignment(r, &prep.prompt, vocab, &self.eos);
+            let v = verify::verify_tokens(r, &a, prep.reward, &ev.positions(), &params)?;
+            match RejectRecord::of_verdict(r, &v) {
                 Some(mut rec) => {
                     // The reference figure of a log-prob failure: the trainer's own log-prob there.
                     if let Some(FailureEvidence {
@@ -290,18 +284,4 @@ impl Prover {
         }
         Ok(if rejected.is_empty() { GroupProof::Proven(old) } else { GroupProof::Rejected(rejected) })
     }
-}
-
-/// The record of the first hard failure among `checks`, if any.
-fn first_hard_failure(r: &Rollout, checks: &[verify::CheckOutcome]) -> Option<RejectRecord> {
-    checks.iter().find(|c| c.severity == Severity::Hard && c.failed()).and_then(|c| match &c.status {
-        Status::Fail(f) => Some(RejectRecord::new(
-            r,
-            c.kind.as_str(),
-            f.position(r.prompt_len as usize),
-            format!("{f:?}"),
-            FailureEvidence::of_check(r, c.kind, c.severity, f),
-        )),
-        _ => None,
-    })
 }

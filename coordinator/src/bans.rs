@@ -6,8 +6,9 @@
 //! bans its miner only once it is *confirmed*:
 //!
 //! - by the coordinator itself: its door penalties, or a failure it re-ran
-//!   without a model ([`Rechecker`]: signature, structure and contract,
-//!   prompt re-derived from the task, reward recomputed from the completion)
+//!   without a model ([`Rechecker`]: the protocol's model-free checks,
+//!   [`ModelFreeCheck`] — signature, structure and contract, prompt
+//!   re-derived from the task, reward recomputed from the completion)
 //!   on the rollout the evidence names — it then signs its own verdict, so
 //!   the confirmation is stored like any verdict;
 //! - by the trainer's own proof (the gradient gate posts a verdict for the
@@ -30,14 +31,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Serialize;
-use tributary_protocol::env::{Environment, completion_reward, task_seed};
+use tributary_protocol::env::Environment;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
-use tributary_protocol::verify::{self, Assignment, Severity, Status, VerifyParams};
+use tributary_protocol::verify::{Contract, ModelFreeCheck, Rejection, VerifyParams};
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, VerdictBody, WindowInfo};
+use tributary_protocol::wire::{FailedCheck, FailureEvidence, VerdictBody, WindowInfo};
 
 /// Who signed a verdict, as the ban rules see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -96,6 +97,9 @@ pub struct ValidatorStatus {
     pub verdicts: usize,
     /// Its latest refutations (at most [`SHOWN_REFUTATIONS`]).
     pub refutations: Vec<Refutation>,
+    /// Windows (still kept) whose challenge it committed to and did not
+    /// reveal in time (`Core::withheld`, `protocol::beacon`).
+    pub beacon_withheld: Vec<WindowId>,
 }
 
 /// Refutations listed per validator in [`ValidatorStatus`].
@@ -223,6 +227,7 @@ impl Tribunal {
                     cleared: self.cleared.get(&k).copied().unwrap_or(0),
                     verdicts: counted(&k),
                     refutations,
+                    beacon_withheld: Vec::new(),
                 }
             })
             .collect()
@@ -281,51 +286,35 @@ impl Rechecker {
 
     /// The first model-free hard check `r` fails under `info`'s contract, as
     /// evidence; `None` if it passes them all, or if the window's
-    /// environment cannot be built here (nothing is confirmed then).
+    /// environment cannot be built here (nothing is confirmed then but the
+    /// signature).
     pub fn check(&self, r: &Rollout, info: &WindowInfo) -> Option<FailureEvidence> {
-        if r.verify_signature().is_err() {
-            return Some(FailureEvidence::of_rollout(r, FailedCheck::Signature, None, Figures::None));
-        }
         let env = match Environment::build(&info.env_spec(), self.gsm8k.as_deref()) {
             Ok(e) => e,
             Err(e) => {
-                tracing::debug!(error = %e, "environment unavailable: no model-free re-check");
-                return None;
+                tracing::debug!(error = %e, "environment unavailable: only the signature is re-checked");
+                let bad = r.verify_signature().is_err();
+                return bad.then(|| FailureEvidence::of_rejection(r, &Rejection::Signature));
             }
         };
-        let task_id = task_seed(&info.seed, &r.miner, r.group);
-        let task = env.task(task_id);
-        let prompt = self.tokenizer.encode(&env.prompt_text(&task)).ok()?;
-        let params = VerifyParams::DEFAULT;
-        let a = Assignment {
-            window: info.window,
-            checkpoint: info.checkpoint,
-            env: info.env,
-            miner: r.miner,
-            task_id,
-            sampling: info.sampling,
-            prompt_tokens: &prompt,
-            groups_per_miner: info.groups_per_miner,
-            group_size: info.group_size,
-            vocab_size: self.vocab,
+        // The sketch check is not run: no challenge is needed.
+        let contract = Contract::of_window(info, &env, Seed([0; 32]));
+        let check = ModelFreeCheck {
+            tokenizer: &self.tokenizer,
             eos_tokens: &self.eos,
-            sampling_seed: info.seed,
-            challenge_secret: Seed([0; 32]),
+            vocab_size: self.vocab,
+            context: None,
+            signatures: true,
+            params: &VerifyParams::DEFAULT,
         };
-        let mut checks = vec![verify::check_structure(r, &a, &params)];
-        if !checks[0].failed() {
-            checks.push(verify::check_prompt(r, &a));
-            match completion_reward(&self.tokenizer, &env, &task, r.completion()) {
-                Ok(reward) => checks.push(verify::check_reward(r, reward, &params)),
-                Err(_) => {
-                    return Some(FailureEvidence::of_rollout(r, FailedCheck::Structure, None, Figures::None));
-                }
+        match check.run(r, &contract) {
+            Ok(p) => FailureEvidence::of_verdict(r, &p.verdict),
+            Err(Rejection::Environment(e)) => {
+                tracing::debug!(error = %e, "the task's prompt does not tokenize: no model-free re-check");
+                None
             }
+            Err(e) => Some(FailureEvidence::of_rejection(r, &e)),
         }
-        checks.iter().find(|c| c.severity == Severity::Hard && c.failed()).and_then(|c| match &c.status {
-            Status::Fail(f) => Some(FailureEvidence::of_check(r, c.kind, c.severity, f)),
-            _ => None,
-        })
     }
 }
 
@@ -333,6 +322,7 @@ impl Rechecker {
 mod tests {
     use super::*;
     use tributary_protocol::identity::Keypair;
+    use tributary_protocol::wire::Figures;
 
     fn key(n: u8) -> PublicKey {
         Keypair::from_seed([n; 32]).public()

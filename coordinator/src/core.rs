@@ -27,8 +27,9 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tributary_protocol::assign;
+use tributary_protocol::beacon;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{EnvId, task_seed};
 use tributary_protocol::identity::PublicKey;
@@ -37,8 +38,8 @@ use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::verify;
 use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
 use tributary_protocol::wire::{
-    CheckpointBody, MinerStanding, RejectReason, Role, TrainerStatsBody, TrainerStatsError, VerdictBody, WeightsBody,
-    WindowInfo,
+    BeaconCommit, BeaconReveal, CheckpointBody, Contribution, MinerStanding, NetworkId, RejectReason, Reveal, Role,
+    TrainerStatsBody, TrainerStatsError, VerdictBody, WeightsBody, WindowInfo,
 };
 
 use crate::bans::{Party, Tribunal, ValidatorStatus};
@@ -125,6 +126,65 @@ pub struct CoreConfig {
     pub committee: u32,
     /// Rollouts each validator proves per window at most (its assigned share).
     pub validator_budget: u32,
+    /// How long after a window's submissions close a committed contribution
+    /// to its challenge may still be revealed ([`Core::challenge`]).
+    pub reveal_ms: u64,
+}
+
+/// Windows ahead of the current one a contribution may be committed for
+/// (a party commits early so a long verification cannot make it miss the close).
+pub const BEACON_COMMIT_AHEAD: u64 = 2;
+
+/// The shortest reveal period a node gives contributions (its grace, if longer).
+pub const MIN_REVEAL_MS: u64 = 2_000;
+
+/// One window's commitments to, and reveals of, contributions to its
+/// challenge ([`tributary_protocol::beacon`]); what the store keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BeaconBook {
+    /// Signed commitments, by party.
+    pub commits: BTreeMap<PublicKey, BeaconCommit>,
+    /// Secrets revealed in time, by party (each opens its commitment).
+    pub reveals: BTreeMap<PublicKey, [u8; 32]>,
+}
+
+impl BeaconBook {
+    /// Parties that committed and have not revealed.
+    pub fn unrevealed(&self) -> impl Iterator<Item = &PublicKey> {
+        self.commits.keys().filter(|k| !self.reveals.contains_key(k))
+    }
+}
+
+/// Why a commitment or a reveal was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BeaconRefusal {
+    /// The signer is neither a configured validator nor the trainer.
+    #[error("not a configured validator or the trainer")]
+    Unauthorized,
+    /// The signature does not verify.
+    #[error("bad signature")]
+    BadSignature,
+    /// A commitment after the window's submissions closed.
+    #[error("the window's submissions have closed")]
+    Closed,
+    /// A commitment too far ahead of the current window.
+    #[error("more than {BEACON_COMMIT_AHEAD} windows ahead")]
+    TooEarly,
+    /// Another commitment of this party for this window is recorded.
+    #[error("another commitment for this window is recorded")]
+    Conflict,
+    /// A reveal before the window's submissions closed.
+    #[error("the window's submissions have not closed")]
+    NotClosed,
+    /// A reveal without a commitment.
+    #[error("no commitment for this window")]
+    NotCommitted,
+    /// A reveal after the window's challenge was fixed.
+    #[error("the window's challenge is fixed")]
+    Fixed,
+    /// The secret does not open the commitment.
+    #[error("the secret does not match the commitment")]
+    Mismatch,
 }
 
 /// A decoded, signature-checked rollout's facts that the door checks need.
@@ -271,6 +331,13 @@ pub struct Core {
     /// costs O(checked²) logarithms and every standing and weights query
     /// asks it once per verdict (at most [`MAX_MEMO_THRESHOLDS`] kept).
     soft_thresholds: RefCell<HashMap<u32, u32>>,
+    /// Window → contributions to its challenge.
+    beacon: BTreeMap<WindowId, BeaconBook>,
+    /// Window → miner → its committee, once the window's challenge is fixed
+    /// (what [`Core::confirmed`] asks for every failing verdict).
+    committees: RefCell<BTreeMap<WindowId, BTreeMap<PublicKey, Vec<PublicKey>>>>,
+    /// Windows whose withheld contributions were logged.
+    withheld_logged: RefCell<BTreeSet<WindowId>>,
 }
 
 impl Core {
@@ -291,6 +358,9 @@ impl Core {
             rejected_anonymous: BTreeMap::new(),
             clock: Cell::new(0),
             soft_thresholds: RefCell::new(HashMap::new()),
+            beacon: BTreeMap::new(),
+            committees: RefCell::new(BTreeMap::new()),
+            withheld_logged: RefCell::new(BTreeSet::new()),
         }
     }
 
@@ -355,9 +425,153 @@ impl Core {
         })
     }
 
-    /// The challenge secret of `window`, only once its submissions have closed.
+    /// Whether `window`'s submissions have closed at `now_ms`.
+    pub fn closed(&self, window: WindowId, now_ms: u64) -> bool {
+        now_ms >= self.cfg.schedule.closes_at(window)
+    }
+
+    /// `window`'s challenge, once fixed ([`Core::challenge_fixed`]): the
+    /// coordinator's secret mixed with every contribution revealed
+    /// ([`beacon::mix`]). What the assignment and the challenged positions use.
     pub fn reveal(&self, window: WindowId, now_ms: u64) -> Option<Seed> {
-        (now_ms >= self.cfg.schedule.closes_at(window)).then(|| self.secrets(window).challenge)
+        self.challenge_fixed(window, now_ms).then(|| self.mixed_challenge(window))
+    }
+
+    /// The network the coordinator's key names (what contributions are signed for).
+    pub fn network(&self) -> NetworkId {
+        self.coordinator.map_or(NetworkId([0; 32]), |k| NetworkId::of(&k))
+    }
+
+    /// Whether `window`'s challenge is fixed at `now_ms`: its submissions
+    /// have closed and every committed contribution is revealed, or the
+    /// reveal period (`reveal_ms`) after the close has passed.
+    pub fn challenge_fixed(&self, window: WindowId, now_ms: u64) -> bool {
+        let closes = self.cfg.schedule.closes_at(window);
+        if now_ms < closes {
+            return false;
+        }
+        let all_in = self.beacon.get(&window).is_none_or(|b| b.unrevealed().next().is_none());
+        all_in || now_ms >= closes.saturating_add(self.cfg.reveal_ms)
+    }
+
+    /// The mix of the coordinator's secret and the contributions revealed so far.
+    fn mixed_challenge(&self, window: WindowId) -> Seed {
+        let empty = BTreeMap::new();
+        let reveals = self.beacon.get(&window).map_or(&empty, |b| &b.reveals);
+        beacon::mix(&self.network(), window, &self.secrets(window).challenge.0, reveals)
+    }
+
+    /// What the coordinator alone could compute for `window`: the mix with
+    /// no contribution (a network without validators, or before any reveal).
+    pub fn coordinator_only_challenge(&self, window: WindowId) -> Seed {
+        beacon::mix(&self.network(), window, &self.secrets(window).challenge.0, &BTreeMap::new())
+    }
+
+    /// Records a validator's or the trainer's signed commitment to its
+    /// contribution to a window's challenge. `Ok(true)` if new (store it),
+    /// `Ok(false)` if the same commitment was already recorded.
+    pub fn record_commit(&mut self, now_ms: u64, c: &BeaconCommit, signature_ok: bool) -> Result<bool, BeaconRefusal> {
+        let party = c.body.party;
+        if !self.cfg.access.permits(Role::Validator, &party) && !self.cfg.access.permits(Role::Trainer, &party) {
+            return Err(BeaconRefusal::Unauthorized);
+        }
+        if !signature_ok || c.network != self.network() {
+            return Err(BeaconRefusal::BadSignature);
+        }
+        let w = c.body.window;
+        if self.closed(w, now_ms) {
+            return Err(BeaconRefusal::Closed);
+        }
+        if w > self.current_window(now_ms).unwrap_or(0).saturating_add(BEACON_COMMIT_AHEAD) {
+            return Err(BeaconRefusal::TooEarly);
+        }
+        let book = self.beacon.entry(w).or_default();
+        match book.commits.get(&party) {
+            Some(old) if old.body.commitment == c.body.commitment => Ok(false),
+            Some(_) => Err(BeaconRefusal::Conflict),
+            None => {
+                book.commits.insert(party, c.clone());
+                Ok(true)
+            }
+        }
+    }
+
+    /// Records the authenticated `party`'s reveal of its contribution.
+    /// `Ok(true)` if new (store it), `Ok(false)` if already recorded.
+    pub fn record_reveal(&mut self, now_ms: u64, party: &PublicKey, r: &BeaconReveal) -> Result<bool, BeaconRefusal> {
+        if !self.closed(r.window, now_ms) {
+            return Err(BeaconRefusal::NotClosed);
+        }
+        let Some(commit) = self.beacon.get(&r.window).and_then(|b| b.commits.get(party)) else {
+            return Err(BeaconRefusal::NotCommitted);
+        };
+        if !beacon::opens(commit, &r.secret) {
+            return Err(BeaconRefusal::Mismatch);
+        }
+        if self.beacon.get(&r.window).is_some_and(|b| b.reveals.get(party) == Some(&r.secret)) {
+            return Ok(false);
+        }
+        if self.challenge_fixed(r.window, now_ms) {
+            return Err(BeaconRefusal::Fixed);
+        }
+        self.beacon.entry(r.window).or_default().reveals.insert(*party, r.secret);
+        self.committees.borrow_mut().remove(&r.window);
+        Ok(true)
+    }
+
+    /// `window`'s commitments and reveals (what the store keeps).
+    pub fn beacon_book(&self, window: WindowId) -> Option<&BeaconBook> {
+        self.beacon.get(&window)
+    }
+
+    /// Re-adds a window's commitments and reveals found in the store at
+    /// startup (no checks; before the verdicts, whose committees it fixes).
+    pub fn restore_beacon(&mut self, window: WindowId, book: BeaconBook) {
+        self.committees.borrow_mut().remove(&window);
+        self.beacon.insert(window, book);
+    }
+
+    /// The published reveal of `window` once its challenge is fixed: the
+    /// coordinator's secret, the contributions revealed (with their signed
+    /// commitments), the commitments withheld, the challenge and the
+    /// assignment settings. Anyone checks it with [`beacon::check_reveal`].
+    pub fn reveal_frame(&self, window: WindowId, now_ms: u64) -> Option<Reveal> {
+        let challenge = self.reveal(window, now_ms)?;
+        let book = self.beacon.get(&window).cloned().unwrap_or_default();
+        let contributions = book
+            .reveals
+            .iter()
+            .filter_map(|(k, s)| book.commits.get(k).map(|c| Contribution { commit: c.clone(), secret: *s }))
+            .collect();
+        let withheld: Vec<BeaconCommit> = book.unrevealed().filter_map(|k| book.commits.get(k).cloned()).collect();
+        if !withheld.is_empty() && self.withheld_logged.borrow_mut().insert(window) {
+            for c in &withheld {
+                tracing::warn!(window, party = %c.body.party, "a committed contribution to the challenge was not revealed in time");
+            }
+        }
+        Some(Reveal {
+            window,
+            secret: self.secrets(window).challenge.0,
+            contributions,
+            withheld,
+            challenge: challenge.0,
+            trainer: self.cfg.access.trainer,
+            assign: self.assign_spec(),
+        })
+    }
+
+    /// Windows (still kept) in which each party committed a contribution and
+    /// did not reveal it before the challenge was fixed at `now_ms`.
+    pub fn withheld(&self, now_ms: u64) -> BTreeMap<PublicKey, Vec<WindowId>> {
+        let mut out: BTreeMap<PublicKey, Vec<WindowId>> = BTreeMap::new();
+        for (w, b) in &self.beacon {
+            if self.challenge_fixed(*w, now_ms) {
+                for k in b.unrevealed() {
+                    out.entry(*k).or_default().push(*w);
+                }
+            }
+        }
+        out
     }
 
     /// The task id of `miner`'s group `group` in `window`: what a rollout must claim.
@@ -467,6 +681,7 @@ impl Core {
         let s = self.submitted.entry((c.window, c.miner)).or_default();
         s.rollouts = s.rollouts.saturating_add(1);
         s.groups.insert(c.group);
+        self.committees.borrow_mut().remove(&c.window);
     }
 
     /// What `miner` stored in `window` (while the weights may still look at it).
@@ -499,6 +714,27 @@ impl Core {
             .map(|((_, m), s)| (*m, s.groups.clone()))
             .collect();
         Some(assign::Assignment::compute(&spec, window, &challenge, self.cfg.group_size, &work))
+    }
+
+    /// Whether `validator` is in `miner`'s committee for `window`, under the
+    /// window's challenge as the contributions recorded fix it (validators'
+    /// verdicts are taken only once it is fixed, [`Core::record_verdict`]).
+    pub fn in_committee(&self, window: WindowId, miner: &PublicKey, validator: &PublicKey) -> bool {
+        if let Some(by_miner) = self.committees.borrow().get(&window) {
+            return by_miner.get(miner).is_some_and(|c| c.contains(validator));
+        }
+        let work: BTreeMap<PublicKey, BTreeSet<u32>> = self
+            .submitted
+            .range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32])))
+            .map(|((_, m), s)| (*m, s.groups.clone()))
+            .collect();
+        let challenge = self.mixed_challenge(window);
+        let a = assign::Assignment::compute(&self.assign_spec(), window, &challenge, self.cfg.group_size, &work);
+        let by_miner: BTreeMap<PublicKey, Vec<PublicKey>> =
+            a.miners.into_iter().map(|(m, d)| (m, d.committee)).collect();
+        let member = by_miner.get(miner).is_some_and(|c| c.contains(validator));
+        self.committees.borrow_mut().insert(window, by_miner);
+        member
     }
 
     /// Storing the reserved rollout failed: release its reservations.
@@ -605,6 +841,11 @@ impl Core {
         if now_ms < self.cfg.schedule.closes_at(body.window) {
             return Err(VerdictError::NotClosed);
         }
+        // A validator proves what the fixed challenge assigns it; before
+        // that its committee (what confirms a failure) is not known.
+        if self.party(&body.validator) == Party::Validator && !self.challenge_fixed(body.window, now_ms) {
+            return Err(VerdictError::NotClosed);
+        }
         if body.valid > body.checked {
             return Err(VerdictError::Inconsistent);
         }
@@ -693,7 +934,10 @@ impl Core {
 
     /// Whether `miner`'s failure in `window` is confirmed: by the
     /// coordinator itself (a door penalty, a model-free re-check), by the
-    /// trainer's proof, or by two validators whose verdicts count.
+    /// trainer's proof, or by two validators whose verdicts count and who
+    /// are both members of the miner's committee for the window
+    /// ([`Core::in_committee`]): a validator outside it, or one proving
+    /// extras, can claim a failure but not confirm one.
     pub fn confirmed(&self, window: WindowId, miner: &PublicKey) -> bool {
         if self.tribunal.trainer_verdict(window, miner).is_some_and(|v| self.claims_failure(v)) {
             return true;
@@ -702,7 +946,8 @@ impl Core {
         for v in self.verdicts.get(&(window, *miner)).into_iter().flat_map(|by| by.values()) {
             if self.claims_failure(v) {
                 match self.party(&v.validator) {
-                    Party::Validator => validators += 1,
+                    Party::Validator if self.in_committee(window, miner, &v.validator) => validators += 1,
+                    Party::Validator => {}
                     Party::Coordinator | Party::Trainer => return true,
                 }
             }
@@ -747,7 +992,14 @@ impl Core {
             *counted.entry(*v).or_default() += 1;
         }
         let validators = self.cfg.access.validators.iter().copied();
-        self.tribunal.statuses(validators, |k| counted.get(k).copied().unwrap_or(0))
+        let mut statuses = self.tribunal.statuses(validators, |k| counted.get(k).copied().unwrap_or(0));
+        let withheld = self.withheld(self.clock.get());
+        for s in &mut statuses {
+            if let Some(ws) = s.key.parse::<PublicKey>().ok().and_then(|k| withheld.get(&k)) {
+                s.beacon_withheld.clone_from(ws);
+            }
+        }
+        statuses
     }
 
     /// An operator clears `validator`: its verdicts count again (failures
@@ -958,6 +1210,9 @@ impl Core {
         // without this the core grows by every verdict of every window.
         self.verdicts.retain(|(w, _), _| *w >= horizon);
         self.set_aside.retain(|(w, _), _| *w >= horizon);
+        self.beacon.retain(|w, _| *w >= horizon);
+        self.committees.borrow_mut().retain(|w, _| *w >= horizon);
+        self.withheld_logged.borrow_mut().retain(|w| *w >= horizon);
         // The weights of window `W` are signed once `W + 1` ends and look back
         // `weight_windows` windows from `W`.
         let keep_from = self.current_window(now_ms).unwrap_or(0).saturating_sub(self.cfg.weight_windows + 2);
@@ -1001,6 +1256,7 @@ mod tests {
             weight_exponent: 4,
             committee: 2,
             validator_budget: 4096,
+            reveal_ms: 300,
         }
     }
 
@@ -1060,8 +1316,10 @@ mod tests {
         // The commitment is public at open; the secret only after close.
         assert!(core.reveal(2, at(2)).is_none());
         assert!(core.reveal(2, info.closes_at_ms - 1).is_none());
-        let secret = core.reveal(2, info.closes_at_ms).unwrap();
-        assert!(tributary_protocol::window::verify_reveal(2, &info.commitment, &secret.0));
+        let reveal = core.reveal_frame(2, info.closes_at_ms).unwrap();
+        assert!(tributary_protocol::window::verify_reveal(2, &info.commitment, &reveal.secret));
+        let challenge = beacon::check_reveal(&reveal, &core.network(), &info.commitment).unwrap();
+        assert_eq!(core.reveal(2, info.closes_at_ms), Some(challenge));
         // A restarted core with the same master secret re-derives the same window.
         assert_eq!(Core::new(cfg()).window_info(2, at(2)).unwrap(), info);
     }
@@ -1326,6 +1584,8 @@ mod tests {
         assert_eq!(core.record_verdict(closed, &verdict(1, a, 10, false), false), Err(VerdictError::BadSignature));
         core.record_verdict(closed, &verdict(1, a, 20, false), true).unwrap();
         core.record_verdict(closed, &verdict(1, b, 10, false), true).unwrap();
+        // Confirmations come from the miner's committee: c stored a group.
+        store(&mut core, 1, c, 1);
         core.record_verdict(closed, &verdict(1, c, 30, true), true).unwrap();
         // One validator's failure waits for a second party.
         assert!(!core.is_banned(&c, 2) && core.pending(1, &c));
@@ -1348,16 +1608,18 @@ mod tests {
         // enough), 7 is not.
         assert_eq!(core.soft_ban_threshold(10), 7);
         assert_eq!(core.soft_ban_threshold(4), 5, "4 checked rollouts never soft-ban");
-        let mut soft = verdict(1, b, 10, false);
+        let d = miner(4);
+        store(&mut core, 1, d, 1);
+        let mut soft = verdict(1, d, 10, false);
         soft.soft_failures = 6;
         core.record_verdict(closed, &soft, true).unwrap();
         core.record_verdict(closed, &by(101, soft.clone()), true).unwrap();
-        assert!(!core.is_banned(&b, 2), "6 soft failures of 10 are within honest reach");
+        assert!(!core.is_banned(&d, 2), "6 soft failures of 10 are within honest reach");
         soft.soft_failures = 7;
         core.record_verdict(closed, &soft, true).unwrap();
-        assert!(!core.is_banned(&b, 2), "one validator's soft failures wait for a second");
+        assert!(!core.is_banned(&d, 2), "one validator's soft failures wait for a second");
         core.record_verdict(closed, &by(101, soft), true).unwrap();
-        assert!(core.is_banned(&b, 2));
+        assert!(core.is_banned(&d, 2));
     }
 
     #[test]
@@ -1497,6 +1759,8 @@ mod tests {
         let (honest, other) = (miner(1), miner(2));
         let liar = Keypair::from_seed([100; 32]).public();
         let good = second().validator;
+        // Confirmations come from the committee of a miner that stored work.
+        store(&mut core, 1, other, 1);
         core.record_verdict(closed, &failing(1, honest, [5; 32]), true).unwrap();
         assert!(!core.is_banned(&honest, 2) && core.pending(1, &honest));
         assert!(!core.is_flagged(&liar));
@@ -1524,6 +1788,7 @@ mod tests {
         assert!(!core.is_banned(&honest, 2), "the refuted failure alone still bans nobody");
         // A restart replays the verdicts, then the operator's clear.
         let mut again = Core::new(cfg_two_validators());
+        store(&mut again, 1, other, 1);
         for v in [failing(1, honest, [5; 32]), pass, failing(1, other, [7; 32]), by(101, failing(1, other, [7; 32]))] {
             again.apply_verdict(&v);
         }
@@ -1654,5 +1919,147 @@ mod tests {
             v.sort();
             v
         });
+    }
+
+    /// `key`'s commitment to its contribution to `window` on `core`'s network.
+    fn commit_of(core: &Core, key: &Keypair, window: WindowId) -> BeaconCommit {
+        beacon::commit(key, &core.network(), window)
+    }
+
+    fn reveal_of(core: &Core, key: &Keypair, window: WindowId) -> BeaconReveal {
+        BeaconReveal { window, secret: beacon::contribution_secret(key, &core.network(), window) }
+    }
+
+    #[test]
+    fn a_reveal_must_open_its_commitment() {
+        let mut core = Core::new(cfg_two_validators());
+        core.set_coordinator(Keypair::from_seed([9; 32]).public());
+        let (v, t) = (Keypair::from_seed([100; 32]), Keypair::from_seed([77; 32]));
+        let closes = core.schedule().closes_at(1);
+        // Commitments while the window is open (or up to two windows ahead), by authorised keys.
+        assert_eq!(core.record_commit(at(1), &commit_of(&core, &v, 1), true), Ok(true));
+        assert_eq!(core.record_commit(at(1), &commit_of(&core, &v, 1), true), Ok(false), "the same again");
+        assert_eq!(core.record_commit(at(0), &commit_of(&core, &t, 1), true), Ok(true));
+        assert_eq!(core.record_commit(at(1), &commit_of(&core, &v, 4), true), Err(BeaconRefusal::TooEarly));
+        let outsider = Keypair::from_seed([55; 32]);
+        assert_eq!(core.record_commit(at(1), &commit_of(&core, &outsider, 1), true), Err(BeaconRefusal::Unauthorized));
+        assert_eq!(core.record_commit(at(1), &commit_of(&core, &v, 2), false), Err(BeaconRefusal::BadSignature));
+        let elsewhere = beacon::commit(&v, &NetworkId([1; 32]), 2);
+        assert_eq!(core.record_commit(at(1), &elsewhere, true), Err(BeaconRefusal::BadSignature));
+        // No re-roll: another commitment for the same window is refused.
+        let mut reroll = commit_of(&core, &v, 1);
+        reroll.body.commitment = [5; 32];
+        assert_eq!(core.record_commit(at(1), &reroll, true), Err(BeaconRefusal::Conflict));
+        // No commitment once submissions close.
+        let late = Keypair::from_seed([101; 32]);
+        assert_eq!(core.record_commit(closes, &commit_of(&core, &late, 1), true), Err(BeaconRefusal::Closed));
+
+        // Reveals only after the close, and only the committed secret.
+        assert_eq!(
+            core.record_reveal(closes - 1, &v.public(), &reveal_of(&core, &v, 1)),
+            Err(BeaconRefusal::NotClosed)
+        );
+        let wrong = BeaconReveal { window: 1, secret: beacon::contribution_secret(&v, &core.network(), 2) };
+        assert_eq!(core.record_reveal(closes, &v.public(), &wrong), Err(BeaconRefusal::Mismatch));
+        let wrong = BeaconReveal { window: 1, secret: [0; 32] };
+        assert_eq!(core.record_reveal(closes, &v.public(), &wrong), Err(BeaconRefusal::Mismatch));
+        // Another party's secret under one's own key opens nothing.
+        assert_eq!(core.record_reveal(closes, &v.public(), &reveal_of(&core, &t, 1)), Err(BeaconRefusal::Mismatch));
+        assert_eq!(
+            core.record_reveal(closes, &late.public(), &reveal_of(&core, &late, 1)),
+            Err(BeaconRefusal::NotCommitted)
+        );
+        assert!(core.beacon_book(1).unwrap().reveals.is_empty(), "nothing refused was recorded");
+        assert_eq!(core.record_reveal(closes, &v.public(), &reveal_of(&core, &v, 1)), Ok(true));
+        assert_eq!(core.record_reveal(closes, &v.public(), &reveal_of(&core, &v, 1)), Ok(false));
+    }
+
+    #[test]
+    fn the_challenge_waits_for_the_reveals_and_the_coordinator_alone_cannot_compute_it() {
+        let mut core = Core::new(cfg_two_validators());
+        core.set_coordinator(Keypair::from_seed([9; 32]).public());
+        let (v1, v2, t) = (Keypair::from_seed([100; 32]), Keypair::from_seed([101; 32]), Keypair::from_seed([77; 32]));
+        for k in [&v1, &v2, &t] {
+            core.record_commit(at(1), &commit_of(&core, k, 1), true).unwrap();
+        }
+        let closes = core.schedule().closes_at(1);
+        let deadline = closes + core.config().reveal_ms;
+        // Closed, nothing revealed: not fixed (the coordinator's secret alone fixes nothing).
+        assert!(core.reveal(1, closes).is_none());
+        assert!(core.reveal_frame(1, closes).is_none());
+        // A validator's verdict waits for the challenge (its assignment).
+        assert_eq!(core.record_verdict(closes, &verdict(1, miner(1), 1, false), true), Err(VerdictError::NotClosed));
+        core.record_reveal(closes, &v1.public(), &reveal_of(&core, &v1, 1)).unwrap();
+        core.record_reveal(closes, &t.public(), &reveal_of(&core, &t, 1)).unwrap();
+        assert!(core.reveal(1, closes + 1).is_none(), "v2 may still reveal");
+        core.record_reveal(closes + 1, &v2.public(), &reveal_of(&core, &v2, 1)).unwrap();
+        // All revealed: fixed before the deadline.
+        let challenge = core.reveal(1, closes + 1).expect("every contribution revealed");
+        assert_ne!(challenge, core.coordinator_only_challenge(1), "the operator could not compute it in advance");
+        assert_ne!(challenge, core.secrets(1).challenge);
+        // Anyone recomputes it from the public reveal.
+        let r = core.reveal_frame(1, closes + 1).unwrap();
+        assert_eq!(r.contributions.len(), 3);
+        assert!(r.withheld.is_empty());
+        let commitment = core.window_info(1, at(1)).unwrap().commitment;
+        assert_eq!(beacon::check_reveal(&r, &core.network(), &commitment), Ok(challenge));
+        assert_eq!(core.record_verdict(closes + 1, &verdict(1, miner(1), 1, false), true), Ok(()));
+
+        // Window 2: v2 withholds. Fixed at the deadline without it, and listed.
+        for k in [&v1, &v2, &t] {
+            core.record_commit(at(2), &commit_of(&core, k, 2), true).unwrap();
+        }
+        let closes = core.schedule().closes_at(2);
+        let deadline2 = closes + core.config().reveal_ms;
+        core.record_reveal(closes, &v1.public(), &reveal_of(&core, &v1, 2)).unwrap();
+        core.record_reveal(closes, &t.public(), &reveal_of(&core, &t, 2)).unwrap();
+        assert!(core.reveal(2, deadline2 - 1).is_none());
+        let r = core.reveal_frame(2, deadline2).expect("fixed at the deadline");
+        assert_eq!(r.withheld.iter().map(|c| c.body.party).collect::<Vec<_>>(), vec![v2.public()]);
+        assert_eq!(
+            beacon::check_reveal(&r, &core.network(), &core.window_info(2, at(2)).unwrap().commitment).unwrap().0,
+            r.challenge
+        );
+        assert_eq!(core.record_reveal(deadline2, &v2.public(), &reveal_of(&core, &v2, 2)), Err(BeaconRefusal::Fixed));
+        assert_eq!(core.withheld(deadline2).get(&v2.public()), Some(&vec![2]));
+        core.observe(deadline2);
+        let st = core.validator_statuses();
+        let shown = |k: &Keypair| st.iter().find(|s| s.key == k.public().to_string()).unwrap().beacon_withheld.clone();
+        assert_eq!((shown(&v1), shown(&v2)), (vec![], vec![2]), "/api/validators shows who withheld");
+        assert!(deadline > closes - LEN, "window 1's deadline came before window 2's close");
+        // A restarted core with the stored books recomputes the same challenges.
+        let mut again = Core::new(cfg_two_validators());
+        again.set_coordinator(Keypair::from_seed([9; 32]).public());
+        for w in [1, 2] {
+            again.restore_beacon(w, core.beacon_book(w).cloned().unwrap());
+        }
+        assert_eq!(again.reveal(1, deadline2), Some(challenge));
+        assert_eq!(again.reveal(2, deadline2).map(|s| s.0), Some(r.challenge));
+    }
+
+    /// Issue 16 item 3: the second validator that confirms a failure must be
+    /// in the miner's committee for the window (three validators, committees
+    /// of two: a validator outside the committee confirms nothing).
+    #[test]
+    fn a_ban_needs_two_members_of_the_miners_committee() {
+        let mut c = cfg_two_validators();
+        let third = Keypair::from_seed([102; 32]).public();
+        c.access.validators.insert(third);
+        let mut core = Core::new(c);
+        let m = miner(1);
+        store(&mut core, 1, m, 2);
+        let closed = at(2) + 200;
+        let committee = core.assignment(1, closed).unwrap().miners[&m].committee.clone();
+        assert_eq!(committee.len(), 2);
+        let outsider = *core.config().access.validators.iter().find(|v| !committee.contains(v)).unwrap();
+        let signer = |k: &PublicKey| (100..=102u8).find(|s| Keypair::from_seed([*s; 32]).public() == *k).unwrap();
+        let claim = |k: &PublicKey| by(signer(k), failing(1, m, [7; 32]));
+        core.record_verdict(closed, &claim(&committee[0]), true).unwrap();
+        core.record_verdict(closed, &claim(&outsider), true).unwrap();
+        assert!(!core.confirmed(1, &m), "a validator outside the committee does not confirm");
+        assert!(!core.is_banned(&m, 2));
+        assert_eq!(core.standing(1), vec![(m, MinerStanding::Suspect)]);
+        core.record_verdict(closed, &claim(&committee[1]), true).unwrap();
+        assert!(core.confirmed(1, &m) && core.is_banned(&m, 2), "two members of the committee confirm");
     }
 }

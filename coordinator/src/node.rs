@@ -474,3 +474,4 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     Ok(Node { quic: server.addr, http, fingerprint, server, shared })
 }
     spawn_checkpoint_retention(&shared, cfg.keep_checkpoints);
+        reveal_ms: cfg.grace_ms.max(crate::core::MIN_REVEAL_MS),

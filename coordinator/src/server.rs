@@ -13,10 +13,10 @@ use tracing::Instrument;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{self, Keypair, PublicKey};
 use tributary_protocol::rollout::{self, Rollout, RolloutLimits};
-use tributary_protocol::window::Schedule;
+use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
-    self, Ack, BatchAnswer, Challenge, ErrorCode, ErrorFrame, Frame, Outcome, Progress, Refused, RejectReason, Reveal,
-    Role, Rollouts, Tag, VerdictAck, Welcome,
+    self, Ack, BatchAnswer, Challenge, ErrorCode, ErrorFrame, Frame, Outcome, Progress, Refused, RejectReason, Role,
+    Rollouts, Tag, VerdictAck, Welcome,
 };
 
 use crate::core::{Candidate, Core, Shape};
@@ -344,6 +344,18 @@ pub fn shared(
     }
     // The coordinator's own verdicts (door penalties, re-checks) confirm a failure by themselves.
     core.set_coordinator(key.public());
+    // Contributions to the challenges before the verdicts: they fix the
+    // committees a confirmation needs.
+    let current = core.current_window(now_ms()).unwrap_or(0);
+    let kept = core.config().ban_windows.max(core.config().weight_windows) + 2;
+    for w in current.saturating_sub(kept)..=current.saturating_add(crate::core::BEACON_COMMIT_AHEAD) {
+        if let Some(bytes) = store.meta(&beacon_meta_key(w))? {
+            match postcard::from_bytes::<crate::core::BeaconBook>(&bytes) {
+                Ok(book) => core.restore_beacon(w, book),
+                Err(e) => tracing::warn!(window = w, error = %e, "unreadable challenge contributions"),
+            }
+        }
+    }
     for v in store.verdicts()? {
         core.apply_verdict(&v.body);
     }
@@ -382,6 +394,46 @@ pub fn shared(
         warn: WarnThrottle::default(),
         recheck,
     }))
+}
+
+/// The store's meta key of a window's contributions to its challenge.
+fn beacon_meta_key(window: WindowId) -> String {
+    format!("beacon/{window}")
+}
+
+/// Stores the window's contributions after a new commitment or reveal, then
+/// answers; a refusal is logged and answered as an error.
+fn beacon_answer(
+    sh: &Arc<Shared>,
+    peer: PublicKey,
+    window: WindowId,
+    res: Result<bool, crate::core::BeaconRefusal>,
+) -> Frame {
+    match res {
+        Ok(false) => Frame::BeaconAck(wire::BeaconAck { window }),
+        Ok(true) => {
+            let book = sh.core().beacon_book(window).cloned().unwrap_or_default();
+            match postcard::to_stdvec(&book) {
+                Ok(bytes) => match sh.store.put_meta(&beacon_meta_key(window), &bytes) {
+                    Ok(()) => Frame::BeaconAck(wire::BeaconAck { window }),
+                    Err(e) => err(ErrorCode::Internal, &e.to_string()),
+                },
+                Err(e) => err(ErrorCode::Internal, &e.to_string()),
+            }
+        }
+        Err(e) => {
+            sh.warn_refusal("beacon", || format!("contribution of {} to window {window} refused: {e}", peer.short()));
+            let code = match e {
+                crate::core::BeaconRefusal::NotClosed => ErrorCode::NotYet,
+                crate::core::BeaconRefusal::Unauthorized => ErrorCode::Unauthorized,
+                crate::core::BeaconRefusal::BadSignature | crate::core::BeaconRefusal::Mismatch => {
+                    ErrorCode::BadSignature
+                }
+                _ => ErrorCode::NotFound,
+            };
+            err(code, &e.to_string())
+        }
+    }
 }
 
 /// The most rollouts the writer gathers into one transaction.
@@ -746,10 +798,19 @@ fn allowed(role: Role, tag: Tag) -> bool {
     );
     any || match role {
         Role::Miner => matches!(tag, T::GetProgress | T::Submit | T::SubmitBatch),
-        Role::Validator => matches!(tag, T::FetchRollouts | T::GetStanding | T::PostVerdict),
+        Role::Validator => matches!(
+            tag,
+            T::FetchRollouts | T::GetStanding | T::PostVerdict | T::PostBeaconCommit | T::PostBeaconReveal
+        ),
         Role::Trainer => matches!(
             tag,
-            T::FetchRollouts | T::GetStanding | T::PostTrainerStats | T::PublishCheckpoint | T::PostVerdict
+            T::FetchRollouts
+                | T::GetStanding
+                | T::PostTrainerStats
+                | T::PublishCheckpoint
+                | T::PostVerdict
+                | T::PostBeaconCommit
+                | T::PostBeaconReveal
         ),
     }
 }
@@ -838,10 +899,21 @@ async fn serve_requests(
                     None => err(ErrorCode::NotYet, "window not open"),
                 }
             }
-            (_, Frame::GetReveal(g)) => match sh.core().reveal_with_assignment(g.window, now) {
-                Some((secret, assign)) => Frame::Reveal(Reveal { window: g.window, secret: secret.0, assign }),
-                None => err(ErrorCode::NotYet, "submissions still open"),
+            (_, Frame::GetReveal(g)) => match sh.core().reveal_frame(g.window, now) {
+                Some(r) => Frame::Reveal(r),
+                None => err(ErrorCode::NotYet, "submissions still open or contributions still being revealed"),
             },
+            (Role::Validator | Role::Trainer, Frame::PostBeaconCommit(c)) => {
+                let ok = c.body.party == peer && c.verify(&sh.network()).is_ok();
+                let window = c.body.window;
+                let res = sh.core().record_commit(now, &c, ok);
+                beacon_answer(sh, peer, window, res)
+            }
+            (Role::Validator | Role::Trainer, Frame::PostBeaconReveal(r)) => {
+                let window = r.window;
+                let res = sh.core().record_reveal(now, &peer, &r);
+                beacon_answer(sh, peer, window, res)
+            }
             (_, Frame::GetWeights(_)) => {
                 let later = Answer::Later(Box::new(|sh: &Arc<Shared>| match crate::weights::latest(sh) {
                     Ok(Some(doc)) => Frame::Weights(doc),
@@ -1401,7 +1473,7 @@ async fn ingest(
 fn fetch(sh: &Arc<Shared>, role: Role, f: wire::FetchRollouts) -> Frame {
     let now = now_ms();
     let core = sh.core();
-    if core.reveal(f.window, now).is_none() {
+    if !core.closed(f.window, now) {
         return err(ErrorCode::NotYet, "window's submissions have not closed");
     }
     if role == Role::Trainer

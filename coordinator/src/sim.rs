@@ -5,7 +5,11 @@
 //! and post verdicts through [`Core::record_verdict`] (bans, confirmation);
 //! a trainer takes the rollouts of miners that passed, proves them (its
 //! gradient gate) and posts a failing verdict when its proof catches a
-//! cheat; the weights are [`Core::weights`].
+//! cheat; the weights are [`Core::weights`]. Every validator and the
+//! trainer commit to a contribution to each window's challenge while it is
+//! open and reveal it at the close ([`Core::record_commit`],
+//! [`Core::record_reveal`]), so the assignment is drawn from the mixed
+//! challenge ([`tributary_protocol::beacon::mix`]) as on a live network.
 //!
 //! What stands in for the model: a cheated rollout fails a hard check
 //! whenever anyone proves it (the exact sampling check); an honest rollout
@@ -17,12 +21,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use tributary_protocol::beacon;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
-use tributary_protocol::identity::PublicKey;
+use tributary_protocol::identity::{PublicKey, Signature};
 use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::window::{Schedule, ScheduleError, WindowId};
-use tributary_protocol::wire::{MinerStanding, VerdictBody};
+use tributary_protocol::wire::{BeaconCommitBody, BeaconReveal, MinerStanding, Signed, VerdictBody};
 
 use crate::core::{Access, Candidate, Core, CoreConfig, Shape};
 
@@ -222,6 +227,7 @@ impl Sim {
             weight_exponent: cfg.weight_exponent,
             committee: cfg.committee,
             validator_budget: cfg.budget,
+            reveal_ms: LEN / 10,
         });
         Ok(Self { cfg, core, miners, trainer, coordinator })
     }
@@ -232,6 +238,30 @@ impl Sim {
 
     fn closed_at(w: WindowId) -> u64 {
         (w + 1) * LEN + LEN / 10 + 1
+    }
+
+    /// Every validator and the trainer commit to their contribution to
+    /// `w`'s challenge at its open and reveal it at its close. Signatures
+    /// are not simulated (the simulator's keys are labels, not ed25519 keys).
+    fn contribute(&mut self, w: WindowId) {
+        let mut parties: Vec<PublicKey> = self.core.access().validators.iter().copied().collect();
+        parties.push(self.trainer);
+        let network = self.core.network();
+        let secret = |p: &PublicKey| {
+            *blake3::hash(&[&self.cfg.seed.to_le_bytes()[..], &w.to_le_bytes(), &p.0].concat()).as_bytes()
+        };
+        for p in &parties {
+            let commitment = beacon::commitment(&network, w, p, &secret(p));
+            let c = Signed {
+                network,
+                body: BeaconCommitBody { window: w, party: *p, commitment },
+                signature: Signature([0; 64]),
+            };
+            let _ = self.core.record_commit(Self::open_at(w), &c, true);
+        }
+        for p in &parties {
+            let _ = self.core.record_reveal(Self::closed_at(w), p, &BeaconReveal { window: w, secret: secret(p) });
+        }
     }
 
     /// Whether rollout (miner, window, group, index) is cheated / soft-fails.
@@ -330,6 +360,7 @@ impl Sim {
                 }
             }
             let closed = Self::closed_at(w);
+            self.contribute(w);
             self.core.prune(closed);
             let Some(assignment) = self.core.assignment(w, closed) else { continue };
             r.submitted += assignment.miners.len() as u64;

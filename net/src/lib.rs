@@ -8,6 +8,7 @@
 //! one string, the *pin spec*: 64 hex digits, or the PEM text of the CA
 //! ([`read_ca`] reads a CA file into it).
 
+pub mod beacon;
 pub mod cli;
 pub mod logging;
 pub use logging::{init_tracing, now_ms};

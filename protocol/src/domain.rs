@@ -26,6 +26,12 @@ pub mod sign {
     pub const CHECKPOINT: &str = "tributary/checkpoint-announcement/v1";
     /// The trainer's report of one training step (loss, reward, delta figures).
     pub const TRAINER_STATS: &str = "tributary/trainer-stats/v1";
+    /// A validator's or the trainer's commitment to its contribution to a
+    /// window's challenge ([`crate::beacon`]).
+    pub const BEACON_COMMIT: &str = "tributary/beacon-commit/v1";
+    /// The signature a party's contribution secret is derived from (never
+    /// published; deterministic, so a restart re-derives the same secret).
+    pub const BEACON_SECRET: &str = "tributary/beacon-secret/v1";
 }
 
 /// Hash and key-derivation contexts.
@@ -58,6 +64,12 @@ pub mod context {
     pub const QUIC_STATELESS_RESET: &str = "tributary 2025 quic stateless reset v1";
     /// Validator committees and the groups they prove ([`crate::assign`]).
     pub const VALIDATOR_ASSIGNMENT: &str = "tributary 2025 validator assignment v1";
+    /// A party's contribution secret from its signature ([`crate::beacon`]).
+    pub const BEACON_SECRET: &str = "tributary 2025 beacon contribution secret v1";
+    /// The commitment to a party's contribution.
+    pub const BEACON_COMMIT: &str = "tributary 2025 beacon contribution commitment v1";
+    /// A window's challenge from the coordinator's secret and the revealed contributions.
+    pub const WINDOW_CHALLENGE: &str = "tributary 2025 window challenge v1";
 }
 
 /// The whole registry, by name: what the uniqueness test walks.
@@ -83,6 +95,11 @@ pub const ALL: &[(&str, &str)] = &[
     ("context::PROBLEM_SPLIT", context::PROBLEM_SPLIT),
     ("context::QUIC_STATELESS_RESET", context::QUIC_STATELESS_RESET),
     ("context::VALIDATOR_ASSIGNMENT", context::VALIDATOR_ASSIGNMENT),
+    ("sign::BEACON_COMMIT", sign::BEACON_COMMIT),
+    ("sign::BEACON_SECRET", sign::BEACON_SECRET),
+    ("context::BEACON_SECRET", context::BEACON_SECRET),
+    ("context::BEACON_COMMIT", context::BEACON_COMMIT),
+    ("context::WINDOW_CHALLENGE", context::WINDOW_CHALLENGE),
 ];
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod assign;
+pub mod beacon;
 pub mod chat;
 pub mod checkpoint;
 pub mod delta;

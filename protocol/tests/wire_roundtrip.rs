@@ -22,6 +22,16 @@ fn sig() -> impl Strategy<Value = Signature> {
     })
 }
 
+fn beacon_commit() -> impl Strategy<Value = BeaconCommit> {
+    (any::<[u8; 32]>(), any::<u64>(), key(), any::<[u8; 32]>(), sig()).prop_map(
+        |(network, window, party, commitment, signature)| BeaconCommit {
+            network: NetworkId(network),
+            body: BeaconCommitBody { window, party, commitment },
+            signature,
+        },
+    )
+}
+
 fn blob(max: usize) -> impl Strategy<Value = Blob> {
     proptest::collection::vec(any::<u8>(), 0..max).prop_map(Blob)
 }
@@ -71,13 +81,35 @@ fn frame() -> impl Strategy<Value = Frame> {
                 dataset: Some(seed),
             })),
         any::<u64>().prop_map(|window| Frame::GetReveal(GetReveal { window })),
-        (any::<u64>(), any::<[u8; 32]>(), proptest::collection::vec(key(), 0..40), any::<(u32, u32)>()).prop_map(
-            |(window, secret, validators, (committee, budget))| Frame::Reveal(Reveal {
-                window,
-                secret,
-                assign: tributary_protocol::assign::Spec { validators, committee, budget }
-            })
-        ),
+        (
+            (any::<u64>(), any::<[u8; 32]>(), proptest::collection::vec(key(), 0..40), any::<(u32, u32)>()),
+            (
+                proptest::collection::vec((beacon_commit(), any::<[u8; 32]>()), 0..8),
+                proptest::collection::vec(beacon_commit(), 0..4),
+                any::<[u8; 32]>(),
+                proptest::option::of(key()),
+            ),
+        )
+            .prop_map(
+                |((window, secret, validators, (committee, budget)), (contributions, withheld, challenge, trainer))| {
+                    Frame::Reveal(Reveal {
+                        window,
+                        secret,
+                        contributions: contributions
+                            .into_iter()
+                            .map(|(commit, secret)| Contribution { commit, secret })
+                            .collect(),
+                        withheld,
+                        challenge,
+                        trainer,
+                        assign: tributary_protocol::assign::Spec { validators, committee, budget },
+                    })
+                }
+            ),
+        beacon_commit().prop_map(Frame::PostBeaconCommit),
+        (any::<u64>(), any::<[u8; 32]>())
+            .prop_map(|(window, secret)| Frame::PostBeaconReveal(BeaconReveal { window, secret })),
+        any::<u64>().prop_map(|window| Frame::BeaconAck(BeaconAck { window })),
         (any::<u64>(), blob(4096)).prop_map(|(seq, rollout)| Frame::Submit(Submit { seq, rollout })),
         (any::<u64>(), any::<[u8; 32]>()).prop_map(|(seq, digest)| Frame::Ack(Ack { seq, digest })),
         (any::<u64>(), reason()).prop_map(|(seq, reason)| Frame::Refused(Refused { seq, reason })),

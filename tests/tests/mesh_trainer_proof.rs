@@ -1,7 +1,9 @@
 //! Issue 15 item 1 on the mesh (review proof-soundness finding 1): the
 //! validator samples one group per miner (not `--all`), and an attacker
-//! tampers every group outside the sample — it knows the sample in advance,
-//! as an operator does (finding 10) — so its verdicts pass. Its tampered
+//! tampers every group outside the sample — it knows the sample in advance:
+//! the coordinator's secret, as an operator does (finding 10), and on a
+//! `--dev` network, whose validator and trainer keys are public, every
+//! contribution to the challenge (`protocol::beacon`) — so its verdicts pass. Its tampered
 //! rollouts (fake `[1e30, -1e30]` rewards, another prompt, an edited
 //! log-prob, an EOS mid-completion, a sequence longer than the context)
 //! reach the trainer; none of them reaches a GRPO batch (the trainer's batch
@@ -9,14 +11,14 @@
 //! honest rollout, and no trainer round fails.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tributary_protocol::env::PRACTICE_LEVEL;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::window::WindowSecrets;
-use tributary_protocol::wire::WindowInfo;
+use tributary_protocol::wire::{NetworkId, Role, WindowInfo};
 use tributary_tests::{
     Mesh, MeshConfig, MinerSpec, NetConfig, TrainerEvent, ValidatorHandle, validator_config, within,
 };
@@ -50,6 +52,8 @@ struct Tampered {
 
 struct OutsideTheSample {
     master: [u8; 32],
+    /// The mesh's network (its coordinator's key is made at start).
+    network: Arc<OnceLock<NetworkId>>,
     eos: u32,
     log: Arc<Mutex<Vec<Tampered>>>,
 }
@@ -57,7 +61,15 @@ struct OutsideTheSample {
 impl edge_miner::run::Tamper for OutsideTheSample {
     fn tamper(&mut self, info: &WindowInfo, group: &mut Vec<Rollout>) {
         let Some((g, miner)) = group.first().map(|r| (r.group, r.miner)) else { return };
-        let challenge = WindowSecrets::derive(&self.master, info.window).challenge;
+        let Some(network) = self.network.get() else { return };
+        // The dev validator and trainer contribute; their keys are public.
+        let contributions = [Role::Validator, Role::Trainer]
+            .map(|r| tributary_protocol::dev::key(r))
+            .iter()
+            .map(|k| (k.public(), tributary_protocol::beacon::contribution_secret(k, network, info.window)))
+            .collect();
+        let coordinator = WindowSecrets::derive(&self.master, info.window).challenge;
+        let challenge = tributary_protocol::beacon::mix(network, info.window, &coordinator.0, &contributions);
         if g == sampled_group(&challenge, info.window, &miner, info.groups_per_miner) {
             return;
         }
@@ -111,7 +123,9 @@ async fn tampered_unchecked_groups_never_reach_a_gradient() {
     let log = Arc::new(Mutex::new(Vec::new()));
     let tok = tributary_protocol::tokenizer::Tokenizer::from_gguf_file(&tributary_assets::smollm2_q4_1())
         .expect("SmolLM2 tokenizer (run scripts/setup.sh)");
-    let attacker = OutsideTheSample { master: master(net.seed), eos: tok.eos_id(), log: log.clone() };
+    let network = Arc::new(OnceLock::new());
+    let attacker =
+        OutsideTheSample { master: master(net.seed), network: network.clone(), eos: tok.eos_id(), log: log.clone() };
     let mut mesh = Mesh::start(MeshConfig {
         net,
         miners: vec![MinerSpec::honest("honest"), MinerSpec::with("attacker", attacker)],
@@ -119,6 +133,7 @@ async fn tampered_unchecked_groups_never_reach_a_gradient() {
         validator: false,
     })
     .await;
+    let _ = network.set(mesh.net.node.shared.network());
     // A validator that proves its assignment and nothing more.
     let mut vc = validator_config(&mesh.net, mesh.net.window());
     vc.sample = validator::service::SampleConfig::ASSIGNED;

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tch::Device;
+use tributary_net::beacon::{Contributor, ContributorConfig};
 use tributary_net::{KeyPin, NetError, Session, now_ms};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::identity::{Keypair, PublicKey};
@@ -136,11 +137,11 @@ pub struct ServiceConfig {
     pub trust_unjudged: bool,
     /// How often to check the clock.
     pub poll: Duration,
-}
     /// Where training runs (`trainer run --device`).
     pub device: Device,
     /// Publications whose files stay on disk (0: all; [`Publisher::set_retention`]).
     pub keep_publications: usize,
+}
 
 /// `service.json`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -181,6 +182,10 @@ pub struct Service {
     publisher: Publisher,
     progress: Progress,
     prover: Prover,
+    /// The trainer's contributions to each window's challenge
+    /// ([`tributary_protocol::beacon`]), on their own connection so a
+    /// training step never delays a reveal; stopped when dropped.
+    _contributor: Contributor,
 }
 
 impl std::fmt::Debug for Service {
@@ -218,7 +223,15 @@ impl Service {
             Err(e) => return Err(e.into()),
         };
         let prover = Prover::new(&cfg.genesis, proof)?;
-        let mut s = Self { cfg, session, schedule, trainer, template, publisher, progress, prover };
+        let _contributor = Contributor::spawn(ContributorConfig {
+            coordinator: cfg.coordinator,
+            fingerprint: cfg.fingerprint.clone(),
+            coordinator_key: cfg.coordinator_key.clone(),
+            key: cfg.key.clone(),
+            role: Role::Trainer,
+            poll: cfg.poll.min(Duration::from_millis(250)),
+        });
+        let mut s = Self { cfg, session, schedule, trainer, template, publisher, progress, prover, _contributor };
         s.reupload().await?;
         s.announce_genesis().await?;
         Ok(s)

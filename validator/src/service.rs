@@ -1,7 +1,16 @@
 //! `validator run`: the validator as a network service.
 //!
-//! For every window `W`, once the coordinator reveals `W`'s challenge secret
-//! (checked against the commitment published at open), the service fetches
+//! The service contributes to every window's challenge: a task on its own
+//! connection ([`tributary_net::beacon::Contributor`]) commits to this
+//! validator's contribution while the window is open and reveals it when
+//! its submissions close ([`tributary_protocol::beacon`]).
+//!
+//! For every window `W`, once the coordinator reveals `W`'s challenge (the
+//! coordinator's secret checked against the commitment published at open,
+//! every contribution against its signed commitment, and the challenge
+//! recomputed from them: [`tributary_protocol::beacon::check_reveal`]; a
+//! reveal that lists this validator's own contribution as withheld is logged
+//! as an error), the service fetches
 //! `W`'s rollouts, proves the groups the window's assignment gives this
 //! validator ([`tributary_protocol::assign`], from the reveal: the
 //! authorised validators, committee size and budget) plus any extras of its
@@ -42,6 +51,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use tributary_net::beacon::{Contributor, ContributorConfig};
 use tributary_net::{Backoff, ConnectFailure, KeyPin, NetError, Session, now_ms};
 use tributary_policy::{PolicyError, ReferenceModel};
 use tributary_protocol::assign;
@@ -51,9 +61,9 @@ use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::verify::VerifyParams;
-use tributary_protocol::window::{Schedule, WindowId, verify_reveal};
+use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
-    FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetReveal, GetWindow, Role, Verdict, WindowInfo,
+    ErrorCode, FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetReveal, GetWindow, Role, Verdict, WindowInfo,
 };
 
 use crate::judge::{Contract, Judge, JudgeConfig, JudgeError};
@@ -76,9 +86,13 @@ pub enum ServiceError {
     /// The coordinator answered out of protocol.
     #[error("unexpected answer {0:?}")]
     Unexpected(tributary_protocol::wire::Tag),
-    /// The revealed challenge secret does not match the window's commitment.
-    #[error("window {0}: the revealed challenge secret does not match its commitment")]
-    BadReveal(WindowId),
+    /// The window's reveal does not hold (the coordinator's secret, a
+    /// contribution, or the challenge mixed from them).
+    #[error("window {0}: bad reveal: {1}")]
+    BadReveal(WindowId, tributary_protocol::beacon::BeaconError),
+    /// The window's challenge is not fixed yet (contributions are still being revealed).
+    #[error("window {0}: challenge not fixed yet")]
+    NotRevealed(WindowId),
     /// A downloaded checkpoint is not the one asked for.
     #[error("checkpoint {want}: {detail}")]
     BadCheckpoint {
@@ -141,6 +155,9 @@ pub struct ServiceConfig {
     /// First window to verify when the folder holds no progress (default:
     /// the window in progress at start); a restart resumes from `progress.json`.
     pub start_window: Option<WindowId>,
+    /// Where the reference model runs (`validator run --device`; default
+    /// [`tributary_policy::default_device`]).
+    pub device: tch::Device,
 }
 
 /// `progress.json`: where a restarted service resumes.
@@ -155,9 +172,6 @@ pub struct Progress {
     pub posted: Vec<PublicKey>,
 }
 
-    /// Where the reference model runs (`validator run --device`; default
-    /// [`tributary_policy::default_device`]).
-    pub device: tch::Device,
 impl Progress {
     fn path(dir: &std::path::Path) -> PathBuf {
         dir.join("progress.json")
@@ -216,6 +230,7 @@ impl ServiceConfig {
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(30),
             max_attempts: 20,
+            device: tributary_policy::default_device(),
             start_window: None,
         }
     }
@@ -230,7 +245,6 @@ struct Client {
 
 impl Client {
     async fn session(&mut self) -> Result<&mut Session, ServiceError> {
-            device: tributary_policy::default_device(),
         if self.session.is_none() {
             let backoff =
                 Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
@@ -301,6 +315,8 @@ pub struct Service {
     env: Option<(EnvSpec, Environment)>,
     next_window: Option<WindowId>,
     posted: Vec<PublicKey>,
+    /// This validator's contributions to each window's challenge (stopped when dropped).
+    _contributor: Contributor,
 }
 
 impl std::fmt::Debug for Service {
@@ -320,7 +336,23 @@ impl Service {
             Some(p) if p.coordinator.eq_ignore_ascii_case(cfg.fingerprint.trim()) => (p.next_window, p.posted),
             _ => (cfg.start_window.unwrap_or_else(|| schedule.window_at(now_ms()).unwrap_or(0)), Vec::new()),
         };
-        Ok(Self { cfg, client, loaded: None, env: None, next_window: Some(next_window), posted })
+        let contributor = Contributor::spawn(ContributorConfig {
+            coordinator: cfg.coordinator,
+            fingerprint: cfg.fingerprint.clone(),
+            coordinator_key: cfg.coordinator_key.clone(),
+            key: cfg.key.clone(),
+            role: Role::Validator,
+            poll: cfg.poll.min(Duration::from_millis(250)),
+        });
+        Ok(Self {
+            cfg,
+            client,
+            loaded: None,
+            env: None,
+            next_window: Some(next_window),
+            posted,
+            _contributor: contributor,
+        })
     }
 
     fn save_progress(&self) -> Result<(), ServiceError> {
@@ -349,7 +381,10 @@ impl Service {
         if behind > 0 {
             tracing::warn!(window = w, current, behind, "verification is behind the clock");
         }
-        let report = self.verify_window(w).await?;
+        let report = match self.verify_window(w).await {
+            Err(ServiceError::NotRevealed(_)) => return Ok(None),
+            r => r?,
+        };
         self.post(&report).await?;
         self.next_window = Some(w + 1);
         self.posted.clear();
@@ -391,13 +426,31 @@ impl Service {
         }
     }
 
+    /// The window's challenge, recomputed from the public reveal, and the
+    /// assignment settings; [`ServiceError::NotRevealed`] while it is not fixed.
     async fn reveal(&mut self, info: &WindowInfo) -> Result<(Seed, assign::Spec), ServiceError> {
-        match self.client.request(&Frame::GetReveal(GetReveal { window: info.window })).await? {
-            Frame::Reveal(r) if r.window == info.window => {
-                if !verify_reveal(info.window, &info.commitment, &r.secret) {
-                    return Err(ServiceError::BadReveal(info.window));
+        let w = info.window;
+        let answer = match self.client.request(&Frame::GetReveal(GetReveal { window: w })).await {
+            Err(ServiceError::Refused(NetError::Refused(ErrorCode::NotYet, _))) => {
+                return Err(ServiceError::NotRevealed(w));
+            }
+            a => a?,
+        };
+        match answer {
+            Frame::Reveal(r) if r.window == w => {
+                let network = self.client.session().await?.network();
+                let challenge = tributary_protocol::beacon::check_reveal(&r, &network, &info.commitment)
+                    .map_err(|e| ServiceError::BadReveal(w, e))?;
+                let me = self.cfg.key.public();
+                if r.withheld.iter().any(|c| c.body.party == me) {
+                    metrics::counter!("tributary_validator_contributions_withheld_total").increment(1);
+                    tracing::error!(
+                        window = w,
+                        "the coordinator lists this validator's contribution as withheld (revealed late, or dropped)"
+                    );
                 }
-                Ok((Seed(r.secret), r.assign))
+                tracing::debug!(window = w, contributions = r.contributions.len(), "challenge fixed");
+                Ok((challenge, r.assign))
             }
             f => Err(ServiceError::Unexpected(f.tag())),
         }

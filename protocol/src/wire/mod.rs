@@ -36,15 +36,17 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/2";
+pub const ALPN: &[u8] = b"tributary/3";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
 /// and a checkpoint path carries the trainer's signed announcement. Version
 /// 2: every signed document names its network ([`NetworkId`]) under its
 /// signature, and the coordinator proves in the [`Challenge`] that it holds
-/// its key. Peers of different versions cannot talk.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// its key. Version 3: validators and the trainer commit to and reveal
+/// contributions to each window's challenge ([`crate::beacon`]), and the
+/// [`Reveal`] carries them. Peers of different versions cannot talk.
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;
@@ -150,8 +152,15 @@ frames! {
     WindowInfo = 11, max SMALL, WindowInfo;
     /// Ask for a challenge reveal.
     GetReveal = 12, max SMALL, GetReveal;
-    /// A challenge reveal (with the validator set: 33 bytes a validator).
-    Reveal = 13, max 64 << 10, Reveal;
+    /// A challenge reveal (with the validator set and the contributions:
+    /// about 250 bytes a contributing validator).
+    Reveal = 13, max 1 << 20, Reveal;
+    /// Validator or trainer → coordinator: a signed commitment to a contribution.
+    PostBeaconCommit = 14, max SMALL, BeaconCommit;
+    /// Validator or trainer → coordinator: the secret behind its commitment.
+    PostBeaconReveal = 15, max SMALL, BeaconReveal;
+    /// A commitment or reveal is stored.
+    BeaconAck = 16, max SMALL, BeaconAck;
     /// Submit a rollout.
     Submit = 20, max MAX_ROLLOUT_LEN + 64, Submit;
     /// A rollout is durable.

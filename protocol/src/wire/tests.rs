@@ -353,3 +353,36 @@ fn batch_frames_round_trip_and_are_bounded() {
     huge.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]); // u32::MAX elements
     assert!(Frame::decode_body(Tag::SubmitBatch, &huge).is_err());
 }
+
+#[test]
+fn beacon_frames_round_trip_and_a_reveal_of_256_validators_fits() {
+    let keys: Vec<identity::Keypair> = (0..=255u8).map(|i| identity::Keypair::from_seed([i; 32])).collect();
+    let commit = crate::beacon::commit(&keys[0], &NET, 5);
+    commit.verify(&NET).unwrap();
+    let contributions: Vec<Contribution> = keys
+        .iter()
+        .map(|k| Contribution {
+            commit: crate::beacon::commit(k, &NET, 5),
+            secret: crate::beacon::contribution_secret(k, &NET, 5),
+        })
+        .collect();
+    let reveal = Reveal {
+        window: 5,
+        secret: [1; 32],
+        contributions,
+        withheld: vec![commit.clone()],
+        challenge: [2; 32],
+        trainer: Some(keys[1].public()),
+        assign: crate::assign::Spec::new(keys.iter().map(identity::Keypair::public)),
+    };
+    for f in [
+        Frame::PostBeaconCommit(commit),
+        Frame::PostBeaconReveal(BeaconReveal { window: 5, secret: [3; 32] }),
+        Frame::BeaconAck(BeaconAck { window: 5 }),
+        Frame::Reveal(reveal),
+    ] {
+        let bytes = f.encode();
+        assert!(bytes.len() - HEADER_LEN <= f.tag().max_body_len() as usize, "{:?}: {} bytes", f.tag(), bytes.len());
+        assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
+    }
+}

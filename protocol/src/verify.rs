@@ -423,6 +423,19 @@ pub enum Severity {
 }
 
 impl CheckKind {
+    /// Every check, in the order [`verify_rollout`] runs them.
+    pub const ALL: [CheckKind; 9] = [
+        CheckKind::Structure,
+        CheckKind::Prompt,
+        CheckKind::Reward,
+        CheckKind::Sketch,
+        CheckKind::Logprob,
+        CheckKind::Sampling,
+        CheckKind::SamplingCoverage,
+        CheckKind::Distribution,
+        CheckKind::Termination,
+    ];
+
     /// The check's severity.
     pub fn severity(self) -> Severity {
         match self {

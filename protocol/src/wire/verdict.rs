@@ -50,7 +50,9 @@ pub const MAX_VERDICT_PASSED: usize = 256;
 /// The largest [`VerdictBody`] frame: the passing digests, the reasons and the evidence.
 pub const MAX_VERDICT_LEN: u32 = 16 << 10;
 
-/// The check a [`FailureEvidence`] names.
+/// The check a [`FailureEvidence`] names: a protocol check ([`CheckKind`],
+/// [`FailedCheck::of`]) or a rejection that is none. Its own enum because its
+/// variant numbers are the wire encoding: never reorder, only append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum FailedCheck {
     /// The rollout's signature does not verify.
@@ -97,22 +99,20 @@ impl FailedCheck {
         }
     }
 
-    /// The check's name (as in verdict reasons and metrics).
+    /// The protocol check this names, if it names one (the inverse of [`FailedCheck::of`]).
+    pub fn kind(self) -> Option<CheckKind> {
+        CheckKind::ALL.into_iter().find(|&k| Self::of(k) == self)
+    }
+
+    /// The check's name (as in verdict reasons and metrics): a protocol
+    /// check's is its [`CheckKind::as_str`].
     pub fn as_str(self) -> &'static str {
         match self {
             FailedCheck::Signature => "signature",
             FailedCheck::Environment => "environment",
-            FailedCheck::Structure => "structure",
             FailedCheck::Context => "context",
-            FailedCheck::Prompt => "prompt",
-            FailedCheck::Reward => "reward",
-            FailedCheck::Sketch => "sketch",
-            FailedCheck::Logprob => "logprob",
-            FailedCheck::Sampling => "sampling",
-            FailedCheck::SamplingCoverage => "sampling_coverage",
-            FailedCheck::Distribution => "distribution",
-            FailedCheck::Termination => "termination",
             FailedCheck::Copy => "copy",
+            other => other.kind().map_or("unknown", CheckKind::as_str),
         }
     }
 
@@ -486,4 +486,40 @@ pub enum WeightsDocError {
     /// The signature does not verify.
     #[error("weights document signature does not verify")]
     BadSignature,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_checks_name_the_protocol_checks_and_keep_their_wire_numbers() {
+        for k in CheckKind::ALL {
+            assert_eq!(FailedCheck::of(k).kind(), Some(k));
+            assert_eq!(FailedCheck::of(k).as_str(), k.as_str());
+        }
+        use FailedCheck::*;
+        let wire = [
+            Signature,
+            Environment,
+            Structure,
+            Context,
+            Prompt,
+            Reward,
+            Sketch,
+            Logprob,
+            Sampling,
+            SamplingCoverage,
+            Distribution,
+            Termination,
+            Copy,
+        ];
+        for (i, c) in wire.iter().enumerate() {
+            assert_eq!(postcard::to_allocvec(c).unwrap(), [i as u8], "{c:?}");
+        }
+        let names: std::collections::BTreeSet<&str> = wire.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), wire.len());
+        assert!(!names.contains("unknown"));
+        assert_eq!([Signature, Environment, Context, Copy].map(FailedCheck::kind), [None; 4]);
+    }
 }

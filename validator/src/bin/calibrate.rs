@@ -16,6 +16,14 @@
 //! ```
 //!
 //! Generated rollouts are cached as JSONL under `--work` (delete to regenerate).
+//!
+//! GPU column: build with the miner's `cuda` or `vulkan` feature and pass
+//! `--gpu-layers 99`; every llama.cpp rollout (honest and cheaters) is then
+//! generated on the GPU as the miner would (BF16 widened to F32, F32 KV cache,
+//! flash attention off), and the llama.cpp environment variables that change
+//! its kernels (`GGML_VK_*`, `GGML_CUDA_*`, `NVIDIA_TF32_OVERRIDE`) are
+//! printed and named in the cache files, so each setting is its own column
+//! (`scripts/gpu-calibrate.sh`, `docs/gpu-backends.md`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -25,7 +33,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use edge_miner::backend::Backend;
-use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
+use edge_miner::llama::{Bf16Weights, LlamaConfig, LlamaCppBackend};
 use edge_miner::offline::{GenerateOptions, Job, OfflineWindow, RolloutRecord, generate};
 use edge_miner::quantize::{FileType, quantize};
 use tributary_policy::{EvidenceRequest, ReferenceModel};
@@ -97,6 +105,28 @@ struct Args {
     /// the reference's on the first honest rollout, position by position.
     #[arg(long)]
     diagnose: bool,
+    /// Layers llama.cpp offloads to the GPU (needs a `cuda`/`metal`/`vulkan`
+    /// build of the miner; 99 = all). 0 keeps every llama.cpp rollout on the CPU.
+    #[arg(long, default_value_t = 0)]
+    gpu_layers: u32,
+    /// With `--gpu-layers`, keep a BF16 checkpoint's matrices BF16 on the GPU
+    /// (as published) instead of widening them to F32 as the miner does.
+    #[arg(long)]
+    gpu_bf16_as_published: bool,
+}
+
+/// Environment variables that change llama.cpp's GPU kernels (read by ggml
+/// at device initialisation): a run under any of them is a different column.
+const KERNEL_ENV_PREFIXES: [&str; 3] = ["GGML_VK_", "GGML_CUDA_", "NVIDIA_TF32_OVERRIDE"];
+
+/// The set kernel variables, sorted, as `NAME=value`.
+fn kernel_env() -> Vec<String> {
+    let mut v: Vec<String> = std::env::vars()
+        .filter(|(k, _)| KERNEL_ENV_PREFIXES.iter().any(|p| k.starts_with(p)) && k != "GGML_VK_VISIBLE_DEVICES")
+        .map(|(k, val)| format!("{k}={val}"))
+        .collect();
+    v.sort();
+    v
 }
 
 /// Everything shared by the run.
@@ -146,6 +176,10 @@ fn main() -> Result<()> {
         run.params.logprob_is_eps
     );
 
+    if a.gpu_layers > 0 {
+        println!("llama.cpp rollouts: {}", run.llama_label());
+    }
+
     let ckpt = Checkpoint::open(&a.model)?;
     let honest_id = ckpt.content_id();
     let model = ReferenceModel::load(&ckpt, tributary_policy::default_device())?;
@@ -180,7 +214,7 @@ fn main() -> Result<()> {
         );
     }
     println!();
-    println!("## Honest: llama.cpp CPU (BF16) rollouts checked by the libtorch reference");
+    println!("## Honest: {} rollouts checked by the libtorch reference", run.llama_label());
     report_honest("honest rollouts", &figs, &run.params);
 
     if run.args.wgpu_tasks > 0 {
@@ -211,6 +245,46 @@ fn main() -> Result<()> {
 }
 
 impl Run {
+    /// How llama.cpp loads `model` for this run's rollouts.
+    fn llama(&self, model: &Path) -> Result<LlamaCppBackend> {
+        let cfg = LlamaConfig { model: model.to_owned(), threads: self.threads, gpu_layers: self.args.gpu_layers };
+        let weights = if self.args.gpu_layers > 0 && !self.args.gpu_bf16_as_published {
+            Bf16Weights::WidenedToF32
+        } else {
+            Bf16Weights::AsPublished
+        };
+        Ok(LlamaCppBackend::load_with(&cfg, weights)?)
+    }
+
+    /// Cache-file tag of llama.cpp rollouts called `name`: the CPU keeps the
+    /// plain name; a GPU run adds its offload, weights and kernel variables,
+    /// so settings never read each other's rollouts.
+    fn tag(&self, name: &str) -> String {
+        if self.args.gpu_layers == 0 {
+            return name.to_owned();
+        }
+        let mut t = format!("{name}-gpu{}", self.args.gpu_layers);
+        if self.args.gpu_bf16_as_published {
+            t.push_str("-bf16");
+        }
+        for kv in kernel_env() {
+            t.push('-');
+            t.extend(kv.chars().map(|c| if c.is_ascii_alphanumeric() || c == '=' { c } else { '_' }));
+        }
+        t
+    }
+
+    /// What generated the llama.cpp column, for the report's heading.
+    fn llama_label(&self) -> String {
+        if self.args.gpu_layers == 0 {
+            return "llama.cpp CPU (BF16)".to_owned();
+        }
+        let weights = if self.args.gpu_bf16_as_published { "BF16 as published" } else { "BF16 widened to F32" };
+        let env = kernel_env();
+        let env = if env.is_empty() { "llama.cpp defaults".to_owned() } else { env.join(" ") };
+        format!("llama.cpp GPU ({} layers offloaded, {weights}, {env})", self.args.gpu_layers)
+    }
+
     fn gen_opts(&self) -> GenerateOptions {
         GenerateOptions {
             first_task: 0,
@@ -227,10 +301,8 @@ impl Run {
     /// cache are read, not regenerated: the cache grows one group at a time,
     /// so an interrupted or extended run resumes where it stopped).
     fn generate_cached(&self, model: &Path, name: &str, tasks: usize) -> Result<(Vec<RolloutRecord>, Generated)> {
-        let threads = self.threads;
-        self.generate_cached_with(model, name, tasks, &|m: &Path| {
-            Ok(Box::new(LlamaCppBackend::load(&LlamaConfig { model: m.to_owned(), threads, gpu_layers: 0 })?))
-        })
+        let tag = self.tag(name);
+        self.generate_cached_with(model, &tag, tasks, &|m: &Path| Ok(Box::new(self.llama(m)?)))
     }
 
     /// [`Self::generate_cached`] with the backend `load` makes.
@@ -356,7 +428,7 @@ impl Run {
                 // with the honest model by teacher forcing.
                 let q = self.derived("q4_0", |p| Ok(quantize(&a.model, p, FileType::Q4_0, threads)?))?;
                 let recs = make(&q, "q4_0")?;
-                let backend = LlamaCppBackend::load(&LlamaConfig { model: a.model.clone(), threads, gpu_layers: 0 })?;
+                let backend = self.llama(&a.model)?;
                 let key = SketchKey::derive(&self.window.secrets.seed, backend.hidden_size());
                 recs.into_iter()
                     .map(|mut r| {
@@ -783,8 +855,7 @@ fn report_cheater(name: &str, figs: &[Figures]) {
 /// schedule) with the reference: relative L2 of the hidden state and the
 /// largest logit difference.
 fn diagnose(run: &Run, model: &ReferenceModel, rec: &RolloutRecord) -> Result<()> {
-    let backend =
-        LlamaCppBackend::load(&LlamaConfig { model: run.args.model.clone(), threads: run.threads, gpu_layers: 0 })?;
+    let backend = run.llama(&run.args.model)?;
     let mut rows = Vec::new();
     backend.forward_each(&rec.tokens, |_, h, l| {
         rows.push((h.to_vec(), l.to_vec()));

@@ -10,9 +10,15 @@
 //! entropy, clip fractions, kept/dropped groups, delta size), which the
 //! trainer sends after each publication ([`receive_trainer_stats`], stored per
 //! publication window, also served at `GET /api/training`).
+//!
+//! The status and the miners' list are snapshots at most [`SNAPSHOT_MS`]
+//! old, shared by every request: a dashboard tab (or anyone who can reach the
+//! listener) costs the coordinator at most one computation a second, and a
+//! computation reads only the verdicts of the windows shown and the rollouts
+//! stored since the last one.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 use tributary_protocol::identity::PublicKey;
@@ -60,7 +66,7 @@ pub struct Status {
     pub miners: Vec<MinerRow>,
     /// Rollouts refused at the door, by reason (every miner and anonymous peers).
     pub door_refusals: BTreeMap<String, u64>,
-    /// Validators' verdicts over every window.
+    /// Validators' verdicts over the recent windows (those of `windows`).
     pub verdicts: VerdictTotals,
     /// Recent windows, oldest first.
     pub windows: Vec<WindowRow>,
@@ -277,40 +283,172 @@ pub struct WindowRow {
     pub verdicts: VerdictTotals,
 }
 
-/// Per-window summaries of closed windows (immutable once closed), so each
-/// stored rollout is read back once.
+/// How long an answer of the dashboard is served again before it is
+/// recomputed: however many requests arrive, the database and the core's
+/// lock are visited at most once per this many milliseconds per answer.
+pub const SNAPSHOT_MS: u64 = 1_000;
+
+/// One window's stored rollouts as read so far (in arrival order).
 #[derive(Debug, Default)]
-pub struct History {
-    closed: Mutex<BTreeMap<WindowId, WindowRow>>,
+struct WindowSums {
+    /// The next arrival number to read.
+    next: u64,
+    row: WindowRow,
+    reward: f64,
+    solved: u64,
+    tokens: u64,
 }
 
-fn window_rollouts(shared: &Shared, window: WindowId) -> Result<WindowRow, StoreError> {
-    let mut row = WindowRow { window, ..WindowRow::default() };
-    let (mut reward, mut solved, mut tokens) = (0.0f64, 0u64, 0u64);
-    let mut after = None;
+/// What the dashboard keeps between requests: each recent window's running
+/// sums (every stored rollout is decoded once, when it is new) and the
+/// latest answers, served for [`SNAPSHOT_MS`].
+#[derive(Debug, Default)]
+pub struct History {
+    windows: Mutex<BTreeMap<WindowId, WindowSums>>,
+    status: Mutex<Option<(u64, Arc<Status>)>>,
+    miners: Mutex<Option<(u64, Arc<Miners>)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The snapshot in `slot` if it was made less than [`SNAPSHOT_MS`] before
+/// `now_ms`, else a new one from `make` (concurrent callers wait for it).
+fn snapshot<T, E>(
+    slot: &Mutex<Option<(u64, Arc<T>)>>,
+    now_ms: u64,
+    make: impl FnOnce() -> Result<T, E>,
+) -> Result<Arc<T>, E> {
+    let mut slot = lock(slot);
+    if let Some((at, v)) = slot.as_ref()
+        && (*at..at.saturating_add(SNAPSHOT_MS)).contains(&now_ms)
+    {
+        return Ok(v.clone());
+    }
+    let v = Arc::new(make()?);
+    *slot = Some((now_ms, v.clone()));
+    Ok(v)
+}
+
+impl History {
+    /// The status at `now_ms`: the snapshot of the last second, or a new one
+    /// (reads the database: call off the async threads).
+    pub fn status(&self, shared: &Shared, now_ms: u64) -> Result<Arc<Status>, StoreError> {
+        snapshot(&self.status, now_ms, || status(shared, self, now_ms))
+    }
+
+    /// Every miner and synced peer (`GET /api/miners`): the snapshot of the
+    /// last second, or a new one (the core is locked only to copy the
+    /// counts; the rows are built after).
+    pub fn miners(&self, shared: &Shared, now_ms: u64) -> Arc<Miners> {
+        match snapshot(&self.miners, now_ms, || Ok::<_, std::convert::Infallible>(miners(shared, now_ms))) {
+            Ok(m) => m,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Brings the rows of windows `first..=last` up to date with the store
+    /// (reading only the rollouts stored since the last call) and forgets older ones.
+    fn window_rows(&self, shared: &Shared, first: WindowId, last: WindowId) -> Result<Vec<WindowRow>, StoreError> {
+        let mut windows = lock(&self.windows);
+        windows.retain(|w, _| *w >= first);
+        let mut rows = Vec::new();
+        for window in first..=last {
+            let sums = windows.entry(window).or_default();
+            sums.row.window = window;
+            read_new_rollouts(shared, window, sums)?;
+            rows.push(sums.row.clone());
+        }
+        Ok(rows)
+    }
+}
+
+fn read_new_rollouts(shared: &Shared, window: WindowId, sums: &mut WindowSums) -> Result<(), StoreError> {
     loop {
-        let (items, next) = shared.store.rollouts(window, None, after, 256)?;
-        for bytes in &items {
+        let (items, more) = shared.store.rollouts_since(window, sums.next, crate::store::PAGE_BYTES)?;
+        for (seq, bytes) in &items {
+            sums.next = seq + 1;
             // Stored rollouts passed the door checks; one that no longer decodes is skipped.
             let Ok(r) = Rollout::decode(bytes, &RolloutLimits::DEFAULT) else { continue };
-            row.rollouts += 1;
-            *row.by_miner.entry(PublicKey(r.miner).to_string()).or_default() += 1;
-            reward += f64::from(r.reward);
-            solved += u64::from(r.reward > 0.0);
-            tokens += r.completion().len() as u64;
+            sums.row.rollouts += 1;
+            *sums.row.by_miner.entry(PublicKey(r.miner).to_string()).or_default() += 1;
+            sums.reward += f64::from(r.reward);
+            sums.solved += u64::from(r.reward > 0.0);
+            sums.tokens += r.completion().len() as u64;
         }
-        match next {
-            Some(n) => after = Some(n),
-            None => break,
+        if !more {
+            break;
         }
     }
+    let row = &mut sums.row;
     if row.rollouts > 0 {
         let n = row.rollouts as f64;
-        row.mean_reward = Some(reward / n);
-        row.solved = Some(solved as f64 / n);
-        row.mean_completion_tokens = Some(tokens as f64 / n);
+        row.mean_reward = Some(sums.reward / n);
+        row.solved = Some(sums.solved as f64 / n);
+        row.mean_completion_tokens = Some(sums.tokens as f64 / n);
     }
-    Ok(row)
+    Ok(())
+}
+
+/// One miner (`GET /api/miners`).
+#[derive(Debug, Clone, Serialize)]
+pub struct MinerJson {
+    /// Rollouts acknowledged (ever).
+    pub accepted: u64,
+    /// Refusals by reason.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Banned in the current window.
+    pub banned: bool,
+    /// Banned through this window, if ever.
+    pub banned_through: Option<u64>,
+    /// Checkpoint of the miner's last accepted rollout (hex).
+    pub checkpoint: Option<String>,
+    /// Checkpoint the miner last said it holds (hex).
+    pub synced: Option<String>,
+}
+
+/// Miner key (hex) → its row.
+pub type Miners = BTreeMap<String, MinerJson>;
+
+fn miners(shared: &Shared, now_ms: u64) -> Miners {
+    let peers = shared.relay.peers();
+    // Copied under the lock, turned into rows after.
+    let (stats, banned) = {
+        let core = shared.core();
+        let w = core.current_window(now_ms).unwrap_or(0);
+        let stats: Vec<_> = core.miners().iter().map(|(k, m)| (*k, m.clone())).collect();
+        let banned: HashSet<PublicKey> =
+            stats.iter().map(|(k, _)| k).chain(peers.keys()).filter(|k| core.is_banned(k, w)).copied().collect();
+        (stats, banned)
+    };
+    let mut out: Miners = stats
+        .into_iter()
+        .map(|(k, m)| {
+            let p = peers.get(&k).copied().unwrap_or_default();
+            let row = MinerJson {
+                accepted: m.accepted,
+                rejected: m.rejected,
+                banned: banned.contains(&k),
+                banned_through: m.banned_through,
+                checkpoint: p.generating.map(|c| c.to_string()),
+                synced: p.holds.map(|c| c.to_string()),
+            };
+            (k.to_string(), row)
+        })
+        .collect();
+    // Peers that synced a checkpoint but have no rollout yet.
+    for (k, p) in peers {
+        out.entry(k.to_string()).or_insert_with(|| MinerJson {
+            accepted: 0,
+            rejected: BTreeMap::new(),
+            banned: banned.contains(&k),
+            banned_through: None,
+            checkpoint: p.generating.map(|c| c.to_string()),
+            synced: p.holds.map(|c| c.to_string()),
+        });
+    }
+    out
 }
 
 /// Computes the status at `now_ms` (reads the database: call off the async threads).
@@ -323,41 +461,28 @@ pub fn status(shared: &Shared, history: &History, now_ms: u64) -> Result<Status,
     };
     let w = current.unwrap_or(0);
     let first = w.saturating_sub(HISTORY_WINDOWS - 1);
-    // Window rows: closed ones from the cache, open ones read fresh.
-    let mut windows = Vec::new();
-    for win in first..=w {
-        if current.is_none() {
-            break;
-        }
-        let closed = schedule.closes_at(win) <= now_ms;
-        let cached =
-            closed.then(|| history.closed.lock().unwrap_or_else(|p| p.into_inner()).get(&win).cloned()).flatten();
-        let row = match cached {
-            Some(r) => r,
-            None => {
-                let mut r = window_rollouts(shared, win)?;
-                r.closed = closed;
-                if closed {
-                    history.closed.lock().unwrap_or_else(|p| p.into_inner()).insert(win, r.clone());
-                }
-                r
-            }
-        };
-        windows.push(row);
+    let mut windows = match current {
+        Some(_) => history.window_rows(shared, first, w)?,
+        None => Vec::new(),
+    };
+    for row in &mut windows {
+        row.closed = schedule.closes_at(row.window) <= now_ms;
     }
+    // The verdicts of the windows shown, not every verdict ever.
     let mut verdicts = VerdictTotals::default();
     let mut per_miner: BTreeMap<PublicKey, (u64, u64)> = BTreeMap::new();
-    for v in shared.store.verdicts()? {
+    for v in shared.store.verdicts_from(first)? {
         let b = &v.body;
-        verdicts.add(b);
-        if b.window >= first {
-            if let Some(row) = windows.iter_mut().find(|r| r.window == b.window) {
-                row.verdicts.add(b);
-            }
-            let e = per_miner.entry(b.miner).or_default();
-            e.0 += u64::from(b.valid);
-            e.1 += u64::from(b.checked);
+        if b.window > w {
+            continue;
         }
+        verdicts.add(b);
+        if let Some(row) = windows.iter_mut().find(|r| r.window == b.window) {
+            row.verdicts.add(b);
+        }
+        let e = per_miner.entry(b.miner).or_default();
+        e.0 += u64::from(b.valid);
+        e.1 += u64::from(b.checked);
     }
     let signed = crate::weights::latest(shared)?;
     let training = training(shared, first, w.saturating_add(1))?;

@@ -8,7 +8,9 @@
 //! relayed checkpoint with its full and delta sizes), `/api/validators`
 //! (each validator, flagged or not, with the refutations of its evidence), `/api/status`
 //! (everything the live status page shows, see [`crate::dashboard`]) and the
-//! status page itself at `/`.
+//! status page itself at `/`. `/api/status` and `/api/miners` answer from a
+//! snapshot at most [`crate::dashboard::SNAPSHOT_MS`] old, so any number of
+//! requests reads the database and locks the core at most once a second.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -74,52 +76,11 @@ async fn metrics_page(State(s): State<AppState>) -> String {
     s.prom.map(|p| p.render()).unwrap_or_default()
 }
 
-#[derive(serde::Serialize)]
-struct MinerJson {
-    accepted: u64,
-    rejected: BTreeMap<&'static str, u64>,
-    banned: bool,
-    banned_through: Option<u64>,
-    /// Checkpoint of the miner's last accepted rollout (hex).
-    checkpoint: Option<String>,
-    /// Checkpoint the miner last said it holds (hex).
-    synced: Option<String>,
-}
-
-async fn miners(State(s): State<AppState>) -> Json<BTreeMap<String, MinerJson>> {
-    let peers = s.shared.relay.peers();
-    let core = s.shared.core();
-    let w = core.current_window(now_ms()).unwrap_or(0);
-    let mut out: BTreeMap<String, MinerJson> = core
-        .miners()
-        .iter()
-        .map(|(k, m)| {
-            let p = peers.get(k).copied().unwrap_or_default();
-            (
-                k.to_string(),
-                MinerJson {
-                    accepted: m.accepted,
-                    rejected: m.rejected.clone(),
-                    banned: core.is_banned(k, w),
-                    banned_through: m.banned_through,
-                    checkpoint: p.generating.map(|c| c.to_string()),
-                    synced: p.holds.map(|c| c.to_string()),
-                },
-            )
-        })
-        .collect();
-    // Peers that synced a checkpoint but have no rollout yet.
-    for (k, p) in peers {
-        out.entry(k.to_string()).or_insert_with(|| MinerJson {
-            accepted: 0,
-            rejected: BTreeMap::new(),
-            banned: core.is_banned(&k, w),
-            banned_through: None,
-            checkpoint: p.generating.map(|c| c.to_string()),
-            synced: p.holds.map(|c| c.to_string()),
-        });
-    }
-    Json(out)
+/// Every miner and synced peer, from a snapshot at most a second old
+/// ([`crate::dashboard::History::miners`]), built off the async threads.
+async fn miners(State(s): State<AppState>) -> Result<Json<crate::dashboard::Miners>, HttpError> {
+    let m = blocking(move || Ok(s.history.miners(&s.shared, now_ms()))).await?;
+    Ok(Json((*m).clone()))
 }
 
 /// Each authorised validator (and any flagged key): whether it is flagged
@@ -214,13 +175,7 @@ async fn status() -> Html<&'static str> {
     Html(crate::dashboard::PAGE)
 }
 
-async fn api_status(
-    State(s): State<AppState>,
-) -> Result<Json<crate::dashboard::Status>, (axum::http::StatusCode, String)> {
-    let internal = |e: String| (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e);
-    tokio::task::spawn_blocking(move || crate::dashboard::status(&s.shared, &s.history, now_ms()))
-        .await
-        .map_err(|e| internal(e.to_string()))?
-        .map(Json)
-        .map_err(|e| internal(e.to_string()))
+async fn api_status(State(s): State<AppState>) -> Result<Json<crate::dashboard::Status>, HttpError> {
+    let status = blocking(move || s.history.status(&s.shared, now_ms())).await?;
+    Ok(Json((*status).clone()))
 }

@@ -5,6 +5,7 @@
 //! survives a `kill -9`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 use tributary_protocol::checkpoint::ContentId;
@@ -74,6 +75,8 @@ impl From<redb::Error> for StoreError {
 
 /// A page of rollouts: their bytes, and the digest to resume after if more follow.
 pub type Page = (Vec<Vec<u8>>, Option<[u8; 32]>);
+/// Rollouts in arrival order: (arrival number, bytes) pairs, and whether more follow.
+pub type ArrivalPage = (Vec<(u64, Vec<u8>)>, bool);
 db_from!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError);
 
 /// What the index keeps of a stored rollout (enough to rebuild the core).
@@ -223,6 +226,8 @@ fn migrate(tx: &redb::WriteTransaction) -> Result<(), StoreError> {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    /// Rollout bodies and verdicts read out since open ([`Store::rows_read`]).
+    reads: AtomicU64,
 }
 
 impl Store {
@@ -247,7 +252,17 @@ impl Store {
             migrate(&tx)?;
         }
         tx.commit()?;
-        Ok(Self { db, path: path.to_path_buf() })
+        Ok(Self { db, path: path.to_path_buf(), reads: AtomicU64::new(0) })
+    }
+
+    /// Rollout bodies and verdicts read out of the database since it was
+    /// opened: what a reader such as the dashboard costs, in rows.
+    pub fn rows_read(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    fn count_reads(&self, n: usize) {
+        self.reads.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Bytes free for this process on the database's file system (`None` if unknown).
@@ -442,9 +457,38 @@ impl Store {
             }
             total += len;
             items.push(bytes.value().to_vec());
+            self.count_reads(1);
             last = Some(split_key(k.value())?.1);
         }
         Ok((items, None))
+    }
+
+    /// A window's stored rollouts in arrival order from arrival number
+    /// `from`: (arrival number, bytes) pairs, at most `max_bytes` of them
+    /// (at least one), and whether more follow. A reader that keeps the last
+    /// number reads each rollout once.
+    pub fn rollouts_since(
+        &self,
+        window: WindowId,
+        from: u64,
+        max_bytes: usize,
+    ) -> Result<ArrivalPage, StoreError> {
+        let tx = self.db.begin_read()?;
+        let bodies = tx.open_table(BODIES)?;
+        let mut items = Vec::new();
+        let mut total = 0usize;
+        for item in bodies.range((window, from)..=(window, u64::MAX))? {
+            let (k, v) = item?;
+            let len = v.value().len();
+            if !items.is_empty() && total + len > max_bytes {
+                self.count_reads(items.len());
+                return Ok((items, true));
+            }
+            total += len;
+            items.push((k.value().1, v.value().to_vec()));
+        }
+        self.count_reads(items.len());
+        Ok((items, false))
     }
 
     /// Deletes the rollouts of every window before `before` (bodies, index
@@ -502,6 +546,20 @@ impl Store {
             let (_, v) = item?;
             out.push(postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("verdict"))?);
         }
+        self.count_reads(out.len());
+        Ok(out)
+    }
+
+    /// The stored verdicts on windows `from` and later.
+    pub fn verdicts_from(&self, from: WindowId) -> Result<Vec<Verdict>, StoreError> {
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(VERDICTS)?;
+        let mut out = Vec::new();
+        for item in t.range(from.to_be_bytes().as_slice()..)? {
+            let (_, v) = item?;
+            out.push(postcard::from_bytes(v.value()).map_err(|_| StoreError::Corrupt("verdict"))?);
+        }
+        self.count_reads(out.len());
         Ok(out)
     }
 

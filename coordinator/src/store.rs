@@ -57,6 +57,105 @@ pub enum StoreError {
     /// A stored value did not decode (corruption or a version mismatch).
     #[error("corrupt stored value in {0}")]
     Corrupt(&'static str),
+    /// The database was written in a format this build does not read.
+    #[error(
+        "{} was written {found}; this build reads store format {FORMAT_VERSION}. Run the build that wrote it, \
+         or move the data folder aside and start a new network (a new master secret, coordinator key and \
+         certificate: miners, validators and the trainer must pin the new ones)",
+        path.display()
+    )]
+    Format {
+        /// The database file.
+        path: PathBuf,
+        /// What it holds.
+        found: Found,
+    },
+}
+
+/// The store format this build writes and reads, recorded in `meta` when a
+/// database is created. Raise it with any change to a table's layout or to
+/// the encoding of a stored value that older records would not decode under.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The meta key of [`FORMAT_VERSION`] (u32 LE).
+pub const FORMAT_KEY: &str = "format_version";
+
+/// What an unreadable database holds ([`StoreError::Format`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// Another format version (a newer build's, or an older one's).
+    Version(u32),
+    /// No format version, and records of this table that do not decode as
+    /// this build writes them (a build from before format versions).
+    Unreadable(String),
+}
+
+impl std::fmt::Display for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Found::Version(v) if *v > FORMAT_VERSION => write!(f, "by a newer build (store format {v})"),
+            Found::Version(v) => write!(f, "by an older build (store format {v})"),
+            Found::Unreadable(t) => {
+                write!(f, "by a build from before store format versions (its `{t}` records do not decode)")
+            }
+        }
+    }
+}
+
+/// Opens (creating) a table; a table of another key or value type is a
+/// database of another format.
+fn create_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    tx: &redb::WriteTransaction,
+    t: TableDefinition<'_, K, V>,
+    path: &Path,
+) -> Result<(), StoreError> {
+    match tx.open_table(t) {
+        Ok(_) => Ok(()),
+        Err(redb::TableError::TableTypeMismatch { .. }) => {
+            Err(StoreError::Format { path: path.to_path_buf(), found: Found::Unreadable(t.name().into()) })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The first and last values of a table.
+fn ends<K: redb::Key + 'static>(t: &redb::Table<'_, K, &'static [u8]>) -> Result<Vec<Vec<u8>>, StoreError> {
+    let mut out = Vec::new();
+    if let Some((_, v)) = t.first()? {
+        out.push(v.value().to_vec());
+    }
+    if let Some((_, v)) = t.last()? {
+        out.push(v.value().to_vec());
+    }
+    Ok(out)
+}
+
+fn all_decode<T: serde::de::DeserializeOwned>(values: &[Vec<u8>]) -> bool {
+    values.iter().all(|v| postcard::from_bytes::<T>(v).is_ok())
+}
+
+/// The first table of an unversioned database whose first or last record
+/// does not decode as this build writes it (`None`: they all do).
+fn undecodable(tx: &redb::WriteTransaction) -> Result<Option<&'static str>, StoreError> {
+    if !all_decode::<IndexEntry>(&ends(&tx.open_table(ENTRIES)?)?) {
+        return Ok(Some("rollout_entries"));
+    }
+    if !all_decode::<Verdict>(&ends(&tx.open_table(VERDICTS)?)?) {
+        return Ok(Some("verdicts"));
+    }
+    if !all_decode::<PublishCheckpoint>(&ends(&tx.open_table(CHECKPOINTS)?)?) {
+        return Ok(Some("checkpoints"));
+    }
+    if !all_decode::<relay::Entry>(&ends(&tx.open_table(RELAY)?)?) {
+        return Ok(Some("relay_entries"));
+    }
+    if !all_decode::<WeightsDoc>(&ends(&tx.open_table(WEIGHTS)?)?) {
+        return Ok(Some("weights_documents"));
+    }
+    if !all_decode::<TrainerStats>(&ends(&tx.open_table(TRAINER_STATS)?)?) {
+        return Ok(Some("trainer_stats"));
+    }
+    Ok(None)
 }
 
 macro_rules! db_from {
@@ -231,25 +330,56 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the database file and its tables.
+    /// Opens (or creates) the database file and its tables. A new file gets
+    /// [`FORMAT_VERSION`]; an existing one must carry it. A file from before
+    /// format versions is taken (and stamped) only if its records decode
+    /// as this build writes them; otherwise, or with another version, the
+    /// answer is [`StoreError::Format`], which says what to do.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let db = Database::create(path)?;
         let tx = db.begin_write()?;
-        {
-            tx.open_table(META)?;
-            tx.open_table(BODIES)?;
-            tx.open_table(ENTRIES)?;
-            tx.open_table(DIGESTS)?;
-            tx.open_table(INDEXED)?;
-            tx.open_table(VERDICTS)?;
-            tx.open_table(CHECKPOINTS)?;
-            tx.open_table(RELAY)?;
-            tx.open_table(WEIGHTS)?;
-            tx.open_table(TRAINER_STATS)?;
+        let fresh = tx.list_tables()?.next().is_none();
+        let format = |found: Found| StoreError::Format { path: path.to_path_buf(), found };
+        if !fresh {
+            let stored = match tx.open_table(META) {
+                Ok(meta) => meta.get(FORMAT_KEY)?.map(|v| v.value().to_vec()),
+                Err(redb::TableError::TableTypeMismatch { .. }) => {
+                    return Err(format(Found::Unreadable("meta".into())));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match stored.map(|v| <[u8; 4]>::try_from(v.as_slice()).map(u32::from_le_bytes)) {
+                Some(Ok(FORMAT_VERSION)) | None => {}
+                Some(Ok(v)) => return Err(format(Found::Version(v))),
+                Some(Err(_)) => return Err(format(Found::Unreadable("meta".into()))),
+            }
         }
+        create_table(&tx, META, path)?;
+        create_table(&tx, BODIES, path)?;
+        create_table(&tx, ENTRIES, path)?;
+        create_table(&tx, DIGESTS, path)?;
+        create_table(&tx, INDEXED, path)?;
+        create_table(&tx, VERDICTS, path)?;
+        create_table(&tx, CHECKPOINTS, path)?;
+        create_table(&tx, RELAY, path)?;
+        create_table(&tx, WEIGHTS, path)?;
+        create_table(&tx, TRAINER_STATS, path)?;
         let legacy = tx.list_tables()?.any(|t| t.name() == LEGACY_INDEX.name());
         if legacy {
             migrate(&tx)?;
+        }
+        let versioned = tx.open_table(META)?.get(FORMAT_KEY)?.is_some();
+        if !versioned {
+            if !fresh {
+                if let Some(table) = undecodable(&tx)? {
+                    return Err(format(Found::Unreadable(table.into())));
+                }
+                tracing::info!(
+                    version = FORMAT_VERSION,
+                    "store from before format versions: its records decode, stamped"
+                );
+            }
+            tx.open_table(META)?.insert(FORMAT_KEY, FORMAT_VERSION.to_le_bytes().as_slice())?;
         }
         tx.commit()?;
         Ok(Self { db, path: path.to_path_buf(), reads: AtomicU64::new(0) })
@@ -467,12 +597,7 @@ impl Store {
     /// `from`: (arrival number, bytes) pairs, at most `max_bytes` of them
     /// (at least one), and whether more follow. A reader that keeps the last
     /// number reads each rollout once.
-    pub fn rollouts_since(
-        &self,
-        window: WindowId,
-        from: u64,
-        max_bytes: usize,
-    ) -> Result<ArrivalPage, StoreError> {
+    pub fn rollouts_since(&self, window: WindowId, from: u64, max_bytes: usize) -> Result<ArrivalPage, StoreError> {
         let tx = self.db.begin_read()?;
         let bodies = tx.open_table(BODIES)?;
         let mut items = Vec::new();

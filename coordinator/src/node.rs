@@ -222,17 +222,36 @@ fn keys(list: &[String]) -> anyhow::Result<HashSet<PublicKey>> {
     list.iter().map(|s| Ok(s.parse::<PublicKey>()?)).collect()
 }
 
-/// Refuses a configuration that authorises a `--dev` role key (their
-/// secrets are public: anyone could post verdicts or publish checkpoints).
-/// Called for every start without `--dev`, and by `check-config`.
-pub fn refuse_dev_keys(cfg: &Config) -> anyhow::Result<()> {
-    for role in [Role::Validator, Role::Trainer] {
-        let dev = tributary_protocol::dev::key(role).public().to_string();
-        if cfg.validators.iter().chain(&cfg.trainer).any(|k| k.trim().eq_ignore_ascii_case(&dev)) {
-            anyhow::bail!(
-                "the {} key {dev} is the public --dev key; configure a key of your own (`coordinator keygen`)",
-                role.as_str()
-            );
+/// A configuration the coordinator refuses to start with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A `--dev` role key is authorised outside `--dev`.
+    #[error(
+        "the configured {} key {key} is a public --dev key (its secret is in the source): anyone could sign as \
+         it. Configure a key of your own (`coordinator keygen --out FILE`), or run a test network with --dev",
+        role.as_str()
+    )]
+    DevKey {
+        /// The role it is authorised as.
+        role: Role,
+        /// The key.
+        key: PublicKey,
+    },
+}
+
+/// Refuses a configuration that authorises a `--dev` role key as validator
+/// or trainer (their secrets are public: anyone could post verdicts or
+/// publish checkpoints). Called for every start without `--dev`, and by
+/// `check-config`. Keys are compared parsed, so no spelling of one passes.
+pub fn refuse_dev_keys(cfg: &Config) -> Result<(), ConfigError> {
+    let configured =
+        [(Role::Validator, cfg.validators.iter().collect::<Vec<_>>()), (Role::Trainer, cfg.trainer.iter().collect())];
+    for (role, list) in configured {
+        for k in list {
+            let Ok(key) = k.trim().parse::<PublicKey>() else { continue };
+            if [Role::Validator, Role::Trainer].iter().any(|r| tributary_protocol::dev::key(*r).public() == key) {
+                return Err(ConfigError::DevKey { role, key });
+            }
         }
     }
     Ok(())

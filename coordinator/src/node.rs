@@ -129,6 +129,12 @@ pub struct Config {
     /// genesis checkpoint and every checkpoint the open window or the one
     /// being verified uses are kept whatever this says. Default 16.
     pub keep_checkpoints: u64,
+    /// Object store for closed windows' rollouts ([`crate::archive`]): a
+    /// folder (relative to `data_dir`), `file:///ABSOLUTE/PATH`, or
+    /// `s3://BUCKET/PREFIX` (a coordinator built with the `s3` feature; the
+    /// endpoint, region and credentials from `AWS_*` variables). With one,
+    /// `keep_windows` deletes only windows already archived. Default: none.
+    pub archive: Option<String>,
 }
 
 impl Default for Config {
@@ -176,6 +182,7 @@ impl Default for Config {
             keep_windows: l.keep_windows,
             min_free_mib: l.min_free_mib,
             keep_checkpoints: 16,
+            archive: None,
         }
     }
 }
@@ -283,6 +290,33 @@ fn read_or_create(path: &Path, make: impl FnOnce() -> anyhow::Result<Vec<u8>>) -
     let v = make()?;
     std::fs::write(path, &v)?;
     Ok(v)
+}
+
+/// The archive `url` names; a plain relative path is relative to `data_dir`.
+fn open_archive(data_dir: &Path, url: &str) -> anyhow::Result<crate::archive::Archive> {
+    let relative = !url.contains("://") && Path::new(url).is_relative();
+    let url = if relative { data_dir.join(url).to_string_lossy().into_owned() } else { url.to_owned() };
+    let archive = crate::archive::Archive::open(&url)?;
+    tracing::info!(store = archive.url(), "closed windows are archived to the object store");
+    Ok(archive)
+}
+
+/// Archives closed windows ([`crate::archive::archive_closed_windows`]) now
+/// and every 5 seconds while the coordinator runs; from now on retention
+/// waits for the archive.
+fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
+    shared.set_archiving();
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        loop {
+            let Some(sh) = weak.upgrade() else { break };
+            if let Err(e) = crate::archive::archive_closed_windows(&sh, &archive, server::now_ms()).await {
+                tracing::error!(error = %e, store = archive.url(), "archiving a closed window failed (retried)");
+            }
+            drop(sh);
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        }
+    });
 }
 
 /// Applies the checkpoint retention ([`crate::relay::apply_retention`])
@@ -473,13 +507,15 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         entries.push(e);
     }
     let relay = Arc::new(Relay::open(&relay_dir(&cfg.data_dir), entries)?);
-    for (_, ann) in store.checkpoints()? {
     let orphans = relay.remove_orphans()?;
     if orphans > 0 {
         tracing::warn!(files = orphans, "relay files no checkpoint record names were deleted");
     }
     // Only the checkpoints still relayed: a deleted one's announcement is never sent.
-        relay.set_announcement(ann);
+    for (_, ann) in store.checkpoints()? {
+        if relay.entry(&ann.body.id).is_some() {
+            relay.set_announcement(ann);
+        }
     }
     if let Some(ann) = genesis_announcement(cfg, &store, &relay, &key, genesis)? {
         relay.set_announcement(ann);
@@ -490,7 +526,9 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;
     let http = crate::http::start(cfg.http, shared.clone()).await?;
     crate::weights::spawn_signer(&shared);
+    spawn_checkpoint_retention(&shared, cfg.keep_checkpoints);
+    if let Some(url) = &cfg.archive {
+        spawn_archiver(&shared, open_archive(&cfg.data_dir, url)?);
+    }
     Ok(Node { quic: server.addr, http, fingerprint, server, shared })
 }
-    spawn_checkpoint_retention(&shared, cfg.keep_checkpoints);
-        reveal_ms: cfg.grace_ms.max(crate::core::MIN_REVEAL_MS),

@@ -216,6 +216,9 @@ pub struct Shared {
     warn: WarnThrottle,
     /// The model-free re-check of failures validators report ([`crate::bans`]).
     recheck: Option<crate::bans::Rechecker>,
+    /// Closed windows are archived to an object store ([`crate::archive`]):
+    /// retention deletes only windows already archived.
+    archiving: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -239,6 +242,12 @@ impl Shared {
     /// For tests and maintenance.
     pub fn hold_commits(&self) -> MutexGuard<'_, ()> {
         self.seal.lock()
+    }
+
+    /// From now on retention deletes only windows already archived
+    /// ([`crate::archive::archive_closed_windows`] runs).
+    pub fn set_archiving(&self) {
+        self.archiving.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The server's limits.
@@ -299,7 +308,19 @@ impl Shared {
         if keep == 0 || current <= keep {
             return 0;
         }
-        match self.store.prune_rollouts(current - keep) {
+        let mut before = current - keep;
+        if self.archiving.load(std::sync::atomic::Ordering::Relaxed) {
+            // Nothing leaves redb before it is in the object store.
+            match crate::archive::archived_upto(&self.store) {
+                Ok(Some(upto)) => before = before.min(upto),
+                Ok(None) => return 0,
+                Err(e) => {
+                    tracing::error!(error = %e, "retention: archive progress unreadable");
+                    return 0;
+                }
+            }
+        }
+        match self.store.prune_rollouts(before) {
             Ok(n) => {
                 if n > 0 {
                     tracing::info!(rollouts = n, before = current - keep, "old windows' rollouts deleted (retention)");
@@ -393,6 +414,7 @@ pub fn shared(
         ingest_budget: Arc::new(Semaphore::new((limits.ingest_inflight_mib.max(8) as usize) << 10)),
         warn: WarnThrottle::default(),
         recheck,
+        archiving: std::sync::atomic::AtomicBool::new(false),
     }))
 }
 

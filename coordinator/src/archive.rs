@@ -273,7 +273,8 @@ pub fn archived_upto(store: &crate::store::Store) -> Result<Option<WindowId>, cr
 /// Archives every window whose submissions have closed and that is not
 /// archived yet, oldest first, then records how far it got; returns the
 /// windows archived. The first run starts `keep_windows` before the current
-/// window (older windows may already be pruned). A failure stops the pass;
+/// window (older windows may already be pruned; 0 keeps all: window 0) and
+/// records that start. A failure stops the pass;
 /// the next one retries from the same window.
 pub async fn archive_closed_windows(
     sh: &std::sync::Arc<crate::server::Shared>,
@@ -284,7 +285,16 @@ pub async fn archive_closed_windows(
     let Some(current) = current else { return Ok(Vec::new()) };
     let store_err =
         |e: crate::store::StoreError| ArchiveError::Malformed { window: current, what: format!("store: {e}") };
-    let mut next = archived_upto(&sh.store).map_err(store_err)?.unwrap_or(current.saturating_sub(keep.max(1)));
+    let mut next = match archived_upto(&sh.store).map_err(store_err)? {
+        Some(upto) => upto,
+        None => {
+            // Where archiving starts, recorded at once so that later passes
+            // go on from it whatever the clock says then.
+            let start = if keep == 0 { 0 } else { current.saturating_sub(keep) };
+            sh.store.put_meta(ARCHIVED_UPTO, &start.to_le_bytes()).map_err(store_err)?;
+            start
+        }
+    };
     let mut done = Vec::new();
     while next < current && sh.core().closed(next, now_ms) {
         let window = next;

@@ -323,7 +323,7 @@ impl Shared {
         match self.store.prune_rollouts(before) {
             Ok(n) => {
                 if n > 0 {
-                    tracing::info!(rollouts = n, before = current - keep, "old windows' rollouts deleted (retention)");
+                    tracing::info!(rollouts = n, before, "old windows' rollouts deleted (retention)");
                 }
                 n
             }

@@ -481,6 +481,7 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         weight_exponent: cfg.weight_exponent,
         committee: cfg.committee,
         validator_budget: cfg.validator_budget,
+        reveal_ms: cfg.grace_ms.max(crate::core::MIN_REVEAL_MS),
     });
     let limits = Limits {
         connections_per_sec: cfg.connections_per_sec,

@@ -657,22 +657,13 @@ pub struct WindowReport {
     pub assigned: usize,
 }
 
-/// The absolute position a failure points at, when it names one.
+/// The absolute position a failure points at ([`Failure::position`]); a
+/// length or ending failure points at the last token.
 pub fn failure_position(r: &Rollout, f: &Failure) -> Option<usize> {
-    let completion = |i: usize| r.prompt_len as usize + i;
-    match *f {
-        Failure::TokenOutOfVocab { position, .. }
-        | Failure::SketchOutOfField { position, .. }
-        | Failure::SketchMismatch { position, .. }
-        | Failure::SampleOutside { position, .. } => Some(position),
-        Failure::BadLogprob { index, .. } => Some(completion(index)),
-        Failure::LogprobDeviation { worst_index, .. } => Some(completion(worst_index)),
-        Failure::PromptMismatch { first_diff, .. } => Some(first_diff),
-        Failure::TooLong { .. } | Failure::NoEos { .. } | Failure::LowEosProb { .. } => {
-            Some(r.tokens.len().saturating_sub(1))
-        }
-        _ => None,
-    }
+    f.position(r.prompt_len as usize).or_else(|| {
+        matches!(f, Failure::TooLong { .. } | Failure::NoEos { .. } | Failure::LowEosProb { .. })
+            .then(|| r.tokens.len().saturating_sub(1))
+    })
 }
 
 /// Logs a judged case's failures at `warn`: window, miner, rollout digest,

@@ -193,8 +193,16 @@ rows=()
 calibrate() {  # name, env, extra flags, gpu layers, cheaters
   local name="$1" kenv="$2" extra="$3" layers="$4" cheat="$5" log="$work/$1.txt"
   say "calibrating: $name (${kenv:-llama.cpp defaults}) -> $log"
+  local dev=("${visible[@]}")
+  if [ "$layers" = 0 ]; then
+    # With no layer offloaded, llama.cpp still runs ops of >= 32 rows (the
+    # miner's prefill micro-batches) on a GPU it sees ("op offload"), with
+    # that GPU's default kernels: measured on lavapipe, 0/2 honest rollouts
+    # accepted (docs/gpu-backends.md). The CPU column keeps them on the CPU.
+    dev=("GGML_OP_OFFLOAD_MIN_BATCH=1000000000")
+  fi
   # shellcheck disable=SC2086
-  env "${visible[@]}" $kenv "$bin/calibrate" "${common[@]}" --gpu-layers "$layers" --cheaters "$cheat" $extra \
+  env "${dev[@]}" $kenv "$bin/calibrate" "${common[@]}" --gpu-layers "$layers" --cheaters "$cheat" $extra \
     > "$log" 2>> "$runlog" || { say "calibrate $name failed (see $runlog)"; rows+=("| $name | failed | | | | | | |"); return 0; }
   rows+=("$(summarise "$name" "$log")")
 }

@@ -112,9 +112,14 @@ pub struct CoreConfig {
     pub access: Access,
     /// Windows a hard failure bans a miner for.
     pub ban_windows: u64,
-    /// The fewest soft failures in one verdict that count as a hard failure;
-    /// the binomial gate ([`SOFT_BAN_PROBABILITY`]) raises it for the number
-    /// of rollouts checked.
+    /// 0 (the default): soft failures are a statistic, they neither ban nor
+    /// lower a weight (docs/calibration.md §5b: the distribution check fails
+    /// 5–23 % of honest rollouts depending on the task, and proves nothing
+    /// the exact sampling check at every position does not). Above 0: the
+    /// fewest soft failures in one verdict that count as a hard failure, which
+    /// the binomial gate ([`SOFT_BAN_PROBABILITY`]) raises for the number of
+    /// rollouts checked, and soft failures beyond an honest miner's rate
+    /// lower the weight.
     pub soft_failure_threshold: u32,
     /// Windows the weights look back over (grail: 12).
     pub weight_windows: u64,
@@ -926,10 +931,16 @@ impl Core {
         self.claims_failure(v) && !self.tribunal.is_flagged(&v.validator) && self.confirmed(v.window, &v.miner)
     }
 
-    /// Whether a verdict says its miner failed: a hard failure, or soft
+    /// Whether a verdict says its miner failed: a hard failure, or (where
+    /// soft failures count, [`CoreConfig::soft_failure_threshold`] > 0) soft
     /// failures past the binomial gate.
     pub fn claims_failure(&self, v: &VerdictBody) -> bool {
-        v.hard_failure || v.soft_failures >= self.soft_ban_threshold(v.checked)
+        v.hard_failure || (self.soft_failures_count() && v.soft_failures >= self.soft_ban_threshold(v.checked))
+    }
+
+    /// Whether soft failures ban and weigh ([`CoreConfig::soft_failure_threshold`] > 0).
+    pub fn soft_failures_count(&self) -> bool {
+        self.cfg.soft_failure_threshold > 0
     }
 
     /// Whether `miner`'s failure in `window` is confirmed: by the
@@ -1166,7 +1177,11 @@ impl Core {
             .map(|(miner, t)| {
                 let c = t.checked as f64;
                 let tolerated = h * c + 2.0 * (h * (1.0 - h) * c).sqrt();
-                let q = if c > 0.0 { 1.0 - (t.soft as f64 - tolerated).max(0.0) / c } else { 0.0 };
+                let q = match (c > 0.0, self.soft_failures_count()) {
+                    (false, _) => 0.0,
+                    (true, false) => 1.0,
+                    (true, true) => 1.0 - (t.soft as f64 - tolerated).max(0.0) / c,
+                };
                 let score = t.asked as f64 * q.clamp(0.0, 1.0) + t.stand_in as f64;
                 (miner, score.powi(self.cfg.weight_exponent))
             })
@@ -1620,6 +1635,38 @@ mod tests {
         assert!(!core.is_banned(&d, 2), "one validator's soft failures wait for a second");
         core.record_verdict(closed, &by(101, soft), true).unwrap();
         assert!(core.is_banned(&d, 2));
+    }
+
+    /// The default (soft_failure_threshold 0): soft failures are a statistic.
+    /// An honest SAT miner fails the distribution check on 17-30 % of its
+    /// rollouts (docs/calibration.md §5b); with the binomial gate at the
+    /// calibrated arith rate, both committee members' verdicts of 24 soft
+    /// failures in 64 banned it (as `verdicts_bans_and_weights` shows for the
+    /// gate) and its weight fell with every soft failure.
+    #[test]
+    fn soft_failures_neither_ban_nor_weigh_by_default() {
+        let mut c = cfg_two_validators();
+        c.soft_failure_threshold = 0;
+        let mut core = Core::new(c);
+        let closed = at(2) + 200;
+        let (sat, twin) = (miner(5), miner(6));
+        for m in [sat, twin] {
+            store(&mut core, 1, m, 1);
+        }
+        let mut soft = verdict(1, sat, 40, false);
+        soft.checked = 64;
+        soft.soft_failures = 24;
+        core.record_verdict(closed, &soft, true).unwrap();
+        core.record_verdict(closed, &by(101, soft), true).unwrap();
+        let mut clean = verdict(1, twin, 64, false);
+        clean.checked = 64;
+        core.record_verdict(closed, &clean, true).unwrap();
+        core.record_verdict(closed, &by(101, clean), true).unwrap();
+        assert!(!core.is_banned(&sat, 2), "an honest SAT miner's soft failures banned it");
+        assert!(core.standing(1).contains(&(sat, MinerStanding::Passed)), "{:?}", core.standing(1));
+        let w = core.weights(1, miner(99));
+        let get = |k| w.weights.iter().find(|(m, _)| *m == k).map_or(0.0, |(_, x)| *x);
+        assert!(get(sat) > 0.0 && (get(sat) / get(twin) - 1.0).abs() < 1e-12, "{} vs {}", get(sat), get(twin));
     }
 
     #[test]

@@ -71,9 +71,11 @@ pub struct Config {
     pub miner_deny: Vec<String>,
     /// Windows a hard failure bans for. Default 14 (grail).
     pub ban_windows: u64,
-    /// The fewest soft failures in one verdict that ban. Default 3; the
-    /// binomial gate raises it so that an honest miner's chance of a soft
-    /// ban per verdict stays at most 1e-6 (e.g. 17 of 64 checked).
+    /// 0: soft failures (the distribution and coverage checks) are shown but
+    /// neither ban nor lower a weight. Above 0: the fewest soft failures in one
+    /// verdict that ban, raised by the binomial gate so that an honest miner's
+    /// chance of a soft ban per verdict stays at most 1e-6 at the calibrated
+    /// honest rate (e.g. 17 of 64 checked). Default 0 (docs/calibration.md §5b).
     pub soft_failure_threshold: u32,
     /// Windows the weights look back over. Default 12 (grail).
     pub weight_windows: u64,
@@ -159,7 +161,7 @@ impl Default for Config {
             miner_allow: None,
             miner_deny: vec![],
             ban_windows: 14,
-            soft_failure_threshold: 3,
+            soft_failure_threshold: 0,
             weight_windows: 12,
             unique_cap_per_window: 5000,
             weight_exponent: 4,

@@ -519,7 +519,7 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
             if mr.body.hard_failure {
                 mr.body.estimated_valid = 0;
             }
-            if mr.body.hard_failure || mr.body.soft_failures > 0 {
+            if mr.body.hard_failure {
                 tracing::warn!(
                     window,
                     miner = %mr.body.miner,
@@ -529,7 +529,18 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
                     soft_failures = mr.body.soft_failures,
                     failed = ?mr.failed,
                     reasons = ?mr.body.reasons,
-                    "verdict penalises the miner"
+                    "verdict fails the miner (a hard failure)"
+                );
+            } else if mr.body.soft_failures > 0 {
+                // What the coordinator does with soft failures is its setting
+                // (`soft_failure_threshold`; by default nothing).
+                tracing::info!(
+                    window,
+                    miner = %mr.body.miner,
+                    checked = mr.body.checked,
+                    soft_failures = mr.body.soft_failures,
+                    reasons = ?mr.body.reasons,
+                    "verdict with soft failures only"
                 );
             }
         }

@@ -82,14 +82,22 @@ pub fn llama_backend() -> Result<&'static LlamaBackend, BackendError> {
 /// llama.cpp (`vendor/README.md`) hands an F32 cache in host memory to the CPU
 /// flash-attention kernel as F32, which then runs an exact f32 online softmax
 /// and skips masked cells. With layers offloaded to a GPU, whose kernels would
-/// round K and V to f16, flash attention stays off.
+/// round K and V to f16, flash attention stays off. With none offloaded, op
+/// offload is off too: a GPU build otherwise runs every op of ≥ 32 rows (a
+/// prefill micro-batch) on the GPU's default kernels even at 0 GPU layers,
+/// which rejected every honest rollout on Vulkan (|Δ logprob| 1.2e-2;
+/// docs/gpu-backends.md).
 pub fn with_exact_numerics(params: LlamaContextParams, offloaded: bool) -> LlamaContextParams {
     let policy = if offloaded {
         llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_DISABLED
     } else {
         llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED
     };
-    params.with_flash_attention_policy(policy).with_type_k(KvCacheType::F32).with_type_v(KvCacheType::F32)
+    params
+        .with_flash_attention_policy(policy)
+        .with_type_k(KvCacheType::F32)
+        .with_type_v(KvCacheType::F32)
+        .with_op_offload(offloaded)
 }
 
 /// Number of CPU threads to use by default: the cores this process may run on.
@@ -492,6 +500,16 @@ impl Backend for LlamaCppBackend {
 mod tests {
     use super::*;
     use tributary_protocol::gguf::{self, GgmlType, GgufWriter, MetaValue};
+
+    /// On the CPU path nothing may run on a GPU's kernels (op offload off);
+    /// the cache is F32 either way.
+    #[test]
+    fn exact_numerics_keep_cpu_ops_on_the_cpu() {
+        let cpu = with_exact_numerics(LlamaContextParams::default(), false);
+        assert!(!cpu.op_offload(), "op offload would run prefill batches on a GPU build's default kernels");
+        let gpu = with_exact_numerics(LlamaContextParams::default(), true);
+        assert!(gpu.op_offload());
+    }
 
     /// The streamed copy is exactly the file the GGUF writer makes of the
     /// same checkpoint with every BF16 tensor widened (tensors larger than a

@@ -64,7 +64,7 @@ impl edge_miner::run::Tamper for OutsideTheSample {
         let Some(network) = self.network.get() else { return };
         // The dev validator and trainer contribute; their keys are public.
         let contributions = [Role::Validator, Role::Trainer]
-            .map(|r| tributary_protocol::dev::key(r))
+            .map(tributary_protocol::dev::key)
             .iter()
             .map(|k| (k.public(), tributary_protocol::beacon::contribution_secret(k, network, info.window)))
             .collect();

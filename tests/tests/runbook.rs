@@ -244,7 +244,16 @@ async fn runbook_commands_work_as_written() {
                     v[miner.public().to_string()]["banned"].clone()
                 };
                 let banned = code.contains("coordinator ban ");
-                assert_eq!(banned_now(), serde_json::Value::Bool(banned));
+                // /api/miners is a snapshot at most a second old (dashboard::SNAPSHOT_MS).
+                let mut seen = banned_now();
+                for _ in 0..30 {
+                    if seen == serde_json::Value::Bool(banned) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    seen = banned_now();
+                }
+                assert_eq!(seen, serde_json::Value::Bool(banned));
                 if banned {
                     // A live ban is stored too: a restart keeps it.
                     let (ok, text) = env.bash("systemctl restart tributary-coordinator");

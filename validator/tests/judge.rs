@@ -218,7 +218,7 @@ fn cheap_failures_never_reach_the_reference_forward() -> Result<()> {
     assert!(l.contains("check=\"structure\"") && l.contains("TooLong"), "{l}");
     assert!(line(&bad_sig)?.contains("check=\"signature\""));
     assert!(line(&other_contract)?.contains("field: \"sampling\""));
-    assert!(logs.contains("verdict penalises the miner"), "{logs}");
+    assert!(logs.contains("verdict fails the miner (a hard failure)"), "{logs}");
     Ok(())
 }
 

@@ -22,6 +22,8 @@
 #   DEMO_VALIDATOR=0    run no validator (the trainer then trusts unjudged rollouts)
 #   DEMO_KEEP=1         keep everything running after the summary (Ctrl-C stops)
 #   DEMO_DIR=DIR        working folder (default: a new temporary folder)
+#   DEMO_BIN=DIR        run these prebuilt binaries instead of building (train-bench.sh
+#                       copies them once, so its networks keep running while the tree changes)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -37,13 +39,18 @@ mkdir -p "$dir"
 
 echo "== setup"
 bash scripts/setup.sh
-echo "== build"
-if [ ! -x "$root/target/debug/trainer" ]; then
-  echo "   first build: llama.cpp, libtorch's glue and ~400 crates compile once;"
-  echo "   about 15-20 minutes on 2 cores (later builds take seconds). Cargo shows its progress below."
+if [ -n "${DEMO_BIN:-}" ]; then
+  bin="$DEMO_BIN"
+  echo "== build: skipped, binaries from $bin (DEMO_BIN)"
+else
+  echo "== build"
+  if [ ! -x "$root/target/debug/trainer" ]; then
+    echo "   first build: llama.cpp, libtorch's glue and ~400 crates compile once;"
+    echo "   about 15-20 minutes on 2 cores (later builds take seconds). Cargo shows its progress below."
+  fi
+  cargo build -p coordinator -p edge-miner -p trainer -p validator
+  bin="$root/target/debug"
 fi
-cargo build -p coordinator -p edge-miner -p trainer -p validator
-bin="$root/target/debug"
 
 echo "== base checkpoint (SmolLM2-135M-Instruct Q4_1 -> BF16)"
 "$bin/trainer" init-base

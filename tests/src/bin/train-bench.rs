@@ -10,8 +10,11 @@
 //!   an end-of-generation token; wrote an `Answer:` marker). Models are
 //!   evaluated side by side, one thread each; per-task lines go to
 //!   `heldout-<model>-<column>.jsonl`.
-//! - `plot`: mean reward per window (`reward.csv` as written by the script)
-//!   as a PNG (plotters, bitmap backend; text in DejaVu Sans read at run time).
+//!   Each model after the first is compared with the first (the base) on
+//!   the same problems: the difference in accuracy with a 95 % paired
+//!   bootstrap interval, lenient and strict.
+//! - `plot`: mean reward per window (`reward.csv` as written by the script),
+//!   one line per arm (`--csv` and `--label` repeat), as a PNG (plotters, bitmap backend; text in DejaVu Sans read at run time).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -30,7 +33,8 @@ use tributary_protocol::tokenizer::Tokenizer;
 const USAGE: &str = "usage:
   train-bench eval --model CKPT.gguf [--model ...] [--difficulty D] [--tasks N]
                    [--gsm8k-test FILE] [--max-new-tokens T] [--threads K] [--out-dir DIR]
-  train-bench plot --csv reward.csv --out reward.png [--title TEXT] [--font FILE.ttf]";
+  train-bench plot --csv reward.csv [--label NAME] [--csv ... --label ...] --out reward.png
+                   [--title TEXT] [--font FILE.ttf]";
 
 /// The font `plot` writes with unless `--font` names another.
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -93,6 +97,9 @@ struct Tally {
     /// Wrote an `Answer:` marker at all.
     marker: usize,
     secs: f64,
+    /// Per problem, in order: (lenient correct, strict correct), for the
+    /// paired comparison between models.
+    per_task: Vec<(bool, bool)>,
 }
 
 impl Tally {
@@ -166,6 +173,7 @@ fn evaluate(
         t.strict += usize::from(strict);
         t.ended += usize::from(ended);
         t.marker += usize::from(text.contains("Answer:"));
+        t.per_task.push((reward >= 1.0, strict));
         let line = serde_json::json!({
             "task": task.id, "prompt": task.prompt, "completion": text,
             "reward": reward, "strict": strict, "ended": ended,
@@ -215,12 +223,71 @@ fn eval(o: &Opts) -> Result<()> {
                 .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("evaluation thread panicked"))))
                 .collect()
         });
+        let mut tallies = Vec::with_capacity(models.len());
         for (i, (m, r)) in models.iter().zip(results).enumerate() {
             let t = r.with_context(|| format!("evaluating {} on {name}", m.display()))?;
             println!("model{i} {name} {} file={}", t.line(), m.display());
+            tallies.push(t);
+        }
+        // Each later model against model0 on the same problems.
+        for (i, t) in tallies.iter().enumerate().skip(1) {
+            let base = &tallies[0].per_task;
+            let lenient = paired_bootstrap(base, &t.per_task, |x| x.0, BOOTSTRAP_SEED);
+            let strict = paired_bootstrap(base, &t.per_task, |x| x.1, BOOTSTRAP_SEED);
+            println!("model{i} vs model0 {name}: lenient {lenient} | strict {strict}");
         }
     }
     Ok(())
+}
+
+/// Resamples of the paired bootstrap.
+const BOOTSTRAP_RESAMPLES: usize = 10_000;
+/// Fixed, so the printed interval is reproducible.
+const BOOTSTRAP_SEED: u64 = 0x7472_6962_7574_6172;
+
+/// A difference in accuracy (percentage points) with its 95 % paired
+/// bootstrap interval: problems are resampled with replacement, each keeping
+/// both models' outcomes on it, so the interval reflects the pairing.
+struct Diff {
+    points: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl std::fmt::Display for Diff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:+.1} pts (95% paired bootstrap CI {:+.1} to {:+.1})", self.points, self.lo, self.hi)
+    }
+}
+
+/// splitmix64: a small, well-known generator; enough for resampling indices.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `b`'s accuracy minus `a`'s on the same problems, with the 2.5 and 97.5
+/// percentiles of [`BOOTSTRAP_RESAMPLES`] paired resamples.
+fn paired_bootstrap(a: &[(bool, bool)], b: &[(bool, bool)], pick: impl Fn(&(bool, bool)) -> bool, seed: u64) -> Diff {
+    let n = a.len().min(b.len());
+    if n == 0 {
+        return Diff { points: 0.0, lo: 0.0, hi: 0.0 };
+    }
+    let d: Vec<f64> = (0..n).map(|k| f64::from(u8::from(pick(&b[k]))) - f64::from(u8::from(pick(&a[k])))).collect();
+    let points = 100.0 * d.iter().sum::<f64>() / n as f64;
+    let mut state = seed;
+    let mut means: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            let sum: f64 = (0..n).map(|_| d[(splitmix64(&mut state) % n as u64) as usize]).sum();
+            100.0 * sum / n as f64
+        })
+        .collect();
+    means.sort_by(f64::total_cmp);
+    let at = |q: f64| means[((q * (means.len() - 1) as f64).round() as usize).min(means.len() - 1)];
+    Diff { points, lo: at(0.025), hi: at(0.975) }
 }
 
 /// One row of `reward.csv`: `window,rollouts,mean_reward,...`.
@@ -245,7 +312,14 @@ fn read_csv(path: &Path) -> Result<Vec<(u64, f64)>> {
 
 fn plot(o: &Opts) -> Result<()> {
     use plotters::prelude::*;
-    let csv = PathBuf::from(o.get("csv").context("--csv FILE")?);
+    let csvs: Vec<PathBuf> = o.all("csv").into_iter().map(PathBuf::from).collect();
+    if csvs.is_empty() {
+        bail!("give at least one --csv\n{USAGE}");
+    }
+    let labels: Vec<&str> = o.all("label");
+    if !labels.is_empty() && labels.len() != csvs.len() {
+        bail!("give one --label per --csv ({} labels, {} files)", labels.len(), csvs.len());
+    }
     let out = PathBuf::from(o.get("out").context("--out FILE.png")?);
     let title = o.get("title").unwrap_or("Mean reward per window").to_owned();
     let font_path = PathBuf::from(o.get("font").unwrap_or(DEFAULT_FONT));
@@ -256,29 +330,21 @@ fn plot(o: &Opts) -> Result<()> {
     plotters::style::register_font("sans-serif", FontStyle::Normal, font)
         .map_err(|_| anyhow::anyhow!("{} is not a usable font", font_path.display()))?;
 
-    let rows = read_csv(&csv)?;
-    let first = rows.iter().map(|r| r.0).min().unwrap_or(0);
-    let last = rows.iter().map(|r| r.0).max().unwrap_or(0);
-    // Trailing mean over 3 windows, to see the trend through sampling noise.
-    let smooth: Vec<(u64, f64)> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, &(w, _))| {
-            let lo = i.saturating_sub(2);
-            let s = &rows[lo..=i];
-            (w, s.iter().map(|r| r.1).sum::<f64>() / s.len() as f64)
-        })
-        .collect();
+    let arms: Vec<Vec<(u64, f64)>> = csvs.iter().map(|c| read_csv(c)).collect::<Result<_>>()?;
+    let first = arms.iter().flatten().map(|r| r.0).min().unwrap_or(0);
+    let last = arms.iter().flatten().map(|r| r.0).max().unwrap_or(0);
+    let top = arms.iter().flatten().map(|r| r.1).fold(0.0f64, f64::max);
+    let y_max = if top <= 0.5 { 0.5 } else { 1.0 };
     let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plotting: {e}");
 
     let root = BitMapBackend::new(&out, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(&title, ("sans-serif", 24))
+        .caption(&title, ("sans-serif", 22))
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(56)
-        .build_cartesian_2d(first as i64 - 1..last as i64 + 1, 0.0f64..1.0)
+        .build_cartesian_2d(first as i64 - 1..last as i64 + 1, 0.0f64..y_max)
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
@@ -289,28 +355,61 @@ fn plot(o: &Opts) -> Result<()> {
         .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(|e| err(&e))?;
-    let blue = RGBColor(31, 119, 180);
-    let orange = RGBColor(255, 127, 14);
-    chart
-        .draw_series(LineSeries::new(rows.iter().map(|&(w, r)| (w as i64, r)), blue.stroke_width(2)))
-        .map_err(|e| err(&e))?
-        .label("mean reward")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], blue.stroke_width(2)));
-    chart.draw_series(rows.iter().map(|&(w, r)| Circle::new((w as i64, r), 4, blue.filled()))).map_err(|e| err(&e))?;
-    chart
-        .draw_series(LineSeries::new(smooth.iter().map(|&(w, r)| (w as i64, r)), orange.stroke_width(3)))
-        .map_err(|e| err(&e))?
-        .label("trailing mean of 3 windows")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], orange.stroke_width(3)));
+    let palette = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
+    for (k, rows) in arms.iter().enumerate() {
+        let color = palette[k % palette.len()];
+        let name = labels.get(k).copied().unwrap_or("mean reward");
+        // Trailing mean over 3 windows, to see the trend through sampling noise.
+        let smooth: Vec<(u64, f64)> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &(w, _))| {
+                let s = &rows[i.saturating_sub(2)..=i];
+                (w, s.iter().map(|r| r.1).sum::<f64>() / s.len() as f64)
+            })
+            .collect();
+        chart
+            .draw_series(LineSeries::new(rows.iter().map(|&(w, r)| (w as i64, r)), color.mix(0.35).stroke_width(1)))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(rows.iter().map(|&(w, r)| Circle::new((w as i64, r), 3, color.mix(0.5).filled())))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(LineSeries::new(smooth.iter().map(|&(w, r)| (w as i64, r)), color.stroke_width(3)))
+            .map_err(|e| err(&e))?
+            .label(format!("{name} (trailing mean of 3; dots: each window)"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 16))
+        .label_font(("sans-serif", 15))
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
-    println!("wrote {} ({} windows)", out.display(), rows.len());
+    println!("wrote {} ({} arms, windows {first}..={last})", out.display(), arms.len());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paired_bootstrap_brackets_the_difference() {
+        // 200 problems: the base solves the first 20, the other model the
+        // first 50 (it keeps every base success): +15 points.
+        let a: Vec<(bool, bool)> = (0..200).map(|k| (k < 20, false)).collect();
+        let b: Vec<(bool, bool)> = (0..200).map(|k| (k < 50, k < 10)).collect();
+        let d = paired_bootstrap(&a, &b, |x| x.0, BOOTSTRAP_SEED);
+        assert!((d.points - 15.0).abs() < 1e-9, "{}", d.points);
+        assert!(d.lo < 15.0 && d.hi > 15.0 && d.lo > 9.0 && d.hi < 21.0, "{d}");
+        // Pairing: the same outcomes give a zero-width interval at 0.
+        let same = paired_bootstrap(&a, &a, |x| x.0, BOOTSTRAP_SEED);
+        assert_eq!((same.points, same.lo, same.hi), (0.0, 0.0, 0.0));
+        let strict = paired_bootstrap(&a, &b, |x| x.1, BOOTSTRAP_SEED);
+        assert!((strict.points - 5.0).abs() < 1e-9 && strict.lo > 0.0, "{strict}");
+    }
 }

@@ -20,6 +20,7 @@
 #                       docs/training.md)
 #   DEMO_LR=X           trainer learning rate (default 1e-5)
 #   DEMO_VALIDATOR=0    run no validator (the trainer then trusts unjudged rollouts)
+#   DEMO_KEEP_CHECKPOINTS=N  checkpoints the relay and the trainer keep on disk (default 4)
 #   DEMO_KEEP=1         keep everything running after the summary (Ctrl-C stops)
 #   DEMO_DIR=DIR        working folder (default: a new temporary folder)
 #   DEMO_BIN=DIR        run these prebuilt binaries instead of building (train-bench.sh
@@ -34,6 +35,7 @@ group_size="${DEMO_GROUP_SIZE:-4}"
 tokens="${DEMO_TOKENS:-48}"
 difficulty="${DEMO_DIFFICULTY:-102}"
 lr="${DEMO_LR:-1e-5}"
+keep="${DEMO_KEEP_CHECKPOINTS:-4}"
 dir="${DEMO_DIR:-$(mktemp -d -t tributary-demo.XXXXXX)}"
 mkdir -p "$dir"
 
@@ -96,6 +98,9 @@ groups_per_miner = $groups
 group_size = $group_size
 model = "$base"
 trainer = "$trainer_key"
+# A demo keeps few checkpoints (each is ~260 MiB here): the relay's newest
+# $keep and the trainer's last $keep publications.
+keep_checkpoints = $keep
 EOF
 validator_args=()
 has_validator=0
@@ -134,7 +139,7 @@ fi
 
 echo "== trainer"
 "$bin/trainer" run --dev --coordinator "$quic" --fingerprint "$fp" --data "$dir/trainer" \
-  --key "$dir/trainer-key/miner.key" --model "$base" --lr "$lr" > "$dir/trainer.out" 2> "$dir/trainer.log" &
+  --key "$dir/trainer-key/miner.key" --model "$base" --lr "$lr" --keep-publications "$keep" > "$dir/trainer.out" 2> "$dir/trainer.log" &
 pids+=($!)
 
 status() { curl -fsS "$http/api/status"; }

@@ -307,6 +307,7 @@ fn run(args: RunArgs) -> Result<()> {
     let proof = trainer::proof::ProofConfig {
         gsm8k: conf.gsm8k.clone(),
         keep_checkpoints: conf.keep_checkpoints,
+        device,
         ..Default::default()
     };
     let cfg = ServiceConfig {

@@ -41,11 +41,14 @@ pub struct ProofConfig {
     pub params: VerifyParams,
     /// The GSM8K JSONL file, for networks whose environment is gsm8k.
     pub gsm8k: Option<PathBuf>,
+    /// Where the reference forward runs: the trainer's own device
+    /// (`trainer run --device`). The forward stays f32 (TF32 off) on a GPU.
+    pub device: tch::Device,
 }
 
 impl Default for ProofConfig {
     fn default() -> Self {
-        Self { keep_checkpoints: 3, params: VerifyParams::DEFAULT, gsm8k: None }
+        Self { keep_checkpoints: 3, params: VerifyParams::DEFAULT, gsm8k: None, device: tch::Device::Cpu }
     }
 }
 
@@ -187,7 +190,7 @@ impl Prover {
         if ckpt.content_id() != id {
             return Err(ProofError::WrongCheckpoint { path: path.to_owned(), found: ckpt.content_id(), expected: id });
         }
-        let model = ReferenceModel::load(&ckpt, tch::Device::Cpu)?;
+        let model = ReferenceModel::load(&ckpt, self.cfg.device)?;
         self.models.push_back((id, model));
         while self.models.len() > self.cfg.keep_checkpoints.max(1) {
             self.models.pop_front();

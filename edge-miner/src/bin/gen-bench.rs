@@ -80,6 +80,12 @@ struct Args {
     /// CPU threads (default: available cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Layers offloaded to the GPU in every arm (0: all on the CPU). A build
+    /// without a GPU backend (the default features) runs everything on the
+    /// CPU whatever this says; `scripts/gpu-calibrate.sh` passes 99 to a
+    /// `cuda` or `vulkan` build.
+    #[arg(long, default_value_t = 0)]
+    gpu_layers: u32,
     /// Runs of each arm and group (the median is reported; alternating).
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -199,7 +205,7 @@ fn child(args: &Args, arm: Arm, model_path: &Path, g: usize, threads: usize) -> 
     let rate = match arm {
         Arm::Miner | Arm::MinerF32 => {
             let weights = if arm == Arm::Miner { Bf16Weights::AsPublished } else { Bf16Weights::WidenedToF32 };
-            let cfg = LlamaConfig { threads, ..LlamaConfig::new(model_path) };
+            let cfg = LlamaConfig { threads, gpu_layers: args.gpu_layers, ..LlamaConfig::new(model_path) };
             let mut miner = LlamaCppBackend::load_with(&cfg, weights)?;
             let key = SketchKey::derive(&Seed([9; 32]), miner.hidden_size());
             let mut run = |tokens: usize| -> Result<f64> {
@@ -222,7 +228,8 @@ fn child(args: &Args, arm: Arm, model_path: &Path, g: usize, threads: usize) -> 
             run(m)?
         }
         _ => {
-            let model = LlamaModel::load_from_file(llama_backend()?, model_path, &LlamaModelParams::default())
+            let params = LlamaModelParams::default().with_n_gpu_layers(args.gpu_layers);
+            let model = LlamaModel::load_from_file(llama_backend()?, model_path, &params)
                 .with_context(|| format!("loading {}", model_path.display()))?;
             raw(&model, prompt, g, WARMUP_TOKENS, t, threads as i32, arm)?;
             let t0 = Instant::now();
@@ -296,8 +303,9 @@ fn main() -> Result<()> {
         eprintln!("Q8_0 conversion {} in {:.1} s", q8.display(), t0.elapsed().as_secs_f64());
     }
     eprintln!(
-        "model {}, {threads} threads, groups {:?}, prompt {} tokens, {m} new tokens per sequence, {} reps",
+        "model {}, {threads} threads, {} GPU layers, groups {:?}, prompt {} tokens, {m} new tokens per sequence, {} reps",
         path.display(),
+        args.gpu_layers,
         args.groups,
         prompt.len(),
         args.reps
@@ -321,6 +329,7 @@ fn main() -> Result<()> {
                     .args(["--max-new-tokens", &m.to_string()])
                     .args(["--temperature", &args.temperature.to_string()])
                     .args(["--threads", &threads.to_string()])
+                    .args(["--gpu-layers", &args.gpu_layers.to_string()])
                     .args(["--prompt-ids", &ids.join(",")])
                     .output()?;
                 let stdout = String::from_utf8_lossy(&out.stdout);

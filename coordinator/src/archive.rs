@@ -8,7 +8,16 @@
 //! ```text
 //! windows/<window, 20 digits>/seg-<blake3 of the object, hex>.bin   postcard(Segment)
 //! windows/<window, 20 digits>/manifest.json                        Manifest, written last
+//! checkpoints/<content id>.gguf                                     every published checkpoint's full file
+//! deltas/<blake3 of the payload>.delta                              every delta the trainer published
+//! weights/<window, 20 digits>.bin                                   each signed weights document (postcard)
 //! ```
+//!
+//! Checkpoints, deltas and weights documents are content-addressed by what a
+//! reader already trusts (the trainer-signed content id, the payload hash of
+//! a path step, the window of a document signed by the coordinator's key):
+//! [`tributary_protocol::wire::store_key`] names them, for the coordinator
+//! that writes and the miners that download them over HTTP(S) alike.
 //!
 //! A reader lists nothing: it reads the manifest, then each segment, and
 //! checks every segment's bytes against the hash in its name and in the
@@ -19,12 +28,15 @@
 //! window) and then the manifest; an existing manifest that differs is
 //! refused ([`ArchiveError::Conflict`]).
 
-use std::path::Path as FsPath;
+use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use tokio::io::AsyncReadExt;
+use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{WeightsDoc, store_key, store_weights_key};
 
 /// The manifest format written by this build.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -62,7 +74,27 @@ pub enum ArchiveError {
     /// The window was archived before with different content.
     #[error("window {0} is already archived with different content")]
     Conflict(WindowId),
+    /// A local file to be stored could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A local file is not the content its object key names (its length or
+    /// blake3 differs from the relay's record): nothing was stored.
+    #[error("{path} is not the content of {key} (length or hash differs)")]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// The object key it was to be stored under.
+        key: String,
+    },
 }
+
+/// Bytes read from a local file per part of a streamed upload.
+const PART_BYTES: usize = 8 << 20;
 
 /// One segment as the manifest lists it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -250,6 +282,103 @@ impl Archive {
         Ok(seg.rollouts)
     }
 
+    /// Whether the store holds an object of `len` bytes at `key` (the key
+    /// names the content, so its size is the check a writer can afford).
+    pub async fn holds(&self, key: &str, len: u64) -> Result<bool, ArchiveError> {
+        match self.store.head(&Path::from(key)).await {
+            Ok(meta) => Ok(meta.size == len),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Stores the local file `file` at `key` unless the store holds `len`
+    /// bytes there already; returns whether it wrote. The file is streamed in
+    /// parts (a checkpoint need not fit in memory) and checked on the way
+    /// against `len` and `hash`: a file that is not that content aborts the
+    /// upload ([`ArchiveError::Mismatch`]), so the store never holds other
+    /// bytes under a content address. An object of another size there (an
+    /// edit, a different writer) is replaced.
+    pub async fn put_file(&self, key: &str, file: &FsPath, len: u64, hash: &[u8; 32]) -> Result<bool, ArchiveError> {
+        if self.holds(key, len).await? {
+            return Ok(false);
+        }
+        let io = |source| ArchiveError::Io { path: file.to_owned(), source };
+        let mut f = tokio::fs::File::open(file).await.map_err(io)?;
+        let upload = self.store.put_multipart(&Path::from(key)).await?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; PART_BYTES];
+        let mut total = 0u64;
+        let read: Result<(), ArchiveError> = async {
+            loop {
+                let n = f.read(&mut buf).await.map_err(io)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                total += n as u64;
+                if total > len {
+                    return Err(ArchiveError::Mismatch { path: file.to_owned(), key: key.to_owned() });
+                }
+                hasher.update(&buf[..n]);
+                w.wait_for_capacity(2).await?;
+                w.write(&buf[..n]);
+            }
+        }
+        .await;
+        let whole = total == len && hasher.finalize().as_bytes() == hash;
+        match read {
+            Ok(()) if whole => {
+                w.finish().await?;
+                Ok(true)
+            }
+            res => {
+                if let Err(e) = w.abort().await {
+                    tracing::warn!(error = %e, key, "aborting a refused upload");
+                }
+                res?;
+                Err(ArchiveError::Mismatch { path: file.to_owned(), key: key.to_owned() })
+            }
+        }
+    }
+
+    /// Stores a signed weights document under [`store_weights_key`] (its
+    /// postcard encoding); idempotent.
+    pub async fn put_weights(&self, doc: &WeightsDoc) -> Result<(), ArchiveError> {
+        let bytes = doc.encode();
+        let key = store_weights_key(doc.body.window);
+        if self.holds(&key, bytes.len() as u64).await? {
+            return Ok(());
+        }
+        self.store.put(&Path::from(key), PutPayload::from(bytes)).await?;
+        Ok(())
+    }
+
+    /// The signed weights document of `window` as stored, or `None`. The
+    /// caller checks its signature ([`WeightsDoc::verify`]).
+    pub async fn weights(&self, window: WindowId) -> Result<Option<WeightsDoc>, ArchiveError> {
+        let bytes = match self.store.get(&Path::from(store_weights_key(window))).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let doc: WeightsDoc = postcard::from_bytes(&bytes)
+            .map_err(|e| ArchiveError::Malformed { window, what: format!("weights document: {e}") })?;
+        if doc.body.window != window {
+            return Err(ArchiveError::Malformed { window, what: "weights document of another window".into() });
+        }
+        Ok(Some(doc))
+    }
+
+    /// An object's bytes (a checkpoint, a delta), or `None` if absent.
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ArchiveError> {
+        match self.store.get(&Path::from(key)).await {
+            Ok(r) => Ok(Some(r.bytes().await?.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Every rollout of an archived window, in order, or `None` if the window
     /// is not archived.
     pub async fn read_window(&self, window: WindowId) -> Result<Option<Vec<Vec<u8>>>, ArchiveError> {
@@ -332,6 +461,89 @@ pub async fn archive_closed_windows(
         next = window + 1;
     }
     Ok(done)
+}
+
+/// The store's meta key holding the first window whose weights document is
+/// not stored yet (8 bytes LE).
+pub const WEIGHTS_STORED_UPTO: &str = "weights_stored_upto";
+
+/// Weights documents written to the store per pass at most (older ones on a
+/// first pass stay in redb only).
+pub const WEIGHTS_PER_PASS: usize = 64;
+
+/// Writes every relayed checkpoint the store does not hold yet (its full
+/// file, then its delta, each content-addressed) and marks it stored in the
+/// relay, so that relay retention may delete the local copy and paths to it
+/// carry the store's URL; then the signed weights documents not written yet.
+/// Returns the checkpoints newly marked stored. A failure stops the pass; the
+/// next one retries (what was written is found by its key and skipped).
+pub async fn store_checkpoints(
+    sh: &std::sync::Arc<crate::server::Shared>,
+    archive: &Archive,
+) -> Result<Vec<ContentId>, ArchiveError> {
+    let relay = &sh.relay;
+    let mut done = Vec::new();
+    for e in relay.entries() {
+        if relay.is_stored(&e.id) {
+            continue;
+        }
+        let mut files = vec![(store_key(&e.id, None, &e.full_hash), relay.full_path(&e.id), e.full_len, e.full_hash)];
+        files.extend(e.delta.map(|(base, len, hash)| {
+            (store_key(&e.id, Some(&base), &hash), relay.delta_path(&base, &e.id), len, hash)
+        }));
+        let mut wrote = 0u64;
+        for (key, file, len, hash) in files {
+            match archive.put_file(&key, &file, len, &hash).await {
+                Ok(true) => wrote += len,
+                Ok(false) => {}
+                // Deleted by retention meanwhile (it was stored before a restart): nothing to do.
+                Err(ArchiveError::Io { .. }) if relay.entry(&e.id).is_none() => break,
+                Err(err) => return Err(err),
+            }
+        }
+        if relay.entry(&e.id).is_none() {
+            continue;
+        }
+        relay.mark_stored(e.id);
+        if wrote > 0 {
+            tracing::info!(id = %e.id, bytes = wrote, store = archive.url(), "checkpoint stored");
+            metrics::counter!("tributary_checkpoints_stored_total").increment(1);
+        }
+        done.push(e.id);
+    }
+    store_weights(sh, archive).await?;
+    Ok(done)
+}
+
+/// Writes the signed weights documents not in the store yet (at most
+/// [`WEIGHTS_PER_PASS`], the newest), then records how far it got.
+async fn store_weights(sh: &std::sync::Arc<crate::server::Shared>, archive: &Archive) -> Result<(), ArchiveError> {
+    let store_err = |e: crate::store::StoreError| ArchiveError::Malformed { window: 0, what: format!("store: {e}") };
+    let sh2 = sh.clone();
+    let docs = tokio::task::spawn_blocking(move || {
+        let next = sh2.store.meta(WEIGHTS_STORED_UPTO)?.and_then(|v| v.try_into().ok()).map(u64::from_le_bytes);
+        let Some(latest) = sh2.store.weights_docs(WindowId::MAX, 1)?.pop().map(|d| d.body.window) else {
+            return Ok(Vec::new());
+        };
+        let from = next.unwrap_or(0);
+        if latest < from {
+            return Ok(Vec::new());
+        }
+        let n = usize::try_from(latest - from + 1).unwrap_or(usize::MAX).min(WEIGHTS_PER_PASS);
+        let mut docs = sh2.store.weights_docs(WindowId::MAX, n)?;
+        docs.retain(|d| d.body.window >= from);
+        docs.reverse();
+        Ok::<_, crate::store::StoreError>(docs)
+    })
+    .await
+    .map_err(|e| ArchiveError::Malformed { window: 0, what: format!("reader task: {e}") })?
+    .map_err(store_err)?;
+    for d in docs {
+        archive.put_weights(&d).await?;
+        sh.store.put_meta(WEIGHTS_STORED_UPTO, &(d.body.window + 1).to_le_bytes()).map_err(store_err)?;
+        tracing::debug!(interval = d.body.window, store = archive.url(), "weights document stored");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

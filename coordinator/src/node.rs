@@ -135,8 +135,16 @@ pub struct Config {
     /// folder (relative to `data_dir`), `file:///ABSOLUTE/PATH`, or
     /// `s3://BUCKET/PREFIX` (a coordinator built with the `s3` feature; the
     /// endpoint, region and credentials from `AWS_*` variables). With one,
-    /// `keep_windows` deletes only windows already archived. Default: none.
+    /// `keep_windows` deletes only windows already archived. Every published
+    /// checkpoint's full file and delta and every signed weights document go
+    /// there too, and `keep_checkpoints` then deletes only checkpoints the
+    /// store holds. Default: none.
     pub archive: Option<String>,
+    /// The public base URL of `archive` (its public-read endpoint, or a CDN
+    /// in front of it), `http://` or `https://`: miners download checkpoints
+    /// and deltas from there, verify them, and fall back to the relay on any
+    /// failure. Needs `archive`. Default: none (miners use the relay).
+    pub store_url: Option<String>,
 }
 
 impl Default for Config {
@@ -185,6 +193,7 @@ impl Default for Config {
             min_free_mib: l.min_free_mib,
             keep_checkpoints: 16,
             archive: None,
+            store_url: None,
         }
     }
 }
@@ -246,6 +255,28 @@ pub enum ConfigError {
         /// The key.
         key: PublicKey,
     },
+    /// `store_url` is not an `http(s)://` URL a miner follows, or there is
+    /// no `archive` for it to serve.
+    #[error(
+        "store_url `{0}`: expected an http:// or https:// URL of at most {max} bytes, the public base URL of the \
+         configured `archive` (set `archive` too)",
+        max = wire::MAX_STORE_URL_LEN
+    )]
+    StoreUrl(String),
+}
+
+/// Refuses a `store_url` miners would not follow or that has no `archive`
+/// behind it.
+pub fn check_store_url(cfg: &Config) -> Result<(), ConfigError> {
+    let Some(url) = &cfg.store_url else { return Ok(()) };
+    let scheme = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+    if cfg.archive.is_none()
+        || url.len() > wire::MAX_STORE_URL_LEN
+        || scheme.is_none_or(|rest| rest.is_empty() || rest.chars().any(char::is_whitespace))
+    {
+        return Err(ConfigError::StoreUrl(url.clone()));
+    }
+    Ok(())
 }
 
 /// Refuses a configuration that authorises a `--dev` role key as validator
@@ -317,6 +348,30 @@ fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
             }
             drop(sh);
             tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        }
+    });
+}
+
+/// Writes checkpoints, deltas and weights documents to the object store
+/// ([`crate::archive::store_checkpoints`]) at once, on every new checkpoint
+/// and every 5 seconds while the coordinator runs; from now on relay
+/// retention deletes only what the store holds, and paths the store holds
+/// carry `url`.
+fn spawn_checkpoint_store(shared: &Arc<Shared>, archive: crate::archive::Archive, url: Option<String>) {
+    shared.relay.use_store(url);
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(async move {
+        loop {
+            let Some(sh) = weak.upgrade() else { break };
+            if let Err(e) = crate::archive::store_checkpoints(&sh, &archive).await {
+                tracing::error!(error = %e, store = archive.url(), "storing checkpoints failed (retried)");
+            }
+            let relay = sh.relay.clone();
+            drop(sh);
+            tokio::select! {
+                _ = relay.new_checkpoint() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+            }
         }
     });
 }
@@ -425,6 +480,7 @@ pub fn prepare_genesis(cfg: &Config) -> anyhow::Result<ContentId> {
 /// Starts a coordinator. The data folder keeps the database, the coordinator
 /// key and the certificate, so a restart on it resumes the same network.
 pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
+    check_store_url(cfg)?;
     std::fs::create_dir_all(&cfg.data_dir)?;
     let store = Arc::new(Store::open(&cfg.data_dir.join("coordinator.redb"))?);
     let key_path = cfg.data_dir.join("coordinator.key");
@@ -525,13 +581,18 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     }
     let shared = server::shared(core, store, key, limits, relay)?;
     crate::admin::apply_overrides(&cfg.data_dir, &mut shared.core())?;
+    let archive = cfg.archive.as_deref().map(|url| open_archive(&cfg.data_dir, url)).transpose()?;
+    if let Some(archive) = &archive {
+        // Before retention's first pass: nothing leaves the relay before it is stored.
+        spawn_checkpoint_store(&shared, archive.clone(), cfg.store_url.clone());
+    }
     let fingerprint = crate::net::fingerprint(&cert);
     let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;
     let http = crate::http::start(cfg.http, shared.clone()).await?;
     crate::weights::spawn_signer(&shared);
     spawn_checkpoint_retention(&shared, cfg.keep_checkpoints);
-    if let Some(url) = &cfg.archive {
-        spawn_archiver(&shared, open_archive(&cfg.data_dir, url)?);
+    if let Some(archive) = archive {
+        spawn_archiver(&shared, archive);
     }
     Ok(Node { quic: server.addr, http, fingerprint, server, shared })
 }

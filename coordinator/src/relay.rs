@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -128,6 +129,16 @@ pub enum Payload {
     },
 }
 
+/// What the object store holds of the relay's checkpoints, when one is
+/// configured ([`crate::archive::store_checkpoints`] writes them).
+#[derive(Debug, Default)]
+struct StoreView {
+    /// The public base URL miners download from, if one is configured.
+    url: Option<String>,
+    /// Checkpoints whose full file and delta the store holds.
+    stored: HashSet<ContentId>,
+}
+
 /// The relay.
 #[derive(Debug)]
 pub struct Relay {
@@ -136,6 +147,12 @@ pub struct Relay {
     peers: Mutex<HashMap<PublicKey, PeerCheckpoint>>,
     /// The trainer's signed announcement of each published checkpoint.
     announcements: Mutex<HashMap<ContentId, PublishCheckpoint>>,
+    /// `Some` once checkpoints are written to an object store.
+    store: Mutex<Option<StoreView>>,
+    /// Wakes the task that writes new checkpoints to the store.
+    uploads: tokio::sync::Notify,
+    /// Payload bytes served to peers ([`Relay::read`]) since the start.
+    served: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,7 +192,53 @@ impl Relay {
             entries: Mutex::new(entries),
             peers: Mutex::new(HashMap::new()),
             announcements: Mutex::new(HashMap::new()),
+            store: Mutex::new(None),
+            uploads: tokio::sync::Notify::new(),
+            served: AtomicU64::new(0),
         })
+    }
+
+    /// From now on checkpoints are written to an object store: retention
+    /// deletes only checkpoints the store holds ([`Relay::mark_stored`]), and
+    /// a path whose every step the store holds carries `url`
+    /// ([`CheckpointPath::store_url`]), the base URL miners download from.
+    pub fn use_store(&self, url: Option<String>) {
+        let mut st = lock(&self.store);
+        let stored = st.take().map(|v| v.stored).unwrap_or_default();
+        *st = Some(StoreView { url, stored });
+    }
+
+    /// Records that the store holds `id`'s full file and delta.
+    pub fn mark_stored(&self, id: ContentId) {
+        if let Some(v) = lock(&self.store).as_mut() {
+            v.stored.insert(id);
+        }
+    }
+
+    /// Whether the store holds `id`'s full file and delta (as far as this
+    /// coordinator knows since it started).
+    pub fn is_stored(&self, id: &ContentId) -> bool {
+        lock(&self.store).as_ref().is_some_and(|v| v.stored.contains(id))
+    }
+
+    /// Resolves when a checkpoint was added since the last call (for the
+    /// task that writes them to the store).
+    pub async fn new_checkpoint(&self) {
+        self.uploads.notified().await;
+    }
+
+    /// Payload bytes this relay served to peers since it started (full files
+    /// and deltas): the coordinator's checkpoint egress.
+    pub fn bytes_served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// The store's URL for a path, if the store holds every step of it.
+    fn store_url_for(&self, steps: &[PathStep]) -> Option<String> {
+        let st = lock(&self.store);
+        let v = st.as_ref()?;
+        let url = v.url.as_ref()?;
+        (!steps.is_empty() && steps.iter().all(|s| v.stored.contains(&s.id))).then(|| url.clone())
     }
 
     /// Keeps the trainer's signed announcement of a checkpoint, sent with
@@ -246,6 +309,7 @@ impl Relay {
     /// Makes an entry visible (after the caller stored it durably).
     pub fn insert(&self, e: Entry) {
         lock(&self.entries).insert(e.id, e);
+        self.uploads.notify_one();
     }
 
     /// Verifies an uploaded payload (already checked against the announced
@@ -307,18 +371,36 @@ impl Relay {
         Ok(Entry { id: body.id, seq, window: body.window, from_window, full_len, full_hash, delta })
     }
 
-    /// The way from `have` to `want` (default: the latest publication).
+    /// The way from `have` to `want`. Without `want`, the latest publication;
+    /// with a store URL ([`Relay::use_store`]), the latest one the store
+    /// holds (not older than `have`), so that miners polling between a
+    /// publication and its upload wait for the store instead of all
+    /// downloading from the relay; a miner whose window needs a newer one
+    /// asks for it by id and gets it from the relay at once.
     pub fn path(&self, have: Option<ContentId>, want: Option<ContentId>) -> Result<CheckpointPath, RelayError> {
         let entries = lock(&self.entries);
         let target = match want {
             Some(id) => entries.get(&id).ok_or(RelayError::NotFound(id))?,
-            None => entries.values().max_by_key(|e| e.seq).ok_or(RelayError::NotFound(ContentId([0; 32])))?,
+            None => {
+                let newest = entries.values().max_by_key(|e| e.seq).ok_or(RelayError::NotFound(ContentId([0; 32])))?;
+                let floor = have.and_then(|h| entries.get(&h)).map(|e| e.seq);
+                let st = lock(&self.store);
+                let stored = st
+                    .as_ref()
+                    .filter(|v| v.url.is_some())
+                    .and_then(|v| entries.values().filter(|e| v.stored.contains(&e.id)).max_by_key(|e| e.seq));
+                match stored {
+                    Some(e) if floor.is_none_or(|f| e.seq >= f) => e,
+                    _ => newest,
+                }
+            }
         };
         let mut out = CheckpointPath {
             target: target.id,
             from_window: target.from_window,
             steps: Vec::new(),
             announcement: lock(&self.announcements).get(&target.id).cloned(),
+            store_url: None,
         };
         if have == Some(target.id) {
             return Ok(out);
@@ -342,10 +424,12 @@ impl Relay {
             if linked && bytes < target.full_len {
                 chain.reverse();
                 out.steps = chain;
+                out.store_url = self.store_url_for(&out.steps);
                 return Ok(out);
             }
         }
         out.steps.push(PathStep { id: target.id, base: None, len: target.full_len, payload_hash: target.full_hash });
+        out.store_url = self.store_url_for(&out.steps);
         Ok(out)
     }
 
@@ -377,18 +461,23 @@ impl Relay {
         f.read_exact(&mut buf).map_err(io(&path))?;
         let kind = if matches!(what, Payload::Full(_)) { "full" } else { "delta" };
         metrics::counter!("tributary_relay_bytes_total", "kind" => kind).increment(n as u64);
+        self.served.fetch_add(n as u64, Ordering::Relaxed);
         Ok(buf)
     }
 
     /// The entries retention deletes: all but the `keep` most recent
-    /// publications, the ones in `in_use`, genesis (publication 0) and any in
-    /// force only after window `after` (announced ahead).
+    /// publications, the ones in `in_use`, genesis (publication 0), any in
+    /// force only after window `after` (announced ahead) and, once
+    /// checkpoints go to an object store ([`Relay::use_store`]), any the
+    /// store does not hold yet.
     pub fn past_retention(&self, keep: usize, in_use: &HashSet<ContentId>, after: WindowId) -> Vec<ContentId> {
         let entries = self.entries();
         let newest = entries.len().saturating_sub(keep);
+        let st = lock(&self.store);
         entries[..newest]
             .iter()
             .filter(|e| e.seq != 0 && !in_use.contains(&e.id) && e.from_window <= after)
+            .filter(|e| st.as_ref().is_none_or(|v| v.stored.contains(&e.id)))
             .map(|e| e.id)
             .collect()
     }
@@ -406,6 +495,11 @@ impl Relay {
             let mut anns = lock(&self.announcements);
             for id in ids {
                 anns.remove(id);
+            }
+        }
+        if let Some(v) = lock(&self.store).as_mut() {
+            for id in ids {
+                v.stored.remove(id);
             }
         }
         let mut freed = 0u64;
@@ -618,6 +712,43 @@ mod tests {
         assert_eq!(ids(&r.path(Some(ContentId([4; 32])), None).unwrap()), vec![(6, None)]);
         assert_eq!(ids(&r.path(Some(ContentId([5; 32])), None).unwrap()), vec![(6, Some(5))]);
         assert!(matches!(r.path(None, Some(ContentId([7; 32]))), Err(RelayError::NotFound(_))));
+    }
+
+    /// With a store URL, a miner asking for the latest checkpoint gets the
+    /// latest one the store holds, with the URL, until a newer one is
+    /// stored; one asking by id, or already holding a newer one, gets it
+    /// from the relay.
+    #[test]
+    fn with_a_store_the_latest_is_the_latest_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Relay::open(
+            dir.path(),
+            vec![entry(1, 0, None, 0, 1000), entry(2, 1, Some(1), 10, 1000), entry(3, 2, Some(2), 10, 1000)],
+        )
+        .unwrap();
+        let c = |i: u8| ContentId([i; 32]);
+        r.use_store(Some("https://cdn.example".into()));
+        // Nothing stored yet: the newest, from the relay.
+        let p = r.path(None, None).unwrap();
+        assert_eq!((p.target, p.store_url), (c(3), None));
+        r.mark_stored(c(1));
+        r.mark_stored(c(2));
+        let p = r.path(Some(c(1)), None).unwrap();
+        assert_eq!((p.target, p.store_url.as_deref()), (c(2), Some("https://cdn.example")));
+        let p = r.path(Some(c(2)), None).unwrap();
+        assert!(p.steps.is_empty() && p.target == c(2), "{p:?}");
+        // Asked by id, or from a newer checkpoint than the store has: the relay.
+        let p = r.path(Some(c(2)), Some(c(3))).unwrap();
+        assert_eq!((p.target, p.store_url), (c(3), None));
+        let p = r.path(Some(c(3)), None).unwrap();
+        assert!(p.steps.is_empty() && p.target == c(3), "{p:?}");
+        r.mark_stored(c(3));
+        let p = r.path(Some(c(2)), None).unwrap();
+        assert_eq!((p.target, p.store_url.as_deref()), (c(3), Some("https://cdn.example")));
+        // A store without a public URL: the newest, as without a store.
+        let r2 = Relay::open(dir.path(), vec![entry(1, 0, None, 0, 1000), entry(2, 1, Some(1), 10, 1000)]).unwrap();
+        r2.use_store(None);
+        assert_eq!(r2.path(None, None).unwrap().target, c(2));
     }
 
     #[test]

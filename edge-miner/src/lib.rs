@@ -9,7 +9,8 @@
 //! - [`offline`]: `edge-miner generate` (tasks → groups → JSONL records);
 //! - [`quantize`]: llama.cpp's quantizer on GGUF files;
 //! - [`uplink`], [`sync`], [`run`]: `edge-miner run` (stream rollouts, fetch
-//!   and swap checkpoints, the mining loop);
+//!   and swap checkpoints, the mining loop); [`store_http`]: checkpoints and
+//!   deltas over HTTP(S) from the object store, the relay as the fallback;
 //! - [`doctor`]: `edge-miner doctor` (everything a miner needs, checked);
 //! - `adversary` (feature `adversary`): the miner with one attack switched
 //!   on (`edge-miner run --attack NAME`), for the validator's tests;
@@ -25,6 +26,7 @@ pub mod offline;
 pub mod quantize;
 pub mod run;
 pub mod schedule;
+pub mod store_http;
 pub mod sync;
 pub mod uplink;
 #[cfg(feature = "wgpu")]

@@ -18,6 +18,12 @@
 //! A payload that fails any check is refused: the sync retries, and falls
 //! back from deltas to a full download. Nothing unverified is ever loaded.
 //!
+//! When the coordinator names an object store's public URL for the path
+//! ([`CheckpointPath::store_url`]), each payload is first downloaded from
+//! there over HTTP(S) ([`crate::store_http`]) and checked exactly as a
+//! relayed one; any failure (unreachable, missing, wrong bytes, a stall)
+//! fetches that payload from the relay instead.
+//!
 //! Everything slow about a new model happens here, off the generation
 //! thread: the loader's work (for llama.cpp, mapping the file, after
 //! widening BF16 to F32 when layers are offloaded to a GPU) and a warm-up
@@ -41,6 +47,7 @@ use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 
 use crate::backend::{Backend, BackendError, DrawKey, GroupRequest};
+use crate::store_http::{StoreClient, Timeouts};
 use crate::uplink::{Uplink, UplinkError};
 
 /// Number of model files a miner keeps.
@@ -321,6 +328,9 @@ pub enum SyncEvent {
         id: ContentId,
         /// Payload bytes downloaded for it.
         bytes: u64,
+        /// Of those, bytes downloaded from the object store over HTTP(S)
+        /// (the rest came through the coordinator's relay).
+        from_store: u64,
         /// Whether it came as deltas.
         by_delta: bool,
         /// When it was ready.
@@ -478,16 +488,23 @@ pub async fn sync_once(
     let mut prepared = None;
     for attempt in 0..cfg.attempts.max(1) {
         // First attempt: the path as given; later ones: a full download.
-        let steps = if attempt == 0 {
-            path.steps.clone()
+        let (steps, store_url) = if attempt == 0 {
+            (path.steps.clone(), path.store_url.clone())
         } else {
             let full = ask_path(uplink, None, Some(target)).await?;
             check_announcement(&models.dir, &network, &full)?;
-            full.steps
+            (full.steps, full.store_url)
         };
-        match prepare(uplink, models, slot, active, &steps, target, cfg.progress).await {
-            Ok(bytes) => {
-                prepared = Some((bytes, steps.iter().all(|s| s.base.is_some()) && !steps.is_empty()));
+        let store = store_url.and_then(|u| match StoreClient::new(&u, Timeouts::default()) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "store url ignored; downloading from the relay");
+                None
+            }
+        });
+        match prepare(uplink, models, slot, active, &steps, target, store.as_ref(), cfg.progress).await {
+            Ok(got) => {
+                prepared = Some((got, steps.iter().all(|s| s.base.is_some()) && !steps.is_empty()));
                 break;
             }
             Err(e) => {
@@ -497,7 +514,7 @@ pub async fn sync_once(
             }
         }
     }
-    let Some((bytes, by_delta)) = prepared else {
+    let Some(((bytes, from_store), by_delta)) = prepared else {
         return Err(last_err.unwrap_or(SyncError::NoFreeSlot));
     };
     let prepare = started.elapsed();
@@ -512,12 +529,15 @@ pub async fn sync_once(
         st.staged = Some(Staged { slot, id: target, from_window: path.from_window, backend, ready_at: at });
     }
     let load = at.duration_since(started) - prepare;
-    tracing::info!(%target, bytes, by_delta, ?prepare, ?load, "checkpoint staged");
-    emit(SyncEvent::Staged { id: target, bytes, by_delta, at, prepare, load });
+    tracing::info!(%target, bytes, from_store, by_delta, ?prepare, ?load, "checkpoint staged");
+    emit(SyncEvent::Staged { id: target, bytes, from_store, by_delta, at, prepare, load });
     Ok(())
 }
 
-/// Brings `slot` to `target` following `steps`; returns payload bytes downloaded.
+/// Brings `slot` to `target` following `steps`, each payload from `store`
+/// when there is one and it delivers, else from the relay; returns the
+/// payload bytes downloaded and, of those, the bytes from the store.
+#[allow(clippy::too_many_arguments)]
 async fn prepare(
     uplink: &mut Uplink,
     models: &Arc<Models>,
@@ -525,18 +545,36 @@ async fn prepare(
     active: Option<ContentId>,
     steps: &[PathStep],
     target: ContentId,
+    store: Option<&StoreClient>,
     progress: bool,
-) -> Result<u64, SyncError> {
+) -> Result<(u64, u64), SyncError> {
     let file = models.slot_path(slot);
     if models.state().ids[slot] == Some(target) {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let mut bytes = 0u64;
+    let mut from_store = 0u64;
     let mut chain = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         match step.base {
             None => {
-                bytes += download_full(uplink, models, step, progress).await?;
+                let from_http = match store {
+                    Some(c) => match download_full_http(c, models, step, progress).await {
+                        Ok(n) => Some(n),
+                        Err(e) => {
+                            tracing::warn!(error = %e, id = %step.id, "full checkpoint from the store refused; from the relay");
+                            None
+                        }
+                    },
+                    None => None,
+                };
+                match from_http {
+                    Some(n) => {
+                        bytes += n;
+                        from_store += n;
+                    }
+                    None => bytes += download_full(uplink, models, step, progress).await?,
+                }
                 let part = models.dir.join("download.part");
                 models.state().ids[slot] = None;
                 std::fs::rename(&part, &file).map_err(io(&file))?;
@@ -553,8 +591,25 @@ async fn prepare(
                 if step.len > MAX_DELTA_LEN {
                     return Err(SyncError::BadPayload(format!("delta of {} bytes", step.len)));
                 }
-                let payload =
-                    fetch(uplink, step, |offset| Frame::GetDelta(GetDelta { base, id: step.id, offset })).await?;
+                let payload = match store {
+                    Some(c) => match delta_http(c, step, base, progress).await {
+                        Ok(p) => {
+                            from_store += p.len() as u64;
+                            Some(p)
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, id = %step.id, "delta from the store refused; from the relay");
+                            None
+                        }
+                    },
+                    None => None,
+                };
+                let payload = match payload {
+                    Some(p) => p,
+                    None => {
+                        fetch(uplink, step, |offset| Frame::GetDelta(GetDelta { base, id: step.id, offset })).await?
+                    }
+                };
                 bytes += payload.len() as u64;
                 check_payload(step, &payload)?;
                 let prev = models.state().ids[slot];
@@ -575,7 +630,114 @@ async fn prepare(
         return Err(SyncError::BadPayload(format!("path did not end at {target}")));
     }
     models.state().last_chain = chain;
-    Ok(bytes)
+    Ok((bytes, from_store))
+}
+
+/// A progress bar for a payload of `len` bytes, at `offset`.
+fn progress_bar(len: u64, offset: u64, what: &str) -> indicatif::ProgressBar {
+    let b = indicatif::ProgressBar::new(len).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bytes}}/{{total_bytes}} [{{bar:30}}] {{bytes_per_sec}}, eta {{eta}}"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b.set_position(offset);
+    b
+}
+
+/// Payloads at least this long get a progress bar (when bars are on).
+const BAR_BYTES: u64 = 16 << 20;
+
+/// A delta from the store, checked against the step (length, blake3) and its
+/// base and result content ids before it is returned.
+async fn delta_http(
+    store: &StoreClient,
+    step: &PathStep,
+    base: ContentId,
+    progress: bool,
+) -> Result<Vec<u8>, SyncError> {
+    if step.len > MAX_DELTA_LEN {
+        return Err(SyncError::BadPayload(format!("delta of {} bytes", step.len)));
+    }
+    let (c, s) = (store.clone(), step.clone());
+    let bar = (progress && step.len >= BAR_BYTES).then(|| progress_bar(step.len, 0, "delta (store)"));
+    let b2 = bar.clone();
+    let payload = tokio::task::spawn_blocking(move || c.get_bytes(&s, b2.as_ref()))
+        .await
+        .map_err(|e| SyncError::BadPayload(e.to_string()))?
+        .map_err(|e| SyncError::BadPayload(e.to_string()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    check_payload(step, &payload)?;
+    let (b, r) = delta::peek_ids(&payload)?;
+    if b != base || r != step.id {
+        return Err(SyncError::BadPayload(format!("delta goes {b} -> {r}, the path says {base} -> {}", step.id)));
+    }
+    Ok(payload)
+}
+
+/// Downloads a full checkpoint from the store into `download.part` (the file
+/// the relay download resumes), resuming a partial download of the same
+/// checkpoint; checks length, hash and content id. Returns the bytes received.
+async fn download_full_http(
+    store: &StoreClient,
+    models: &Models,
+    step: &PathStep,
+    progress: bool,
+) -> Result<u64, SyncError> {
+    let (part, offset) = start_part(models, step)?;
+    let bar = progress.then(|| progress_bar(step.len, offset, "checkpoint (store)"));
+    let (c, s, p, b2) = (store.clone(), step.clone(), part.clone(), bar.clone());
+    let got = tokio::task::spawn_blocking(move || c.get_to_file(&s, &p, offset, b2.as_ref()))
+        .await
+        .map_err(|e| SyncError::BadPayload(e.to_string()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let got = got.map_err(|e| SyncError::BadPayload(e.to_string()))?;
+    verify_part(models, step).await?;
+    Ok(got)
+}
+
+/// The partial download file and the bytes of `step` it already holds (0,
+/// and a fresh id file, unless it holds the start of this checkpoint).
+fn start_part(models: &Models, step: &PathStep) -> Result<(PathBuf, u64), SyncError> {
+    let part = models.dir.join("download.part");
+    let idfile = models.dir.join("download.id");
+    let resume = std::fs::read_to_string(&idfile).ok().is_some_and(|s| s.trim() == step.id.to_string());
+    let mut offset = if resume { std::fs::metadata(&part).map_or(0, |m| m.len()) } else { 0 };
+    if offset > step.len {
+        offset = 0;
+    }
+    if offset == 0 {
+        std::fs::write(&idfile, step.id.to_string()).map_err(io(&idfile))?;
+    }
+    Ok((part, offset))
+}
+
+/// Checks `download.part` against the step: length, blake3 and content id.
+/// A file that fails is deleted (with its id file): the next download starts over.
+async fn verify_part(models: &Models, step: &PathStep) -> Result<(), SyncError> {
+    let part = models.dir.join("download.part");
+    let p = part.clone();
+    let (hash, id) = tokio::task::spawn_blocking(move || {
+        let hash = std::fs::File::open(&p).and_then(|mut f| {
+            let mut h = blake3::Hasher::new();
+            let n = std::io::copy(&mut f, &mut h)?;
+            Ok((n, *h.finalize().as_bytes()))
+        });
+        (hash, file_content_id(&p))
+    })
+    .await
+    .map_err(|e| SyncError::BadPayload(e.to_string()))?;
+    let (len, hash) = hash.map_err(io(&part))?;
+    if len != step.len || hash != step.payload_hash || id != Some(step.id) {
+        let _ = std::fs::remove_file(&part);
+        let _ = std::fs::remove_file(models.dir.join("download.id"));
+        return Err(SyncError::BadPayload("full checkpoint length, hash or content id mismatch".into()));
+    }
+    Ok(())
 }
 
 /// Makes the free `slot` hold `base` (the active checkpoint): replays the
@@ -661,16 +823,7 @@ async fn download_full(
     progress: bool,
 ) -> Result<u64, SyncError> {
     use std::io::Write;
-    let part = models.dir.join("download.part");
-    let idfile = models.dir.join("download.id");
-    let resume = std::fs::read_to_string(&idfile).ok().is_some_and(|s| s.trim() == step.id.to_string());
-    let mut offset = if resume { std::fs::metadata(&part).map_or(0, |m| m.len()) } else { 0 };
-    if offset > step.len {
-        offset = 0;
-    }
-    if offset == 0 {
-        std::fs::write(&idfile, step.id.to_string()).map_err(io(&idfile))?;
-    }
+    let (part, mut offset) = start_part(models, step)?;
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .write(true)
@@ -678,16 +831,7 @@ async fn download_full(
         .append(offset > 0)
         .open(&part)
         .map_err(io(&part))?;
-    let bar = progress.then(|| {
-        let b = indicatif::ProgressBar::new(step.len).with_style(
-            indicatif::ProgressStyle::with_template(
-                "checkpoint {bytes}/{total_bytes} [{bar:30}] {bytes_per_sec}, eta {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b.set_position(offset);
-        b
-    });
+    let bar = progress.then(|| progress_bar(step.len, offset, "checkpoint"));
     let start = offset;
     while offset < step.len {
         let id = step.id;
@@ -706,24 +850,7 @@ async fn download_full(
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let p = part.clone();
-    let (hash, id) = tokio::task::spawn_blocking(move || {
-        let hash = std::fs::File::open(&p).and_then(|mut f| {
-            let mut h = blake3::Hasher::new();
-            std::io::copy(&mut f, &mut h)?;
-            Ok(*h.finalize().as_bytes())
-        });
-        (hash, file_content_id(&p))
-    })
-    .await
-    .map_err(|e| SyncError::BadPayload(e.to_string()))?;
-    let hash = hash.map_err(io(&part))?;
-    if hash != step.payload_hash || id != Some(step.id) {
-        // Start over next time: the partial file is bad.
-        let _ = std::fs::remove_file(&part);
-        let _ = std::fs::remove_file(&idfile);
-        return Err(SyncError::BadPayload("full checkpoint hash or content id mismatch".into()));
-    }
+    verify_part(models, step).await?;
     Ok(step.len - start)
 }
 
@@ -749,6 +876,7 @@ mod tests {
             from_window: 4,
             steps: vec![PathStep { id, base: None, len: 10, payload_hash: hash }],
             announcement: Some(PublishCheckpoint::sign(body, trainer, &NET)),
+            store_url: None,
         }
     }
 
@@ -781,7 +909,7 @@ mod tests {
         let p = path(&trainer, id, [5; 32]);
         assert!(matches!(check_announcement(dir.path(), &other_net, &p), Err(SyncError::Announcement(_))));
         // A path without an announcement, the genesis checkpoint's too.
-        let genesis = CheckpointPath { target: id, from_window: 0, steps: vec![], announcement: None };
+        let genesis = CheckpointPath { target: id, from_window: 0, steps: vec![], announcement: None, store_url: None };
         assert!(refused(&genesis), "an unannounced checkpoint");
     }
 }

@@ -143,14 +143,37 @@ fn frame() -> impl Strategy<Value = Frame> {
             }
         ),
         (any::<u64>(), key()).prop_map(|(window, miner)| Frame::VerdictAck(VerdictAck { window, miner })),
-        Just(Frame::GetWeights(GetWeights)),
-        (any::<u64>(), proptest::collection::vec((key(), 0.0f64..1.0), 0..10), key(), sig()).prop_map(
-            |(window, weights, coordinator, signature)| Frame::Weights(WeightsDoc {
-                network: NetworkId([3; 32]),
-                body: WeightsBody { window, weights, coordinator },
-                signature,
-            })
+        (any::<Option<u64>>(), any::<u64>())
+            .prop_map(|(window, offset)| Frame::GetWeights(GetWeights { window, offset })),
+        (any::<u64>(), proptest::collection::vec((key(), 0.0f64..1.0), 0..10), key(), sig(), any::<u64>()).prop_map(
+            |(window, weights, coordinator, signature, offset)| {
+                let doc = WeightsDoc {
+                    network: NetworkId([3; 32]),
+                    body: WeightsBody { window, weights, coordinator },
+                    signature,
+                };
+                let bytes = doc.encode();
+                Frame::Weights(WeightsPart { window, len: bytes.len() as u64, offset, data: Blob(bytes) })
+            }
         ),
+        (any::<u64>(), proptest::option::of(key()))
+            .prop_map(|(window, after)| Frame::GetWindowIndex(GetWindowIndex { window, after })),
+        (
+            any::<u64>(),
+            proptest::collection::vec(
+                (key(), any::<u32>(), any::<u64>(), proptest::collection::vec(any::<u32>(), 0..8)),
+                0..6
+            ),
+            proptest::option::of(key())
+        )
+            .prop_map(|(window, miners, next)| Frame::WindowIndex(WindowIndex {
+                window,
+                miners: miners
+                    .into_iter()
+                    .map(|(miner, rollouts, bytes, groups)| MinerWork { miner, rollouts, bytes, groups })
+                    .collect(),
+                next,
+            })),
         (any::<[u8; 32]>(), any::<Option<[u8; 32]>>(), any::<u64>(), key(), sig()).prop_map(
             |(id, base, len, trainer, signature)| {
                 Frame::PublishCheckpoint(PublishCheckpoint {
@@ -193,6 +216,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                     })
                     .collect(),
                 announcement: None,
+                store_url: Some("https://cdn.example/tributary".into()),
             })),
         (any::<[u8; 32]>(), any::<[u8; 32]>(), any::<u64>()).prop_map(|(base, id, offset)| Frame::GetDelta(GetDelta {
             base: ContentId(base),

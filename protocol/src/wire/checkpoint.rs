@@ -110,6 +110,50 @@ pub struct CheckpointPath {
     /// checkpoint): a miner checks its signature, its trainer key and its
     /// payload hash, so the coordinator alone cannot name a model.
     pub announcement: Option<PublishCheckpoint>,
+    /// The public base URL (`http://` or `https://`, at most
+    /// [`MAX_STORE_URL_LEN`] bytes) of the object store, or a CDN in front of
+    /// it, that holds every step of this path under [`store_key`]; `None`:
+    /// fetch them from the relay. A peer verifies what it downloads from there
+    /// as it verifies the relay's chunks, and falls back to the relay on any
+    /// failure.
+    pub store_url: Option<String>,
+}
+
+/// The longest [`CheckpointPath::store_url`] a peer follows.
+pub const MAX_STORE_URL_LEN: usize = 1024;
+
+/// The object store's folder of full checkpoint files.
+pub const STORE_CHECKPOINTS: &str = "checkpoints";
+
+/// The object store's folder of delta payloads.
+pub const STORE_DELTAS: &str = "deltas";
+
+/// The object store's folder of signed weights documents.
+pub const STORE_WEIGHTS: &str = "weights";
+
+/// The object key of a path step's payload, relative to the store's root:
+/// `checkpoints/<content id>.gguf` for a full file (content-addressed by the
+/// trainer-signed content id), `deltas/<blake3 of the payload>.delta` for a
+/// delta. The coordinator writes and peers read under these names, so this
+/// is the one definition of them.
+pub fn store_key(id: &ContentId, base: Option<&ContentId>, payload_hash: &[u8; 32]) -> String {
+    match base {
+        None => format!("{STORE_CHECKPOINTS}/{id}.gguf"),
+        Some(_) => format!("{STORE_DELTAS}/{}.delta", hex::encode(payload_hash)),
+    }
+}
+
+/// The object key of a window's signed weights document (its postcard
+/// encoding, as [`super::WeightsDoc`] signs it).
+pub fn store_weights_key(window: WindowId) -> String {
+    format!("{STORE_WEIGHTS}/{window:020}.bin")
+}
+
+impl PathStep {
+    /// This step's object key in the store ([`store_key`]).
+    pub fn store_key(&self) -> String {
+        store_key(&self.id, self.base.as_ref(), &self.payload_hash)
+    }
 }
 
 /// Asks for part of a stored delta payload (from `base` to `id`), from `offset`.

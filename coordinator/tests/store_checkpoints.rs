@@ -1,0 +1,217 @@
+//! Checkpoints, deltas and signed weights documents on object storage
+//! (issue 21): a coordinator configured with an archive writes every relayed
+//! checkpoint's full file and delta (content-addressed) and every signed
+//! weights document to the store, idempotently; a path whose steps the store
+//! holds carries the store's public URL; relay retention deletes only what
+//! the store holds. Real `object_store` local-filesystem backend, real files.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coordinator::archive::{self, Archive, ArchiveError};
+use coordinator::node::{self, Config, ConfigError, Node};
+use coordinator::relay::{self, Entry};
+use coordinator::server::Shared;
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::wire::{
+    CheckpointBody, CheckpointKind, PublishCheckpoint, Role, WeightsDoc, store_key, store_weights_key,
+};
+
+const GENESIS: ContentId = ContentId([1; 32]);
+const URL: &str = "https://cdn.example/tributary";
+
+fn id(i: u8) -> ContentId {
+    ContentId([10 + i; 32])
+}
+
+fn config(dir: &Path) -> Config {
+    let mut cfg = Config::dev(dir.join("data"));
+    cfg.window_ms = 600_000;
+    cfg.archive = Some("objects".into());
+    cfg.store_url = Some(URL.into());
+    // Retention runs when the test says (below), not on the node's timer.
+    cfg.keep_checkpoints = 0;
+    cfg
+}
+
+fn objects(dir: &Path) -> std::path::PathBuf {
+    dir.join("data/objects")
+}
+
+/// Publication `i` (full file of 4 KiB, with a base a delta of 100 bytes),
+/// stored and made visible as the coordinator does after an upload.
+fn publish(node: &Node, i: u8, base: Option<u8>, window: u64) -> Entry {
+    let sh = &node.shared;
+    let cid = id(i);
+    let full = sh.relay.full_path(&cid);
+    std::fs::write(&full, vec![i; 4096]).unwrap();
+    let (full_len, full_hash) = relay::hash_file(&full).unwrap();
+    let delta = base.map(|b| {
+        let bytes = vec![i ^ 0x55; 100];
+        std::fs::write(sh.relay.delta_path(&id(b), &cid), &bytes).unwrap();
+        (id(b), 100, *blake3::hash(&bytes).as_bytes())
+    });
+    let entry = Entry { id: cid, seq: u64::from(i), window, from_window: window + 1, full_len, full_hash, delta };
+    let (kind, len, payload_hash) = match delta {
+        Some((b, len, hash)) => (CheckpointKind::Delta { base: b }, len, hash),
+        None => (CheckpointKind::Full, full_len, full_hash),
+    };
+    let trainer = tributary_protocol::dev::key(Role::Trainer);
+    let body = CheckpointBody { id: cid, kind, len, payload_hash, window, trainer: trainer.public() };
+    let ann = PublishCheckpoint::sign(body, &trainer, &sh.network());
+    sh.store.put_checkpoint(window + 1, &ann, &entry).unwrap();
+    sh.core().restore_checkpoint(window + 1, cid);
+    sh.relay.set_announcement(ann);
+    sh.relay.insert(entry.clone());
+    entry
+}
+
+async fn until(mut f: impl FnMut() -> bool) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !f() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("timed out")
+}
+
+fn stored_bytes(dir: &Path, key: &str) -> Option<Vec<u8>> {
+    std::fs::read(objects(dir).join(key)).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_deltas_and_weights_documents_reach_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let node = node::start(&cfg, GENESIS).await.unwrap();
+    let sh: Arc<Shared> = node.shared.clone();
+    let entries = [publish(&node, 1, None, 1), publish(&node, 2, Some(1), 2), publish(&node, 3, Some(2), 3)];
+    // A signed weights document, as the signer stores it.
+    let doc = WeightsDoc::sign(sh.core().weights(3, sh.key.public()), &sh.key, &sh.network());
+    assert!(sh.store.put_weights_doc(&doc).unwrap());
+
+    // Written on the new-checkpoint wake-up, not a minute later.
+    until(|| entries.iter().all(|e| sh.relay.is_stored(&e.id))).await;
+    for e in &entries {
+        let full = stored_bytes(dir.path(), &store_key(&e.id, None, &e.full_hash)).expect("full file stored");
+        assert_eq!(full, std::fs::read(sh.relay.full_path(&e.id)).unwrap());
+        if let Some((base, len, hash)) = e.delta {
+            let key = store_key(&e.id, Some(&base), &hash);
+            assert!(key.starts_with("deltas/"), "{key}");
+            let d = stored_bytes(dir.path(), &key).expect("delta stored");
+            assert_eq!((d.len() as u64, *blake3::hash(&d).as_bytes()), (len, hash));
+        }
+    }
+    // The weights document, verifiable by a reader with only the store and the coordinator's key.
+    let a = Archive::open(objects(dir.path()).to_str().unwrap()).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(d) = a.weights(3).await.unwrap() {
+                break d;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("weights document stored");
+    assert_eq!(got, doc);
+    got.verify(&sh.network()).unwrap();
+    assert!(objects(dir.path()).join(store_weights_key(3)).is_file());
+
+    // Paths the store holds carry its URL; the relay serves the same steps.
+    let p = sh.relay.path(Some(id(1)), None).unwrap();
+    assert_eq!(p.steps.iter().map(|s| s.id).collect::<Vec<_>>(), [id(2), id(3)]);
+    assert_eq!(p.store_url.as_deref(), Some(URL));
+    let p = sh.relay.path(None, Some(id(2))).unwrap();
+    assert_eq!(p.store_url.as_deref(), Some(URL));
+    assert!(stored_bytes(dir.path(), &p.steps[0].store_key()).is_some());
+
+    // Idempotent: a second pass writes nothing, and a writer that does not
+    // know what is stored (a restarted coordinator) finds each object by its
+    // key and size and leaves it.
+    assert!(archive::store_checkpoints(&sh, &a).await.unwrap().is_empty());
+    let key = store_key(&id(3), None, &entries[2].full_hash);
+    let mtime = || std::fs::metadata(objects(dir.path()).join(&key)).unwrap().modified().unwrap();
+    let before = mtime();
+    assert!(!a.put_file(&key, &sh.relay.full_path(&id(3)), 4096, &entries[2].full_hash).await.unwrap());
+    assert_eq!(mtime(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_its_content_address_is_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Archive::local(dir.path()).unwrap();
+    let file = dir.path().join("payload");
+    std::fs::write(&file, vec![7u8; 20 << 20]).unwrap();
+    let hash = *blake3::hash(&std::fs::read(&file).unwrap()).as_bytes();
+    // Streamed in parts (20 MiB, parts of 8) and written once.
+    assert!(a.put_file("checkpoints/x.gguf", &file, 20 << 20, &hash).await.unwrap());
+    assert!(!a.put_file("checkpoints/x.gguf", &file, 20 << 20, &hash).await.unwrap());
+    assert_eq!(std::fs::read(dir.path().join("checkpoints/x.gguf")).unwrap(), std::fs::read(&file).unwrap());
+    // Another hash, a shorter or a longer announced length: refused, nothing at the key.
+    for (len, h) in [(20 << 20, [0u8; 32]), ((20 << 20) - 1, hash), ((20 << 20) + 1, hash)] {
+        let r = a.put_file("checkpoints/y.gguf", &file, len, &h).await;
+        assert!(matches!(r, Err(ArchiveError::Mismatch { .. })), "{len}: {r:?}");
+        assert!(!a.holds("checkpoints/y.gguf", len).await.unwrap());
+        assert!(!dir.path().join("checkpoints/y.gguf").exists());
+    }
+    // A missing local file is a typed error.
+    let r = a.put_file("checkpoints/z.gguf", &dir.path().join("nope"), 1, &hash).await;
+    assert!(matches!(r, Err(ArchiveError::Io { .. })), "{r:?}");
+}
+
+/// Fails without the gate in `Relay::past_retention`: retention deleted the
+/// relay's only copy of checkpoints the store never received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_retention_deletes_only_what_the_store_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    // The store cannot take checkpoints yet: `checkpoints` is a file, not a folder.
+    std::fs::create_dir_all(objects(dir.path())).unwrap();
+    std::fs::write(objects(dir.path()).join("checkpoints"), b"in the way").unwrap();
+    let node = node::start(&cfg, GENESIS).await.unwrap();
+    let sh = node.shared.clone();
+    for i in 1..=5u8 {
+        publish(&node, i, (i > 1).then(|| i - 1), u64::from(i));
+    }
+    let now = sh.core().schedule().opens_at(6) + 1_000;
+    let sh2 = sh.clone();
+    let retention = move || relay::apply_retention(&sh2, 1, now).unwrap();
+    // Give the store task time to try (and fail) on every entry.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!sh.relay.is_stored(&id(1)));
+    assert_eq!(tokio::task::spawn_blocking(retention.clone()).await.unwrap(), Vec::<ContentId>::new());
+    assert_eq!(sh.relay.entries().len(), 5);
+    assert!(sh.relay.full_path(&id(1)).is_file());
+    // The path has no store URL while the store lacks its steps.
+    assert_eq!(sh.relay.path(None, None).unwrap().store_url, None);
+
+    // The store comes back: everything is written, then retention deletes
+    // the old local copies, which stay in the store.
+    std::fs::remove_file(objects(dir.path()).join("checkpoints")).unwrap();
+    until(|| (1..=5).all(|i| sh.relay.is_stored(&id(i)))).await;
+    let mut gone = tokio::task::spawn_blocking(retention).await.unwrap();
+    gone.sort();
+    assert!(!gone.is_empty());
+    for g in &gone {
+        assert!(!sh.relay.full_path(g).exists());
+        let hash = relay::hash_file(&objects(dir.path()).join(format!("checkpoints/{g}.gguf"))).unwrap();
+        assert_eq!(hash.0, 4096, "{g} stays in the store");
+    }
+}
+
+#[test]
+fn a_store_url_needs_an_archive_and_an_http_scheme() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    node::check_store_url(&cfg).unwrap();
+    for bad in ["ftp://x/y", "https://", "cdn.example", "https://a b"] {
+        cfg.store_url = Some(bad.into());
+        assert_eq!(node::check_store_url(&cfg), Err(ConfigError::StoreUrl(bad.into())), "{bad}");
+    }
+    cfg.store_url = Some(URL.into());
+    cfg.archive = None;
+    assert!(matches!(node::check_store_url(&cfg), Err(ConfigError::StoreUrl(_))));
+}

@@ -348,6 +348,7 @@ fn live_apply(data_dir: &Path, shared: &Shared, req: &LiveRequest) -> Result<Vec
             let now = shared.core().schedule().window_at(now_ms()).unwrap_or(0);
             let o = record_ban(&admin, &miner, now, *windows)?;
             apply_override(&mut shared.core(), miner, o);
+            shared.note_admin_change();
             tracing::info!(%miner, window = now, through = ?o.manual_through, "operator ban (live)");
             Ok(vec![
                 format!("banned={miner}"),
@@ -359,6 +360,7 @@ fn live_apply(data_dir: &Path, shared: &Shared, req: &LiveRequest) -> Result<Vec
             let validator = parse_key(validator)?;
             let was = shared.core().is_flagged(&validator);
             let n = shared.core().clear_validator(&validator);
+            shared.note_admin_change();
             admin.set_validator_clear(&validator, n as u64)?;
             tracing::info!(%validator, refutations = n, was_flagged = was, "operator cleared a validator (live)");
             Ok(vec![format!("cleared={validator}"), format!("refutations={n}"), format!("was_flagged={was}")])
@@ -368,6 +370,7 @@ fn live_apply(data_dir: &Path, shared: &Shared, req: &LiveRequest) -> Result<Vec
             let now = shared.core().schedule().window_at(now_ms()).unwrap_or(0);
             let o = record_unban(&shared.store, &admin, &miner)?;
             apply_override(&mut shared.core(), miner, o);
+            shared.note_admin_change();
             tracing::info!(%miner, window = now, forgiven_before = o.forgive_before, "operator unban (live)");
             Ok(vec![
                 format!("unbanned={miner}"),

@@ -100,6 +100,9 @@ pub struct ValidatorStatus {
     /// Windows (still kept) whose challenge it committed to and did not
     /// reveal in time (`Core::withheld`, `protocol::beacon`).
     pub beacon_withheld: Vec<WindowId>,
+    /// Whether it withheld its last `WITHHOLD_LIMIT` reveals in a row
+    /// (`Core::withholding`): then it is also `flagged`.
+    pub withholding: bool,
 }
 
 /// Refutations listed per validator in [`ValidatorStatus`].
@@ -116,8 +119,6 @@ struct Claim {
 /// rollout, the trainer's verdicts, refutations and operator clears.
 #[derive(Debug, Default)]
 pub struct Tribunal {
-    /// (window, digest) → who proved the rollout passing.
-    passed: BTreeMap<(WindowId, [u8; 32]), BTreeMap<PublicKey, Party>>,
     /// (window, digest) → validator → its hard evidence on the rollout.
     claims: BTreeMap<(WindowId, [u8; 32]), BTreeMap<PublicKey, Claim>>,
     /// (window, miner) → the trainer's verdict.
@@ -145,9 +146,17 @@ impl Tribunal {
         self.trainer.range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32]))).map(|(_, v)| v)
     }
 
-    /// Records `v`'s passing digests and hard evidence, signed by `party`;
-    /// returns the validators this newly flags.
-    pub fn note(&mut self, v: &VerdictBody, party: Party) -> Vec<PublicKey> {
+    /// Records `v`'s hard evidence, signed by `party`, and refutes the
+    /// claims its passing digests contradict; returns the validators this
+    /// newly flags. `provers` answers who else proved a rollout of `v`'s
+    /// miner and window passing (the verdicts that count, which the caller
+    /// keeps; keeping every passing digest here again cost ~0.2 KiB each).
+    pub fn note(
+        &mut self,
+        v: &VerdictBody,
+        party: Party,
+        provers: impl Fn(&[u8; 32]) -> Vec<(PublicKey, Party)>,
+    ) -> Vec<PublicKey> {
         let was: BTreeSet<PublicKey> = self.refuted.keys().filter(|k| self.is_flagged(k)).copied().collect();
         if party == Party::Trainer {
             self.trainer.insert((v.window, v.miner), v.clone());
@@ -155,7 +164,6 @@ impl Tribunal {
         if party != Party::Coordinator {
             for d in &v.passed {
                 let key = (v.window, *d);
-                self.passed.entry(key).or_default().insert(v.validator, party);
                 let claims: Vec<(PublicKey, Claim)> =
                     self.claims.get(&key).map(|c| c.iter().map(|(k, c)| (*k, *c)).collect()).unwrap_or_default();
                 for (claimant, c) in claims {
@@ -170,9 +178,7 @@ impl Tribunal {
                 let key = (v.window, e.digest);
                 let claim = Claim { check: e.check, miner: v.miner };
                 self.claims.entry(key).or_default().insert(v.validator, claim);
-                let provers: Vec<(PublicKey, Party)> =
-                    self.passed.get(&key).map(|p| p.iter().map(|(k, p)| (*k, *p)).collect()).unwrap_or_default();
-                for (by, by_party) in provers {
+                for (by, by_party) in provers(&e.digest) {
                     if by != v.validator && by_party.refutes(e.check) && !self.is_flagged(&by) {
                         self.refute(v.validator, key, claim, by, by_party);
                     }
@@ -228,6 +234,7 @@ impl Tribunal {
                     verdicts: counted(&k),
                     refutations,
                     beacon_withheld: Vec::new(),
+                    withholding: false,
                 }
             })
             .collect()
@@ -236,7 +243,6 @@ impl Tribunal {
     /// Forgets proofs and claims of windows before `from` (refutations stay).
     pub fn prune(&mut self, from: WindowId) {
         let keep = |k: &(WindowId, [u8; 32])| k.0 >= from;
-        self.passed.retain(|k, _| keep(k));
         self.claims.retain(|k, _| keep(k));
         self.trainer.retain(|(w, _), _| *w >= from);
     }
@@ -360,19 +366,44 @@ mod tests {
         }
     }
 
+    /// The verdicts noted so far, standing in for the core's (who proved what passing).
+    #[derive(Default)]
+    struct Book(Vec<(VerdictBody, Party)>);
+
+    impl Book {
+        fn note(&mut self, t: &mut Tribunal, v: &VerdictBody, party: Party) -> Vec<PublicKey> {
+            let provers = |d: &[u8; 32]| {
+                self.0
+                    .iter()
+                    .filter(|(b, p)| *p != Party::Coordinator && b.passed.contains(d) && !t.is_flagged(&b.validator))
+                    .map(|(b, p)| (b.validator, *p))
+                    .collect::<Vec<_>>()
+            };
+            let provers: BTreeMap<[u8; 32], Vec<(PublicKey, Party)>> =
+                v.hard_failed().map(|d| (*d, provers(d))).collect();
+            let flagged = t.note(v, party, |d| provers.get(d).cloned().unwrap_or_default());
+            self.0.push((v.clone(), party));
+            flagged
+        }
+    }
+
     #[test]
     fn a_pass_refutes_evidence_in_either_order_and_clearing_lasts_until_the_next() {
         let (liar, honest, miner) = (key(1), key(2), key(9));
         let mut t = Tribunal::default();
-        assert_eq!(t.note(&body(liar, miner, vec![], &[([5; 32], FailedCheck::Sampling)]), Party::Validator), vec![]);
+        let mut book = Book::default();
+        assert_eq!(
+            book.note(&mut t, &body(liar, miner, vec![], &[([5; 32], FailedCheck::Sampling)]), Party::Validator),
+            vec![]
+        );
         assert!(!t.is_flagged(&liar));
-        assert_eq!(t.note(&body(honest, miner, vec![[5; 32], [6; 32]], &[]), Party::Validator), vec![liar]);
+        assert_eq!(book.note(&mut t, &body(honest, miner, vec![[5; 32], [6; 32]], &[]), Party::Validator), vec![liar]);
         assert!(t.is_flagged(&liar) && !t.is_flagged(&honest));
         assert_eq!(t.clear(&liar), 1);
         assert!(!t.is_flagged(&liar));
         // Claim after the pass: refuted at once.
         assert_eq!(
-            t.note(&body(liar, miner, vec![], &[([6; 32], FailedCheck::Logprob)]), Party::Validator),
+            book.note(&mut t, &body(liar, miner, vec![], &[([6; 32], FailedCheck::Logprob)]), Party::Validator),
             vec![liar]
         );
         let s = t.statuses([liar, honest], |_| 0);
@@ -384,17 +415,20 @@ mod tests {
     fn the_trainer_refutes_only_what_it_checks() {
         let (v, trainer, miner) = (key(1), key(3), key(9));
         let mut t = Tribunal::default();
-        t.note(
+        let mut book = Book::default();
+        book.note(
+            &mut t,
             &body(v, miner, vec![], &[([5; 32], FailedCheck::Sketch), ([6; 32], FailedCheck::Copy)]),
             Party::Validator,
         );
-        assert_eq!(t.note(&body(trainer, miner, vec![[5; 32], [6; 32]], &[]), Party::Trainer), vec![]);
-        t.note(&body(v, miner, vec![], &[([7; 32], FailedCheck::Reward)]), Party::Validator);
-        assert_eq!(t.note(&body(trainer, miner, vec![[7; 32]], &[]), Party::Trainer), vec![v]);
+        assert_eq!(book.note(&mut t, &body(trainer, miner, vec![[5; 32], [6; 32]], &[]), Party::Trainer), vec![]);
+        book.note(&mut t, &body(v, miner, vec![], &[([7; 32], FailedCheck::Reward)]), Party::Validator);
+        assert_eq!(book.note(&mut t, &body(trainer, miner, vec![[7; 32]], &[]), Party::Trainer), vec![v]);
         // A validator's own pass of its own claim refutes nothing; the coordinator's passes are not proofs.
         let mut t = Tribunal::default();
-        t.note(&body(v, miner, vec![], &[([5; 32], FailedCheck::Sampling)]), Party::Validator);
-        assert_eq!(t.note(&body(v, miner, vec![[5; 32]], &[]), Party::Validator), vec![]);
-        assert_eq!(t.note(&body(key(4), miner, vec![[5; 32]], &[]), Party::Coordinator), vec![]);
+        let mut book = Book::default();
+        book.note(&mut t, &body(v, miner, vec![], &[([5; 32], FailedCheck::Sampling)]), Party::Validator);
+        assert_eq!(book.note(&mut t, &body(v, miner, vec![[5; 32]], &[]), Party::Validator), vec![]);
+        assert_eq!(book.note(&mut t, &body(key(4), miner, vec![[5; 32]], &[]), Party::Coordinator), vec![]);
     }
 }

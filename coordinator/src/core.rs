@@ -38,7 +38,8 @@ use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::verify;
 use tributary_protocol::window::{Schedule, WindowId, WindowSecrets};
 use tributary_protocol::wire::{
-    BeaconCommit, BeaconReveal, CheckpointBody, Contribution, MinerStanding, NetworkId, RejectReason, Reveal, Role,
+    BeaconCommit, BeaconReveal, CheckpointBody, Confirmation, Confirmations, Contribution, MAX_CONFIRMATION_DIGESTS,
+    MAX_CONFIRMATION_GROUPS, MAX_CONFIRMATIONS_PAGE, MinerStanding, NetworkId, RejectReason, Reveal, Role,
     TrainerStatsBody, TrainerStatsError, VerdictBody, WeightsBody, WindowInfo,
 };
 
@@ -143,6 +144,14 @@ pub const BEACON_COMMIT_AHEAD: u64 = 2;
 /// The shortest reveal period a node gives contributions (its grace, if longer).
 pub const MIN_REVEAL_MS: u64 = 2_000;
 
+/// Withheld reveals in a row after which a party is *withholding*
+/// ([`Core::withholding`]): its commitments are refused and a validator's
+/// verdicts are set aside until an operator clears it or the withheld
+/// windows leave the kept span. One more than a crash can cause: a party
+/// commits at most [`BEACON_COMMIT_AHEAD`] windows ahead of the one it is
+/// in, so a party that stops withholds at most that many plus one in a row.
+pub const WITHHOLD_LIMIT: usize = BEACON_COMMIT_AHEAD as usize + 2;
+
 /// One window's commitments to, and reveals of, contributions to its
 /// challenge ([`tributary_protocol::beacon`]); what the store keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,6 +196,9 @@ pub enum BeaconRefusal {
     /// A reveal after the window's challenge was fixed.
     #[error("the window's challenge is fixed")]
     Fixed,
+    /// The party withheld its last [`WITHHOLD_LIMIT`] reveals in a row.
+    #[error("withheld its last {WITHHOLD_LIMIT} reveals in a row: contributions refused until cleared")]
+    Withholding,
     /// The secret does not open the commitment.
     #[error("the secret does not match the commitment")]
     Mismatch,
@@ -262,6 +274,8 @@ struct WindowBook {
     slots: HashMap<PublicKey, HashSet<(u32, u32)>>,
     /// Bytes of the rollouts reserved or stored.
     bytes: u64,
+    /// Those bytes by miner (each key's share of the budget).
+    miner_bytes: HashMap<PublicKey, u64>,
 }
 
 /// What the core knows of one miner.
@@ -338,9 +352,18 @@ pub struct Core {
     soft_thresholds: RefCell<HashMap<u32, u32>>,
     /// Window → contributions to its challenge.
     beacon: BTreeMap<WindowId, BeaconBook>,
-    /// Window → miner → its committee, once the window's challenge is fixed
-    /// (what [`Core::confirmed`] asks for every failing verdict).
-    committees: RefCell<BTreeMap<WindowId, BTreeMap<PublicKey, Vec<PublicKey>>>>,
+    /// Window → miner → its duty (committee and groups), once the window's
+    /// challenge is fixed (what [`Core::confirmed`] asks for every failing verdict).
+    committees: RefCell<BTreeMap<WindowId, BTreeMap<PublicKey, assign::Duty>>>,
+    /// (window, miner) pairs a validator's failing verdict claims: where
+    /// [`Core::confirmations`] looks for failures waiting for a second opinion.
+    disputed: BTreeSet<(WindowId, PublicKey)>,
+    /// Whether the coordinator re-checks model-free evidence itself (the
+    /// server's [`crate::bans::Rechecker`]); if not, that evidence also
+    /// waits for a confirmer.
+    model_free_recheck: bool,
+    /// Party → the last window whose withheld reveal an operator cleared.
+    withhold_cleared: BTreeMap<PublicKey, WindowId>,
     /// Windows whose withheld contributions were logged.
     withheld_logged: RefCell<BTreeSet<WindowId>>,
 }
@@ -366,6 +389,9 @@ impl Core {
             beacon: BTreeMap::new(),
             committees: RefCell::new(BTreeMap::new()),
             withheld_logged: RefCell::new(BTreeSet::new()),
+            disputed: BTreeSet::new(),
+            model_free_recheck: true,
+            withhold_cleared: BTreeMap::new(),
         }
     }
 
@@ -490,6 +516,10 @@ impl Core {
         if w > self.current_window(now_ms).unwrap_or(0).saturating_add(BEACON_COMMIT_AHEAD) {
             return Err(BeaconRefusal::TooEarly);
         }
+        let known = self.beacon.get(&w).and_then(|b| b.commits.get(&party)).is_some();
+        if !known && self.withholding(&party, now_ms) {
+            return Err(BeaconRefusal::Withholding);
+        }
         let book = self.beacon.entry(w).or_default();
         match book.commits.get(&party) {
             Some(old) if old.body.commitment == c.body.commitment => Ok(false),
@@ -579,6 +609,45 @@ impl Core {
         out
     }
 
+    /// Withheld reveals in a row of `party` among the windows up to `upto`
+    /// for which `fixed` holds (newest first, stopping at a revealed one or
+    /// at the last window an operator cleared).
+    fn withheld_streak(&self, party: &PublicKey, upto: WindowId, fixed: impl Fn(WindowId) -> bool) -> usize {
+        let cleared = self.withhold_cleared.get(party).copied();
+        let mut n = 0;
+        for (w, b) in self.beacon.range(..=upto).rev() {
+            if cleared.is_some_and(|c| *w <= c) {
+                break;
+            }
+            if !b.commits.contains_key(party) || !fixed(*w) {
+                continue;
+            }
+            if b.reveals.contains_key(party) {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Whether `party` (a validator or the trainer) withheld its last
+    /// [`WITHHOLD_LIMIT`] reveals in a row, as of `now_ms`: its commitments
+    /// are refused (its contributions stop counting) and a validator's
+    /// verdicts are set aside, until an operator clears it
+    /// ([`Core::clear_validator`]) or the withheld windows leave the kept
+    /// span (`max(ban_windows, weight_windows) + 2` windows).
+    pub fn withholding(&self, party: &PublicKey, now_ms: u64) -> bool {
+        self.withheld_streak(party, WindowId::MAX, |w| self.challenge_fixed(w, now_ms)) >= WITHHOLD_LIMIT
+    }
+
+    /// Whether `party` was withholding when its verdict on `window` came:
+    /// counted over the windows up to `window`, every one of them fixed by
+    /// then (a validator's verdict is taken only once its window's challenge
+    /// is), so a restart that restores the verdicts decides the same.
+    fn withholding_at(&self, party: &PublicKey, window: WindowId) -> bool {
+        self.withheld_streak(party, window, |_| true) >= WITHHOLD_LIMIT
+    }
+
     /// The task id of `miner`'s group `group` in `window`: what a rollout must claim.
     pub fn assigned_task(&self, window: WindowId, miner: &PublicKey, group: u32) -> u64 {
         task_seed(&self.secrets(window).seed, miner.as_bytes(), group)
@@ -600,6 +669,7 @@ impl Core {
                 book.digests.insert(c.digest);
                 book.slots.entry(c.miner).or_default().insert((c.group, c.index));
                 book.bytes += u64::from(c.shape.bytes);
+                *book.miner_bytes.entry(c.miner).or_default() += u64::from(c.shape.bytes);
             }
             Err(reason) => self.count_rejection(Some(peer), reason),
         }
@@ -669,7 +739,22 @@ impl Core {
             return Err(RejectReason::RateLimited);
         }
         let known = book.slots.get(&c.miner).is_some_and(|s| !s.is_empty());
-        if !known && book.slots.values().filter(|s| !s.is_empty()).count() >= self.cfg.max_window_miners as usize {
+        let here = book.slots.values().filter(|s| !s.is_empty()).count();
+        if !known && here >= self.cfg.max_window_miners as usize {
+            return Err(RejectReason::RateLimited);
+        }
+        // A fair share per key: the budget divided among the keys storing in
+        // this window (this one counted) or in the previous one, never less
+        // than an even split among `max_window_miners`. Keys that submit
+        // first cannot take it all before the others do.
+        let before = c.window.checked_sub(1).and_then(|w| self.books.get(&w));
+        let last = before.map_or(0, |b| b.slots.values().filter(|s| !s.is_empty()).count());
+        let was_there = before.is_some_and(|b| b.slots.get(&c.miner).is_some_and(|s| !s.is_empty()));
+        let keys = (here + usize::from(!known)).max(last + usize::from(!was_there)).max(1) as u64;
+        let floor = self.cfg.max_window_bytes / u64::from(self.cfg.max_window_miners.max(1));
+        let share = (self.cfg.max_window_bytes / keys).max(floor);
+        let mine = book.miner_bytes.get(&c.miner).copied().unwrap_or(0);
+        if mine > 0 && mine.saturating_add(u64::from(c.shape.bytes)) > share {
             return Err(RejectReason::RateLimited);
         }
         Ok(())
@@ -725,8 +810,15 @@ impl Core {
     /// window's challenge as the contributions recorded fix it (validators'
     /// verdicts are taken only once it is fixed, [`Core::record_verdict`]).
     pub fn in_committee(&self, window: WindowId, miner: &PublicKey, validator: &PublicKey) -> bool {
+        self.duty(window, miner).is_some_and(|d| d.committee.contains(validator))
+    }
+
+    /// `miner`'s duty in `window` (its committee, prover first, and the
+    /// groups its prover proves) under the challenge as the contributions
+    /// recorded fix it; `None` if it stored nothing there.
+    pub fn duty(&self, window: WindowId, miner: &PublicKey) -> Option<assign::Duty> {
         if let Some(by_miner) = self.committees.borrow().get(&window) {
-            return by_miner.get(miner).is_some_and(|c| c.contains(validator));
+            return by_miner.get(miner).cloned();
         }
         let work: BTreeMap<PublicKey, BTreeSet<u32>> = self
             .submitted
@@ -735,11 +827,101 @@ impl Core {
             .collect();
         let challenge = self.mixed_challenge(window);
         let a = assign::Assignment::compute(&self.assign_spec(), window, &challenge, self.cfg.group_size, &work);
-        let by_miner: BTreeMap<PublicKey, Vec<PublicKey>> =
-            a.miners.into_iter().map(|(m, d)| (m, d.committee)).collect();
-        let member = by_miner.get(miner).is_some_and(|c| c.contains(validator));
-        self.committees.borrow_mut().insert(window, by_miner);
-        member
+        let duty = a.miners.get(miner).cloned();
+        self.committees.borrow_mut().insert(window, a.miners);
+        duty
+    }
+
+    /// Tells the core whether the coordinator re-checks model-free evidence
+    /// itself ([`crate::bans::Rechecker`]; assumed until told otherwise).
+    /// Without it a confirmer is asked for that evidence too.
+    pub fn set_model_free_recheck(&mut self, rechecks: bool) {
+        self.model_free_recheck = rechecks;
+    }
+
+    /// The failures waiting for `confirmer`'s proof, in (window, miner)
+    /// order after `after`, at most `limit` (and [`MAX_CONFIRMATIONS_PAGE`]).
+    /// A failure waits for the other members of the miner's committee when
+    /// a member's counted verdict claims it, nobody has confirmed it yet, and
+    /// its hard evidence cites rollouts the coordinator cannot re-check itself
+    /// (model-based checks) that the confirmer's own verdict does not cover;
+    /// a claim resting on a count of soft failures asks for the prover's
+    /// groups instead. Answered by the confirmer's verdict on the miner.
+    pub fn confirmations(
+        &self,
+        confirmer: &PublicKey,
+        after: Option<(WindowId, PublicKey)>,
+        limit: u32,
+    ) -> Confirmations {
+        let limit = limit.clamp(1, MAX_CONFIRMATIONS_PAGE) as usize;
+        let start = match after {
+            Some(a) => std::ops::Bound::Excluded(a),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut items = Vec::new();
+        for (w, m) in self.disputed.range((start, std::ops::Bound::Unbounded)) {
+            if let Some(c) = self.confirmation_for(confirmer, *w, m) {
+                if items.len() == limit {
+                    let next = items.last().map(|c: &Confirmation| (c.window, c.miner));
+                    return Confirmations { items, next };
+                }
+                items.push(c);
+            }
+        }
+        Confirmations { items, next: None }
+    }
+
+    /// What `confirmer` is asked to prove of `miner` in `window`, if anything.
+    fn confirmation_for(&self, confirmer: &PublicKey, window: WindowId, miner: &PublicKey) -> Option<Confirmation> {
+        if !self.pending(window, miner) {
+            return None;
+        }
+        let duty = self.duty(window, miner)?;
+        if !duty.committee.contains(confirmer) {
+            return None;
+        }
+        let by = self.verdicts.get(&(window, *miner))?;
+        let claims: Vec<&VerdictBody> = by
+            .values()
+            .filter(|v| {
+                v.validator != *confirmer
+                    && duty.committee.contains(&v.validator)
+                    && self.party(&v.validator) == Party::Validator
+                    && self.claims_failure(v)
+            })
+            .collect();
+        if claims.is_empty() {
+            return None;
+        }
+        let own = by.get(confirmer);
+        let covered =
+            |d: &[u8; 32]| own.is_some_and(|o| o.passed.contains(d) || o.evidence.iter().any(|e| e.digest == *d));
+        let mut digests: Vec<[u8; 32]> = Vec::new();
+        let mut groups = Vec::new();
+        for v in &claims {
+            let hard: Vec<_> = v.evidence.iter().filter(|e| e.hard).collect();
+            for e in &hard {
+                let needs_model = !e.check.model_free() || !self.model_free_recheck;
+                if needs_model && !covered(&e.digest) && !digests.contains(&e.digest) {
+                    digests.push(e.digest);
+                }
+            }
+            if !v.hard_failure && own.is_none() {
+                groups.clone_from(&duty.groups);
+            }
+        }
+        digests.truncate(MAX_CONFIRMATION_DIGESTS);
+        groups.truncate(MAX_CONFIRMATION_GROUPS);
+        if digests.is_empty() && groups.is_empty() {
+            return None;
+        }
+        Some(Confirmation {
+            window,
+            miner: *miner,
+            claimants: claims.iter().map(|v| v.validator).collect(),
+            digests,
+            groups,
+        })
     }
 
     /// Storing the reserved rollout failed: release its reservations.
@@ -750,6 +932,9 @@ impl Core {
                 s.remove(&(c.group, c.index));
             }
             book.bytes = book.bytes.saturating_sub(u64::from(c.shape.bytes));
+            if let Some(b) = book.miner_bytes.get_mut(&c.miner) {
+                *b = b.saturating_sub(u64::from(c.shape.bytes));
+            }
         }
         self.count_rejection(Some(&c.miner), RejectReason::Internal);
     }
@@ -760,6 +945,7 @@ impl Core {
         book.digests.insert(c.digest);
         book.slots.entry(c.miner).or_default().insert((c.group, c.index));
         book.bytes += u64::from(c.shape.bytes);
+        *book.miner_bytes.entry(c.miner).or_default() += u64::from(c.shape.bytes);
         self.commit(c);
     }
 
@@ -990,9 +1176,10 @@ impl Core {
         }
     }
 
-    /// Whether `validator`'s verdicts are set aside (its evidence was refuted).
+    /// Whether `validator`'s verdicts are set aside: its evidence was
+    /// refuted, or it is withholding its reveals ([`Core::withholding`]).
     pub fn is_flagged(&self, validator: &PublicKey) -> bool {
-        self.tribunal.is_flagged(validator)
+        self.tribunal.is_flagged(validator) || self.withholding(validator, self.clock.get())
     }
 
     /// The authorised validators (and any flagged key): flagged or not,
@@ -1004,19 +1191,29 @@ impl Core {
         }
         let validators = self.cfg.access.validators.iter().copied();
         let mut statuses = self.tribunal.statuses(validators, |k| counted.get(k).copied().unwrap_or(0));
-        let withheld = self.withheld(self.clock.get());
+        let now = self.clock.get();
+        let withheld = self.withheld(now);
         for s in &mut statuses {
-            if let Some(ws) = s.key.parse::<PublicKey>().ok().and_then(|k| withheld.get(&k)) {
+            let Ok(k) = s.key.parse::<PublicKey>() else { continue };
+            if let Some(ws) = withheld.get(&k) {
                 s.beacon_withheld.clone_from(ws);
             }
+            s.withholding = self.withholding(&k, now);
+            s.flagged |= s.withholding;
         }
         statuses
     }
 
-    /// An operator clears `validator`: its verdicts count again (failures
-    /// they confirm ban), until another refutation. Returns its refutations
-    /// so far, which [`Core::restore_clear`] takes back at start.
+    /// An operator clears `validator` (or the trainer): its verdicts count
+    /// again (failures they confirm ban), until another refutation, and its
+    /// withheld reveals so far no longer make it withholding. Returns its
+    /// refutations so far, which [`Core::restore_clear`] takes back at start
+    /// (the withholding clear is not kept across a restart: the flag comes
+    /// back while its windows are in the kept span).
     pub fn clear_validator(&mut self, validator: &PublicKey) -> usize {
+        if let Some(last) = self.beacon.iter().rev().find(|(_, b)| b.commits.contains_key(validator)).map(|(w, _)| *w) {
+            self.withhold_cleared.insert(*validator, last);
+        }
         let n = self.tribunal.clear(validator);
         self.restore_set_aside(validator);
         n
@@ -1030,6 +1227,9 @@ impl Core {
 
     fn restore_set_aside(&mut self, validator: &PublicKey) {
         if self.tribunal.is_flagged(validator) {
+            return;
+        }
+        if self.withholding(validator, self.clock.get()) {
             return;
         }
         let mut back = Vec::new();
@@ -1095,18 +1295,44 @@ impl Core {
     /// (it is no sample for the weights); a confirmed failure bans.
     pub fn apply_verdict(&mut self, body: &VerdictBody) {
         let party = self.party(&body.validator);
-        for flagged in self.tribunal.note(body, party) {
+        let provers: BTreeMap<[u8; 32], Vec<(PublicKey, Party)>> =
+            body.hard_failed().map(|d| (*d, self.provers_of(body.window, &body.miner, d))).collect();
+        let provers = |d: &[u8; 32]| provers.get(d).cloned().unwrap_or_default();
+        for flagged in self.tribunal.note(body, party, provers) {
             tracing::warn!(validator = %flagged, "validator flagged: another party's proof refutes its evidence");
             self.set_aside_verdicts(&flagged);
         }
         let key = (body.window, body.miner);
+        // A validator withholding its reveals when its verdict came: set aside like a refuted one.
+        let aside = self.tribunal.is_flagged(&body.validator)
+            || (party == Party::Validator && self.withholding_at(&body.validator, body.window));
         if party != Party::Trainer {
-            let book = if self.tribunal.is_flagged(&body.validator) { &mut self.set_aside } else { &mut self.verdicts };
+            let book = if aside { &mut self.set_aside } else { &mut self.verdicts };
             book.entry(key).or_default().insert(body.validator, body.clone());
         }
-        if self.claims_failure(body) && !self.tribunal.is_flagged(&body.validator) && self.confirmed(key.0, &key.1) {
+        if party == Party::Validator && !aside && self.claims_failure(body) {
+            self.disputed.insert(key);
+        }
+        if self.claims_failure(body) && !aside && self.confirmed(key.0, &key.1) {
             self.ban(key.0, key.1);
         }
+    }
+
+    /// Who proved `miner`'s rollout `digest` of `window` passing, in the
+    /// verdicts that count (validators not set aside, and the trainer).
+    fn provers_of(&self, window: WindowId, miner: &PublicKey, digest: &[u8; 32]) -> Vec<(PublicKey, Party)> {
+        let mut out: Vec<(PublicKey, Party)> = self
+            .verdicts
+            .get(&(window, *miner))
+            .into_iter()
+            .flat_map(|by| by.values())
+            .filter(|v| v.passed.contains(digest))
+            .map(|v| (v.validator, self.party(&v.validator)))
+            .collect();
+        if let Some(t) = self.tribunal.trainer_verdict(window, miner).filter(|t| t.passed.contains(digest)) {
+            out.push((t.validator, Party::Trainer));
+        }
+        out
     }
 
     /// Superlinear weights over the `weight_windows` windows ending at
@@ -1226,6 +1452,7 @@ impl Core {
         self.verdicts.retain(|(w, _), _| *w >= horizon);
         self.set_aside.retain(|(w, _), _| *w >= horizon);
         self.beacon.retain(|w, _| *w >= horizon);
+        self.disputed.retain(|(w, _)| *w >= horizon);
         self.committees.borrow_mut().retain(|w, _| *w >= horizon);
         self.withheld_logged.borrow_mut().retain(|w| *w >= horizon);
         // The weights of window `W` are signed once `W + 1` ends and look back
@@ -2108,5 +2335,145 @@ mod tests {
         assert_eq!(core.standing(1), vec![(m, MinerStanding::Suspect)]);
         core.record_verdict(closed, &claim(&committee[1]), true).unwrap();
         assert!(core.confirmed(1, &m) && core.is_banned(&m, 2), "two members of the committee confirm");
+    }
+    /// Issue 16's compute goal: only a miner's prover proves its groups
+    /// ahead of time. A failing verdict whose evidence needs the model waits
+    /// as a confirmation for the other member of the committee, which proves
+    /// only the cited rollouts: its failing verdict bans, its passing proof
+    /// refutes (and flags) the claimant. Evidence the coordinator re-checks
+    /// itself asks nobody, unless the coordinator cannot re-check.
+    #[test]
+    fn a_failure_waits_for_its_confirmer_and_only_the_confirming_verdict_bans() {
+        let mut core = Core::new(cfg_two_validators());
+        let (m, honest) = (miner(1), miner(2));
+        store(&mut core, 1, m, 2);
+        store(&mut core, 1, honest, 2);
+        let closed = at(2) + 200;
+        let signer = |k: &PublicKey| (100..=101u8).find(|s| Keypair::from_seed([*s; 32]).public() == *k).unwrap();
+        let duty = core.duty(1, &m).unwrap();
+        let (prover, confirmer) = (duty.committee[0], duty.committee[1]);
+        assert_eq!(duty.confirmers(), [confirmer]);
+        core.record_verdict(closed, &by(signer(&prover), failing(1, m, [7; 32])), true).unwrap();
+        assert!(!core.is_banned(&m, 2), "one model-based failure bans nobody");
+        assert_eq!(core.standing(1), vec![(m, MinerStanding::Suspect)]);
+        let page = core.confirmations(&confirmer, None, 10);
+        assert_eq!(page.items.len(), 1, "a pending confirmation for the other member");
+        let c = &page.items[0];
+        assert_eq!((c.window, c.miner, c.digests.clone(), c.claimants.clone()), (1, m, vec![[7; 32]], vec![prover]));
+        assert!(c.groups.is_empty());
+        assert!(core.confirmations(&prover, None, 10).items.is_empty(), "nothing for the claimant itself");
+        // A verdict of the confirmer that does not cover the cited rollout leaves it waiting.
+        let mut unrelated = by(signer(&confirmer), verdict(1, m, 1, false));
+        unrelated.add_passed([8; 32]);
+        core.record_verdict(closed, &unrelated, true).unwrap();
+        assert!(!core.is_banned(&m, 2));
+        assert_eq!(core.confirmations(&confirmer, None, 10).items.len(), 1);
+        // The confirming verdict (the cited rollout fails for it too) bans.
+        core.record_verdict(closed, &by(signer(&confirmer), failing(1, m, [7; 32])), true).unwrap();
+        assert!(core.is_banned(&m, 2), "the confirming verdict bans");
+        assert!(core.confirmations(&confirmer, None, 10).items.is_empty(), "answered");
+
+        // The confirmer proves the cited rollout passing: no ban, the claimant is flagged.
+        let duty = core.duty(1, &honest).unwrap();
+        let (prover, confirmer) = (duty.committee[0], duty.committee[1]);
+        core.record_verdict(closed, &by(signer(&prover), failing(1, honest, [9; 32])), true).unwrap();
+        assert_eq!(core.confirmations(&confirmer, None, 10).items.len(), 1);
+        let mut pass = by(signer(&confirmer), verdict(1, honest, 1, false));
+        pass.add_passed([9; 32]);
+        core.record_verdict(closed, &pass, true).unwrap();
+        assert!(!core.is_banned(&honest, 2));
+        assert!(core.is_flagged(&prover), "refuted by the confirmer's proof");
+        assert!(core.confirmations(&confirmer, None, 10).items.is_empty());
+
+        // Model-free evidence: the coordinator re-checks it, nobody else is asked.
+        let mut core = Core::new(cfg_two_validators());
+        store(&mut core, 1, m, 2);
+        let duty = core.duty(1, &m).unwrap();
+        let mut reward = by(signer(&duty.committee[0]), failing(1, m, [7; 32]));
+        reward.evidence[0].check = tributary_protocol::wire::FailedCheck::Reward;
+        core.record_verdict(closed, &reward, true).unwrap();
+        assert!(core.confirmations(&duty.committee[1], None, 10).items.is_empty());
+        core.set_model_free_recheck(false);
+        assert_eq!(core.confirmations(&duty.committee[1], None, 10).items.len(), 1, "unless it cannot re-check");
+    }
+
+    /// Confirmations are paged in (window, miner) order.
+    #[test]
+    fn confirmations_are_paged() {
+        let mut core = Core::new(cfg_two_validators());
+        let closed = at(3) + 200;
+        let signer = |k: &PublicKey| (100..=101u8).find(|s| Keypair::from_seed([*s; 32]).public() == *k).unwrap();
+        let confirmer = Keypair::from_seed([101; 32]).public();
+        let mut want = Vec::new();
+        for w in 1..=2 {
+            for n in 1..=3 {
+                store(&mut core, w, miner(n), 1);
+            }
+            for n in 1..=3 {
+                let duty = core.duty(w, &miner(n)).unwrap();
+                core.record_verdict(closed, &by(signer(&duty.committee[0]), failing(w, miner(n), [n; 32])), true)
+                    .unwrap();
+                if duty.committee[1] == confirmer {
+                    want.push((w, miner(n)));
+                }
+            }
+        }
+        want.sort();
+        let mut got = Vec::new();
+        let mut after = None;
+        loop {
+            let page = core.confirmations(&confirmer, after, 1);
+            assert!(page.items.len() <= 1);
+            got.extend(page.items.iter().map(|c| (c.window, c.miner)));
+            match page.next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(got, want);
+        assert!(!want.is_empty());
+    }
+
+    /// Issue 16: a party that withholds its reveal `WITHHOLD_LIMIT` times
+    /// in a row stops counting: its commitments are refused, a validator's
+    /// verdicts are set aside and `/api/validators` flags it, until an
+    /// operator clears it. Fewer in a row (what a crash causes) change nothing.
+    #[test]
+    fn a_party_that_keeps_withholding_stops_counting_until_cleared() {
+        let mut core = Core::new(cfg_two_validators());
+        core.set_coordinator(Keypair::from_seed([9; 32]).public());
+        let (v1, v2) = (Keypair::from_seed([100; 32]), Keypair::from_seed([101; 32]));
+        let deadline = |core: &Core, w| core.schedule().closes_at(w) + core.config().reveal_ms;
+        let limit = WITHHOLD_LIMIT as u64;
+        // v2 commits to windows 1..=limit and reveals none; v1 reveals every one.
+        for w in 1..=limit {
+            for k in [&v1, &v2] {
+                core.record_commit(at(w), &commit_of(&core, k, w), true).unwrap();
+            }
+            let closes = core.schedule().closes_at(w);
+            core.record_reveal(closes, &v1.public(), &reveal_of(&core, &v1, w)).unwrap();
+            core.observe(deadline(&core, w));
+            let expect = w >= limit;
+            assert_eq!(core.withholding(&v2.public(), deadline(&core, w)), expect, "after {w} withheld in a row");
+            assert!(!core.withholding(&v1.public(), deadline(&core, w)));
+        }
+        let now = deadline(&core, limit);
+        let next = limit + 1;
+        assert_eq!(core.record_commit(now, &commit_of(&core, &v2, next + 1), true), Err(BeaconRefusal::Withholding));
+        assert_eq!(core.record_commit(now, &commit_of(&core, &v1, next + 1), true), Ok(true));
+        // Its verdicts stop counting (stored, set aside); /api/validators flags it.
+        let m = miner(1);
+        core.record_verdict(now, &by(101, verdict(limit, m, 1, false)), true).unwrap();
+        assert!(core.verdicts_on(limit, &m).is_empty(), "a withholder's verdict is set aside");
+        assert!(core.is_flagged(&v2.public()));
+        let st = core.validator_statuses();
+        let shown = st.iter().find(|s| s.key == v2.public().to_string()).unwrap();
+        assert!(shown.flagged && shown.withholding, "{shown:?}");
+        assert!(!st.iter().find(|s| s.key == v1.public().to_string()).unwrap().flagged);
+        // An operator clears it: its verdicts count again, it may contribute again.
+        core.clear_validator(&v2.public());
+        assert!(!core.is_flagged(&v2.public()));
+        assert_eq!(core.verdicts_on(limit, &m).len(), 1);
+        assert_eq!(core.record_commit(now, &commit_of(&core, &v2, next + 1), true), Ok(true));
     }
 }

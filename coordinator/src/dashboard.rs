@@ -15,7 +15,9 @@
 //! old, shared by every request: a dashboard tab (or anyone who can reach the
 //! listener) costs the coordinator at most one computation a second, and a
 //! computation reads only the verdicts of the windows shown and the rollouts
-//! stored since the last one.
+//! stored since the last one. An operator's live ban, unban or cleared
+//! validator ([`Shared::note_admin_change`]) makes the next request build a
+//! new snapshot, so the dashboard shows it at once.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -305,29 +307,38 @@ struct WindowSums {
 #[derive(Debug, Default)]
 pub struct History {
     windows: Mutex<BTreeMap<WindowId, WindowSums>>,
-    status: Mutex<Option<(u64, Arc<Status>)>>,
-    miners: Mutex<Option<(u64, Arc<Miners>)>>,
+    status: Mutex<Option<Snap<Status>>>,
+    miners: Mutex<Option<Snap<Miners>>>,
 }
+
+/// A snapshot: when it was made, after how many live operator actions
+/// ([`Shared::admin_changes`]), and the answer.
+type Snap<T> = (u64, u64, Arc<T>);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The snapshot in `slot` if it was made less than [`SNAPSHOT_MS`] before
-/// `now_ms`, else a new one from `make` (concurrent callers wait for it).
+/// `now_ms` and no operator action was applied since, else a new one from
+/// `make` (concurrent callers wait for it).
 fn snapshot<T, E>(
-    slot: &Mutex<Option<(u64, Arc<T>)>>,
+    slot: &Mutex<Option<Snap<T>>>,
+    shared: &Shared,
     now_ms: u64,
     make: impl FnOnce() -> Result<T, E>,
 ) -> Result<Arc<T>, E> {
     let mut slot = lock(slot);
-    if let Some((at, v)) = slot.as_ref()
+    // Read before `make`: an action applied while it runs makes the next call build again.
+    let changes = shared.admin_changes();
+    if let Some((at, seen, v)) = slot.as_ref()
+        && *seen == changes
         && (*at..at.saturating_add(SNAPSHOT_MS)).contains(&now_ms)
     {
         return Ok(v.clone());
     }
     let v = Arc::new(make()?);
-    *slot = Some((now_ms, v.clone()));
+    *slot = Some((now_ms, changes, v.clone()));
     Ok(v)
 }
 
@@ -335,14 +346,14 @@ impl History {
     /// The status at `now_ms`: the snapshot of the last second, or a new one
     /// (reads the database: call off the async threads).
     pub fn status(&self, shared: &Shared, now_ms: u64) -> Result<Arc<Status>, StoreError> {
-        snapshot(&self.status, now_ms, || status(shared, self, now_ms))
+        snapshot(&self.status, shared, now_ms, || status(shared, self, now_ms))
     }
 
     /// Every miner and synced peer (`GET /api/miners`): the snapshot of the
     /// last second, or a new one (the core is locked only to copy the
     /// counts; the rows are built after).
     pub fn miners(&self, shared: &Shared, now_ms: u64) -> Arc<Miners> {
-        match snapshot(&self.miners, now_ms, || Ok::<_, std::convert::Infallible>(miners(shared, now_ms))) {
+        match snapshot(&self.miners, shared, now_ms, || Ok::<_, std::convert::Infallible>(miners(shared, now_ms))) {
             Ok(m) => m,
             Err(never) => match never {},
         }

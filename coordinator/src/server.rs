@@ -219,6 +219,11 @@ pub struct Shared {
     /// Closed windows are archived to an object store ([`crate::archive`]):
     /// retention deletes only windows already archived.
     archiving: std::sync::atomic::AtomicBool,
+    /// A lower byte cap on list answers than their own (0: none).
+    list_cap: std::sync::atomic::AtomicUsize,
+    /// Operator actions applied live (bans, unbans, cleared validators):
+    /// a snapshot made before the latest one is stale ([`crate::dashboard`]).
+    admin_changes: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -248,6 +253,32 @@ impl Shared {
     /// ([`crate::archive::archive_closed_windows`] runs).
     pub fn set_archiving(&self) {
         self.archiving.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Caps every paged list answer (window index, standing, weights
+    /// parts) at `bytes` (0: each its own cap), so a client is seen reading
+    /// a long list across many pages. For tests.
+    pub fn set_list_answer_bytes(&self, bytes: usize) {
+        self.list_cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Records an operator action applied to the core (ban, unban, cleared
+    /// validator): the dashboard's snapshots made before it are not served again.
+    pub fn note_admin_change(&self) {
+        self.admin_changes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many operator actions were applied live ([`Shared::note_admin_change`]).
+    pub fn admin_changes(&self) -> u64 {
+        self.admin_changes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A list answer's byte cap: `default`, or lower if so set.
+    fn list_answer_bytes(&self, default: usize) -> usize {
+        match self.list_cap.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => default,
+            n => n.min(default),
+        }
     }
 
     /// The server's limits.
@@ -320,6 +351,7 @@ impl Shared {
                 }
             }
         }
+        self.prune_beacon_records(current, before);
         match self.store.prune_rollouts(before) {
             Ok(n) => {
                 if n > 0 {
@@ -331,6 +363,22 @@ impl Shared {
                 tracing::error!(error = %e, "retention failed");
                 0
             }
+        }
+    }
+
+    /// Deletes the challenge contributions of windows before `before` (the
+    /// retention's), keeping those a restart reads back to fix committees
+    /// (`max(ban_windows, weight_windows) + 2` windows before `current`).
+    fn prune_beacon_records(&self, current: WindowId, before: WindowId) {
+        let kept = {
+            let core = self.core();
+            core.config().ban_windows.max(core.config().weight_windows) + 2
+        };
+        let before = before.min(current.saturating_sub(kept));
+        match self.store.prune_window_meta(BEACON_META_PREFIX, before) {
+            Ok(n) if n > 0 => tracing::info!(windows = n, before, "old windows' challenge contributions deleted"),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "retention of challenge contributions failed"),
         }
     }
 
@@ -387,6 +435,8 @@ pub fn shared(
             None
         }
     };
+    // Without its own re-check, model-free evidence also waits for a confirmer.
+    core.set_model_free_recheck(recheck.is_some());
     core.prune(now_ms());
     let (tx, rx) = mpsc::channel::<WriteJob>(1024);
     let st = store.clone();
@@ -415,12 +465,17 @@ pub fn shared(
         warn: WarnThrottle::default(),
         recheck,
         archiving: std::sync::atomic::AtomicBool::new(false),
+        list_cap: std::sync::atomic::AtomicUsize::new(0),
+        admin_changes: std::sync::atomic::AtomicU64::new(0),
     }))
 }
 
+/// The prefix of the store's meta keys of each window's challenge contributions.
+const BEACON_META_PREFIX: &str = "beacon/";
+
 /// The store's meta key of a window's contributions to its challenge.
 fn beacon_meta_key(window: WindowId) -> String {
-    format!("beacon/{window}")
+    format!("{BEACON_META_PREFIX}{window}")
 }
 
 /// Stores the window's contributions after a new commitment or reveal, then
@@ -822,11 +877,18 @@ fn allowed(role: Role, tag: Tag) -> bool {
         Role::Miner => matches!(tag, T::GetProgress | T::Submit | T::SubmitBatch),
         Role::Validator => matches!(
             tag,
-            T::FetchRollouts | T::GetStanding | T::PostVerdict | T::PostBeaconCommit | T::PostBeaconReveal
+            T::FetchRollouts
+                | T::GetWindowIndex
+                | T::GetStanding
+                | T::PostVerdict
+                | T::PostBeaconCommit
+                | T::PostBeaconReveal
+                | T::GetConfirmations
         ),
         Role::Trainer => matches!(
             tag,
             T::FetchRollouts
+                | T::GetWindowIndex
                 | T::GetStanding
                 | T::PostTrainerStats
                 | T::PublishCheckpoint
@@ -936,12 +998,8 @@ async fn serve_requests(
                 let res = sh.core().record_reveal(now, &peer, &r);
                 beacon_answer(sh, peer, window, res)
             }
-            (_, Frame::GetWeights(_)) => {
-                let later = Answer::Later(Box::new(|sh: &Arc<Shared>| match crate::weights::latest(sh) {
-                    Ok(Some(doc)) => Frame::Weights(doc),
-                    Ok(None) => err(ErrorCode::NotYet, "no weights document signed yet"),
-                    Err(e) => err(ErrorCode::Internal, &e.to_string()),
-                }));
+            (_, Frame::GetWeights(g)) => {
+                let later = Answer::Later(Box::new(move |sh: &Arc<Shared>| weights_part(sh, &g)));
                 if answers.send(later).await.is_err() {
                     return Ok(false);
                 }
@@ -973,9 +1031,14 @@ async fn serve_requests(
                 continue;
             }
             (Role::Validator | Role::Trainer, Frame::GetStanding(g)) => {
-                let later = Answer::Later(Box::new(move |sh: &Arc<Shared>| {
-                    Frame::Standing(wire::Standing { window: g.window, miners: sh.core().standing(g.window) })
-                }));
+                let later = Answer::Later(Box::new(move |sh: &Arc<Shared>| standing_page(sh, &g)));
+                if answers.send(later).await.is_err() {
+                    return Ok(false);
+                }
+                continue;
+            }
+            (Role::Validator | Role::Trainer, Frame::GetWindowIndex(g)) => {
+                let later = Answer::Later(Box::new(move |sh: &Arc<Shared>| window_index(sh, role, &g)));
                 if answers.send(later).await.is_err() {
                     return Ok(false);
                 }
@@ -1020,6 +1083,7 @@ async fn serve_requests(
                     }
                 }
             }
+            (Role::Validator, Frame::GetConfirmations(g)) => confirmations_answer(sh, &peer, &g),
             (Role::Trainer, Frame::PostTrainerStats(s)) => crate::dashboard::receive_trainer_stats(sh, s),
             (Role::Trainer, Frame::PublishCheckpoint(p)) => receive_checkpoint(sh, recv, peer, p).await?,
             (_, Frame::GetCheckpointPath(g)) => {
@@ -1061,6 +1125,12 @@ async fn serve_requests(
             return Ok(false);
         }
     }
+}
+
+/// The failures waiting for the authenticated validator's confirmation
+/// (`Core::confirmations`): one page.
+fn confirmations_answer(sh: &Shared, peer: &PublicKey, g: &wire::GetConfirmations) -> Frame {
+    Frame::Confirmations(sh.core().confirmations(peer, g.after, g.limit))
 }
 
 /// Logs a verdict that says its miner failed: banned once confirmed, else
@@ -1527,6 +1597,63 @@ fn fetch(sh: &Arc<Shared>, role: Role, f: wire::FetchRollouts) -> Frame {
         }
         Err(e) => err(ErrorCode::Internal, &e.to_string()),
     }
+}
+
+/// A page of a closed window's index ([`Store::window_index`]), at most
+/// [`wire::WINDOW_INDEX_ANSWER_BYTES`] of entries; the trainer's leaves out
+/// banned miners, as its fetches do. Blocking, like [`fetch`].
+fn window_index(sh: &Arc<Shared>, role: Role, g: &wire::GetWindowIndex) -> Frame {
+    if !sh.core().closed(g.window, now_ms()) {
+        return err(ErrorCode::NotYet, "window's submissions have not closed");
+    }
+    drop(sh.seal.lock());
+    let banned: std::collections::HashSet<PublicKey> = if role == Role::Trainer {
+        let core = sh.core();
+        core.miners().keys().filter(|m| core.is_banned(m, g.window)).copied().collect()
+    } else {
+        Default::default()
+    };
+    let keep = |m: &PublicKey| !banned.contains(m);
+    match sh.store.window_index(g.window, g.after.as_ref(), sh.list_answer_bytes(wire::WINDOW_INDEX_ANSWER_BYTES), keep)
+    {
+        Ok((miners, next)) => Frame::WindowIndex(wire::WindowIndex { window: g.window, miners, next }),
+        Err(e) => err(ErrorCode::Internal, &e.to_string()),
+    }
+}
+
+/// What one standing entry costs on the wire, at most (key, variant).
+const STANDING_ENTRY_BYTES: usize = 33;
+
+/// A page of a window's standing: miners after `g.after` in key order, at
+/// most [`wire::STANDING_ANSWER_BYTES`] of entries.
+fn standing_page(sh: &Arc<Shared>, g: &wire::GetStanding) -> Frame {
+    let mut all = sh.core().standing(g.window);
+    all.sort_unstable_by_key(|(m, _)| *m);
+    let per_page = (sh.list_answer_bytes(wire::STANDING_ANSWER_BYTES) / STANDING_ENTRY_BYTES).max(1);
+    let from = g.after.map_or(0, |a| all.partition_point(|(m, _)| *m <= a));
+    let rest = all.get(from..).unwrap_or_default();
+    let miners: Vec<_> = rest.iter().take(per_page).copied().collect();
+    let next = (rest.len() > miners.len()).then(|| miners.last().map(|(m, _)| *m)).flatten();
+    Frame::Standing(wire::Standing { window: g.window, miners, next })
+}
+
+/// Part of a weights document's bytes: the latest, or the one of `g.window`.
+fn weights_part(sh: &Arc<Shared>, g: &wire::GetWeights) -> Frame {
+    let doc = match g.window {
+        Some(w) => sh.store.weights_doc(w),
+        None => crate::weights::latest(sh),
+    };
+    let doc = match doc {
+        Ok(Some(d)) => d,
+        Ok(None) => return err(ErrorCode::NotYet, "no weights document signed for that interval yet"),
+        Err(e) => return err(ErrorCode::Internal, &e.to_string()),
+    };
+    let bytes = doc.encode();
+    let part = sh.list_answer_bytes(wire::WEIGHTS_PART_BYTES);
+    let start = usize::try_from(g.offset).unwrap_or(usize::MAX).min(bytes.len());
+    let end = start.saturating_add(part).min(bytes.len());
+    let data = wire::Blob(bytes.get(start..end).unwrap_or_default().to_vec());
+    Frame::Weights(wire::WeightsPart { window: doc.body.window, len: bytes.len() as u64, offset: g.offset, data })
 }
 
 /// Removes an upload's partial file unless it was handed on.

@@ -12,7 +12,7 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{PublishCheckpoint, TrainerStats, Verdict, WeightsDoc};
+use tributary_protocol::wire::{MinerWork, PublishCheckpoint, TrainerStats, Verdict, WeightsDoc};
 
 use crate::core::{Candidate, Shape};
 use crate::relay;
@@ -31,6 +31,12 @@ const ENTRIES: TableDefinition<'_, (u64, u64), &[u8]> = TableDefinition::new("ro
 const DIGESTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollout_digests");
 /// window → the first arrival number of that window not yet in [`DIGESTS`].
 const INDEXED: TableDefinition<'_, u64, u64> = TableDefinition::new("rollout_digests_through");
+/// window BE ‖ miner ‖ digest → arrival number (u64 LE) ‖ group (u32 LE) ‖
+/// bytes (u32 LE): each miner's rollouts together, for fetching one miner
+/// and for a window's index ([`Store::window_index`]), derived like [`DIGESTS`].
+const MINERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("rollout_miners");
+/// window → the first arrival number of that window not yet in [`MINERS`].
+const MINERS_INDEXED: TableDefinition<'_, u64, u64> = TableDefinition::new("rollout_miners_through");
 /// The next arrival number (u64 LE), in [`META`].
 const NEXT_SEQ: &str = "next_rollout_seq";
 /// Layout before arrival-ordered bodies: window BE ‖ digest → encoded
@@ -228,6 +234,43 @@ fn split_key(key: &[u8]) -> Result<(WindowId, [u8; 32]), StoreError> {
     Ok((window, digest))
 }
 
+/// A [`MINERS`] key: window BE ‖ miner ‖ digest.
+fn miner_key(window: WindowId, miner: &PublicKey, digest: &[u8; 32]) -> [u8; 72] {
+    let mut k = [0u8; 72];
+    k[..8].copy_from_slice(&window.to_be_bytes());
+    k[8..40].copy_from_slice(miner.as_bytes());
+    k[40..].copy_from_slice(digest);
+    k
+}
+
+fn split_miner_key(key: &[u8]) -> Result<(PublicKey, [u8; 32]), StoreError> {
+    let bad = || StoreError::Corrupt("miner index");
+    let m: [u8; 32] = key.get(8..40).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
+    let d: [u8; 32] = key.get(40..72).ok_or_else(bad)?.try_into().map_err(|_| bad())?;
+    Ok((PublicKey(m), d))
+}
+
+/// A [`MINERS`] value: arrival number ‖ group ‖ bytes.
+fn miner_value(seq: u64, group: u32, len: u32) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&seq.to_le_bytes());
+    v[8..12].copy_from_slice(&group.to_le_bytes());
+    v[12..].copy_from_slice(&len.to_le_bytes());
+    v
+}
+
+fn split_miner_value(v: &[u8]) -> Result<(u64, u32, u32), StoreError> {
+    let bad = || StoreError::Corrupt("miner index");
+    let seq = u64::from_le_bytes(v.get(..8).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
+    let group = u32::from_le_bytes(v.get(8..12).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
+    let len = u32::from_le_bytes(v.get(12..16).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
+    Ok((seq, group, len))
+}
+
+/// What a [`MinerWork`] entry costs on the wire besides its groups (key,
+/// varint counts), at most.
+const MINER_WORK_OVERHEAD: usize = 32 + 5 + 10 + 5;
+
 /// Bytes available to unprivileged writers on the file system holding `dir`.
 #[cfg(unix)]
 fn free_bytes(dir: &Path) -> Option<u64> {
@@ -359,6 +402,8 @@ impl Store {
         create_table(&tx, ENTRIES, path)?;
         create_table(&tx, DIGESTS, path)?;
         create_table(&tx, INDEXED, path)?;
+        create_table(&tx, MINERS, path)?;
+        create_table(&tx, MINERS_INDEXED, path)?;
         create_table(&tx, VERDICTS, path)?;
         create_table(&tx, CHECKPOINTS, path)?;
         create_table(&tx, RELAY, path)?;
@@ -419,6 +464,25 @@ impl Store {
         tx.open_table(META)?.insert(key, value)?;
         tx.commit()?;
         Ok(())
+    }
+
+    /// Deletes the meta records `{prefix}{window}` of every window before
+    /// `before` (per-window records kept in the meta table, such as each
+    /// window's challenge contributions). Returns how many went.
+    pub fn prune_window_meta(&self, prefix: &str, before: WindowId) -> Result<u64, StoreError> {
+        let tx = self.db.begin_write()?;
+        let mut n = 0u64;
+        {
+            let mut t = tx.open_table(META)?;
+            let end = format!("{prefix}\u{10ffff}");
+            t.retain_in(prefix..end.as_str(), |k, _| {
+                let old = k.strip_prefix(prefix).and_then(|w| w.parse::<WindowId>().ok()).is_some_and(|w| w < before);
+                n += u64::from(old);
+                !old
+            })?;
+        }
+        tx.commit()?;
+        Ok(n)
     }
 
     /// Returns the meta value, or stores `init()` under `key` and returns it.
@@ -496,12 +560,14 @@ impl Store {
         Ok(out)
     }
 
-    /// Brings `window`'s digest index up to date with its log: the entries
-    /// appended since the last call go in, sorted, in one transaction.
+    /// Brings `window`'s digest and miner indexes up to date with its log:
+    /// the entries appended since the last call go in, sorted, in one transaction.
     fn index_window(&self, window: WindowId) -> Result<(), StoreError> {
         {
             let tx = self.db.begin_read()?;
-            let from = tx.open_table(INDEXED)?.get(window)?.map_or(0, |v| v.value());
+            let from_d = tx.open_table(INDEXED)?.get(window)?.map_or(0, |v| v.value());
+            let from_m = tx.open_table(MINERS_INDEXED)?.get(window)?.map_or(0, |v| v.value());
+            let from = from_d.min(from_m);
             if tx.open_table(ENTRIES)?.range((window, from)..=(window, u64::MAX))?.next().is_none() {
                 return Ok(());
             }
@@ -509,27 +575,107 @@ impl Store {
         let tx = self.db.begin_write()?;
         {
             let mut indexed = tx.open_table(INDEXED)?;
+            let mut miners_indexed = tx.open_table(MINERS_INDEXED)?;
             // Read again: another reader may have indexed the window meanwhile.
-            let from = indexed.get(window)?.map_or(0, |v| v.value());
+            let from_d = indexed.get(window)?.map_or(0, |v| v.value());
+            let from_m = miners_indexed.get(window)?.map_or(0, |v| v.value());
+            let from = from_d.min(from_m);
             let entries = tx.open_table(ENTRIES)?;
+            let bodies = tx.open_table(BODIES)?;
             let mut new = Vec::new();
             let mut next = from;
             for item in entries.range((window, from)..=(window, u64::MAX))? {
                 let (k, v) = item?;
                 let seq = k.value().1;
                 let e = decode_entry(v.value())?;
-                new.push((e.digest, seq, e.miner));
+                let len = bodies.get((window, seq))?.map_or(0, |b| b.value().len() as u32);
+                new.push((e.digest, seq, e.miner, e.group, len));
                 next = seq + 1;
             }
-            new.sort_unstable_by_key(|(d, _, _)| *d);
+            new.sort_unstable_by_key(|(d, ..)| *d);
             let mut digests = tx.open_table(DIGESTS)?;
-            for (digest, seq, miner) in &new {
-                digests.insert(rollout_key(window, digest).as_slice(), digest_value(*seq, miner).as_slice())?;
+            let mut miners = tx.open_table(MINERS)?;
+            for (digest, seq, miner, group, len) in &new {
+                if *seq >= from_d {
+                    digests.insert(rollout_key(window, digest).as_slice(), digest_value(*seq, miner).as_slice())?;
+                }
+                if *seq >= from_m {
+                    let key = miner_key(window, miner, digest);
+                    miners.insert(key.as_slice(), miner_value(*seq, *group, *len).as_slice())?;
+                }
             }
             indexed.insert(window, next)?;
+            miners_indexed.insert(window, next)?;
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// A page of a closed window's index: its miners after `after`, in key
+    /// order, with their rollout counts, bytes and groups, those `keep`
+    /// refuses left out; at most `max_bytes` of entries (at least one). The
+    /// cursor is the last miner looked at when more follow.
+    pub fn window_index(
+        &self,
+        window: WindowId,
+        after: Option<&PublicKey>,
+        max_bytes: usize,
+        keep: impl Fn(&PublicKey) -> bool,
+    ) -> Result<(Vec<MinerWork>, Option<PublicKey>), StoreError> {
+        self.index_window(window)?;
+        let tx = self.db.begin_read()?;
+        let miners = tx.open_table(MINERS)?;
+        let start = match after {
+            Some(m) => {
+                let mut k = miner_key(window, m, &[0xff; 32]).to_vec();
+                k.push(0);
+                k
+            }
+            None => window.to_be_bytes().to_vec(),
+        };
+        let end = window.saturating_add(1).to_be_bytes();
+        let mut out: Vec<MinerWork> = Vec::new();
+        let mut total = 0usize;
+        let mut current: Option<MinerWork> = None;
+        let mut last_seen: Option<PublicKey> = None;
+        // Each finished miner goes in if it fits (the first always does).
+        let mut finish = |w: MinerWork, out: &mut Vec<MinerWork>| -> bool {
+            if !keep(&w.miner) {
+                return true;
+            }
+            let size = MINER_WORK_OVERHEAD + 5 * w.groups.len();
+            if !out.is_empty() && total + size > max_bytes {
+                return false;
+            }
+            total += size;
+            out.push(w);
+            true
+        };
+        for item in miners.range(start.as_slice()..end.as_slice())? {
+            let (k, v) = item?;
+            let (miner, _) = split_miner_key(k.value())?;
+            let (_, group, len) = split_miner_value(v.value())?;
+            if current.as_ref().is_some_and(|c| c.miner != miner) {
+                let done = current.take().ok_or(StoreError::Corrupt("miner index"))?;
+                let m = done.miner;
+                if !finish(done, &mut out) {
+                    return Ok((out, last_seen));
+                }
+                last_seen = Some(m);
+            }
+            let w = current.get_or_insert_with(|| MinerWork { miner, rollouts: 0, bytes: 0, groups: Vec::new() });
+            w.rollouts = w.rollouts.saturating_add(1);
+            w.bytes += u64::from(len);
+            if let Err(i) = w.groups.binary_search(&group) {
+                w.groups.insert(i, group);
+            }
+        }
+        if let Some(done) = current.take()
+            && !finish(done, &mut out)
+        {
+            return Ok((out, last_seen));
+        }
+        Ok((out, None))
     }
 
     /// A page of a window's rollouts (by digest order), optionally of one
@@ -556,6 +702,9 @@ impl Store {
         max_bytes: usize,
     ) -> Result<Page, StoreError> {
         self.index_window(window)?;
+        if let Some(m) = miner {
+            return self.miner_rollouts(window, m, after, limit, max_bytes);
+        }
         let tx = self.db.begin_read()?;
         let bodies = tx.open_table(BODIES)?;
         let digests = tx.open_table(DIGESTS)?;
@@ -573,10 +722,7 @@ impl Store {
         let mut last = None;
         for item in digests.range(start.as_slice()..end.as_slice())? {
             let (k, v) = item?;
-            let (seq, m) = split_digest_value(v.value())?;
-            if miner.is_some_and(|want| m != *want) {
-                continue;
-            }
+            let (seq, _) = split_digest_value(v.value())?;
             if items.len() == limit {
                 return Ok((items, last));
             }
@@ -589,6 +735,51 @@ impl Store {
             items.push(bytes.value().to_vec());
             self.count_reads(1);
             last = Some(split_key(k.value())?.1);
+        }
+        Ok((items, None))
+    }
+
+    /// [`Store::rollouts_within`] for one miner: its rollouts by digest,
+    /// read from [`MINERS`] (only that miner's rows, not the window's).
+    fn miner_rollouts(
+        &self,
+        window: WindowId,
+        miner: &PublicKey,
+        after: Option<[u8; 32]>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, StoreError> {
+        let tx = self.db.begin_read()?;
+        let bodies = tx.open_table(BODIES)?;
+        let miners = tx.open_table(MINERS)?;
+        let start = match after {
+            Some(d) => {
+                let mut k = miner_key(window, miner, &d).to_vec();
+                k.push(0);
+                k
+            }
+            None => miner_key(window, miner, &[0; 32]).to_vec(),
+        };
+        let mut end = miner_key(window, miner, &[0xff; 32]).to_vec();
+        end.push(0);
+        let mut items: Vec<Vec<u8>> = Vec::new();
+        let mut total = 0usize;
+        let mut last = None;
+        for item in miners.range(start.as_slice()..end.as_slice())? {
+            let (k, v) = item?;
+            let (seq, _, _) = split_miner_value(v.value())?;
+            if items.len() == limit {
+                return Ok((items, last));
+            }
+            let bytes = bodies.get((window, seq))?.ok_or(StoreError::Corrupt("rollout bodies"))?;
+            let len = bytes.value().len();
+            if !items.is_empty() && total + len > max_bytes {
+                return Ok((items, last));
+            }
+            total += len;
+            items.push(bytes.value().to_vec());
+            self.count_reads(1);
+            last = Some(split_miner_key(k.value())?.1);
         }
         Ok((items, None))
     }
@@ -630,6 +821,8 @@ impl Store {
             let mut entries = tx.open_table(ENTRIES)?;
             let mut digests = tx.open_table(DIGESTS)?;
             let mut indexed = tx.open_table(INDEXED)?;
+            let mut miners = tx.open_table(MINERS)?;
+            let mut miners_indexed = tx.open_table(MINERS_INDEXED)?;
             bodies.retain_in(..(before, 0), |_, _| false)?;
             entries.retain_in(..(before, 0), |_, _| {
                 n += 1;
@@ -638,6 +831,8 @@ impl Store {
             let end = before.to_be_bytes();
             digests.retain_in(..end.as_slice(), |_, _| false)?;
             indexed.retain_in(..before, |_, _| false)?;
+            miners.retain_in(..end.as_slice(), |_, _| false)?;
+            miners_indexed.retain_in(..before, |_, _| false)?;
         }
         tx.commit()?;
         Ok(n)

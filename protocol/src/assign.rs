@@ -6,28 +6,32 @@
 //!
 //! **Every miner, not a sample of miners.** The budget is spread over all
 //! miners that submitted: with `V` validators of `B` rollouts each, groups of
-//! `S` rollouts, committees of `k` and `M` miners, every validator is handed
-//! at most `⌈k·M/V⌉` miners, and each miner gets `g = ⌊⌊B/S⌋ / ⌈k·M/V⌉⌋`
-//! groups proven by each member of its committee. While `g ≥ 1`, every miner
-//! that submitted is judged by `k` validators in every window. When the
-//! budget cannot cover one group per miner (`g = 0`) the rule still fills it:
-//! the first `⌊V·⌊B/S⌋/k⌋` miners in an order fixed by the challenge secret
-//! get one group each and the rest none that window (see
-//! `docs/validators.md`: their weight is extrapolated from the windows in
-//! which they were judged, and the trainer's gradient gate still proves
-//! whatever it trains on).
+//! `S` rollouts, committees of `k` and `M` miners, each miner's committee has
+//! one *prover*, which proves the miner's sampled groups ahead of time, and
+//! `k − 1` *confirmers*, which prove only the rollouts a failing verdict
+//! cites, on demand (the coordinator lists them, `GetConfirmations`). Every
+//! validator proves for at most `⌈M/V⌉` miners, and each miner gets
+//! `g = ⌊⌊B/S⌋ / ⌈M/V⌉⌋` groups. While `g ≥ 1`, every miner that submitted
+//! is judged in every window. When the budget cannot cover one group per
+//! miner (`g = 0`) the rule still fills it: the first `V·⌊B/S⌋` miners in an
+//! order fixed by the challenge secret get one group each and the rest none
+//! that window (see `docs/validators.md`: their weight is extrapolated from
+//! the windows in which they were judged, and the trainer's gradient gate
+//! still proves whatever it trains on).
 //!
 //! **Balance.** Validators are put in an order drawn from the challenge
-//! secret; the `i`-th miner (in its own drawn order) gets the `k` validators
-//! at positions `i·k … i·k+k−1` modulo `V`. The `k` are distinct when
-//! `k ≤ V`, and every validator gets `⌊k·c/V⌋` or `⌈k·c/V⌉` of the `c`
-//! covered miners, so no validator's share exceeds its budget (with full
-//! groups) and two validators' shares differ.
+//! secret; the `i`-th miner (in its own drawn order) gets the validators at
+//! positions `i, i+1, …, i+k−1` modulo `V`, the first its prover. The `k`
+//! are distinct when `k ≤ V`; every validator proves `⌊c/V⌋` or `⌈c/V⌉` of
+//! the `c` covered miners, so no validator's proving exceeds its budget (with
+//! full groups) and two validators' shares differ.
 //!
 //! **Which groups.** Each miner's groups are ranked by a hash of the
 //! challenge secret, the window, the miner and the group: unknown to the
-//! miner when it submits, different for every miner. Both members of a
-//! committee prove the same groups, so one can confirm the other.
+//! miner when it submits, different for every miner. Only the prover proves
+//! them ahead of time: a second member proving the same groups would double
+//! the network's proving for nothing unless one of them fails, so the second
+//! opinion is bought only when a failure asks for it.
 //!
 //! A validator proves what it is assigned and may prove more
 //! ([`rank_for_validator`] orders extra miners by a validator's own key, so
@@ -60,7 +64,8 @@ pub struct Spec {
     pub validators: Vec<PublicKey>,
     /// Validators per miner (at most the number of validators).
     pub committee: u32,
-    /// Rollouts each validator proves per window, at most (its assigned share).
+    /// Rollouts each validator proves ahead of time per window, at most (its
+    /// assigned share as a prover; confirmations come on top, on demand).
     pub budget: u32,
 }
 
@@ -80,10 +85,23 @@ impl Spec {
 /// One miner's duty in a window.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Duty {
-    /// The validators that judge it (empty: not covered this window).
+    /// The validators that judge it (empty: not covered this window): the
+    /// first is its prover, the others its confirmers.
     pub committee: Vec<PublicKey>,
-    /// The groups each of them proves (a subset of the miner's stored groups).
+    /// The groups its prover proves (a subset of the miner's stored groups).
     pub groups: Vec<u32>,
+}
+
+impl Duty {
+    /// The validator that proves the miner's groups ahead of time.
+    pub fn prover(&self) -> Option<&PublicKey> {
+        self.committee.first()
+    }
+
+    /// The validators that prove, on demand, the rollouts a failure cites.
+    pub fn confirmers(&self) -> &[PublicKey] {
+        self.committee.get(1..).unwrap_or(&[])
+    }
 }
 
 /// A window's assignment: a [`Duty`] for every miner that stored a group.
@@ -146,15 +164,15 @@ impl Assignment {
         }
         let slots = u64::from(spec.budget / group_size.max(1));
         let m = miners.len() as u64;
-        let per_validator = (k * m).div_ceil(v);
+        let per_validator = m.div_ceil(v);
         let groups_each = slots / per_validator;
-        let covered = if groups_each >= 1 { m } else { (v * slots / k).min(m) };
+        let covered = if groups_each >= 1 { m } else { (v * slots).min(m) };
         let groups_each = groups_each.max(1).min(u64::from(u32::MAX)) as u32;
         miners.sort_by_cached_key(|p| (draw(challenge, window, b"miner", p.as_bytes(), &[]), *p));
         validators.sort_by_cached_key(|p| (draw(challenge, window, b"validator", p.as_bytes(), &[]), *p));
         out.groups_each = if covered > 0 { groups_each } else { 0 };
         for (i, miner) in miners.iter().take(covered as usize).enumerate() {
-            let committee = (0..k).map(|j| validators[((i as u64 * k + j) % v) as usize]).collect();
+            let committee = (0..k).map(|j| validators[((i as u64 + j) % v) as usize]).collect();
             let groups = work.get(miner).map(|g| group_order(challenge, window, miner, g)).unwrap_or_default();
             let groups = groups.into_iter().take(groups_each as usize).collect();
             out.miners.insert(*miner, Duty { committee, groups });
@@ -162,9 +180,15 @@ impl Assignment {
         out
     }
 
-    /// The miners `validator` must judge, with the groups to prove.
+    /// The miners `validator` proves ahead of time (their prover), with the groups to prove.
     pub fn of_validator<'a>(&'a self, validator: &'a PublicKey) -> impl Iterator<Item = (&'a PublicKey, &'a Duty)> {
-        self.miners.iter().filter(move |(_, d)| d.committee.contains(validator))
+        self.miners.iter().filter(move |(_, d)| d.prover() == Some(validator))
+    }
+
+    /// The miners whose failures `validator` confirms on demand (it is in
+    /// their committee and not their prover).
+    pub fn confirmed_by<'a>(&'a self, validator: &'a PublicKey) -> impl Iterator<Item = (&'a PublicKey, &'a Duty)> {
+        self.miners.iter().filter(move |(_, d)| d.confirmers().contains(validator))
     }
 
     /// Miners with work that no validator is assigned this window.
@@ -190,11 +214,11 @@ mod tests {
         Spec { validators: (0..validators).map(key).collect(), committee, budget }
     }
 
-    /// Rollouts each validator is handed (full groups of `size`).
+    /// Rollouts each validator proves ahead of time (full groups of `size`).
     fn loads(a: &Assignment, size: u32) -> BTreeMap<PublicKey, u64> {
         let mut out = BTreeMap::new();
         for d in a.miners.values() {
-            for v in &d.committee {
+            if let Some(v) = d.prover() {
                 *out.entry(*v).or_default() += d.groups.len() as u64 * u64::from(size);
             }
         }
@@ -209,17 +233,33 @@ mod tests {
         let (x, y) = (mine(0), mine(1));
         assert!(x.is_disjoint(&y) && x.len() == 5 && y.len() == 5);
         assert_eq!(x.union(&y).count(), 10);
-        // Committees of 2 out of 2: both judge everyone, on the same groups.
+        // Committees of 2 out of 2: both are in every committee, one proves.
         let a = Assignment::compute(&spec(2, 2, 4096), 7, &Seed([3; 32]), 4, &work(10, 4));
         assert!(a.miners.values().all(|d| d.committee.len() == 2 && d.groups.len() == 4));
+        assert!(a.miners.values().all(|d| d.confirmers().len() == 1 && d.prover() != d.confirmers().first()));
+    }
+
+    /// Issue 16's compute goal: each covered miner's groups are proven ahead
+    /// of time by one validator (its prover); the other members of its
+    /// committee confirm on demand. With 2 validators and committees of 2,
+    /// each proves half the miners and confirms the other half.
+    #[test]
+    fn one_prover_per_miner_and_the_others_confirm() {
+        let a = Assignment::compute(&spec(2, 2, 4096), 7, &Seed([3; 32]), 4, &work(10, 4));
+        let proves = |v: u32| a.of_validator(&key(v)).map(|(m, _)| *m).collect::<BTreeSet<_>>();
+        let (x, y) = (proves(0), proves(1));
+        assert_eq!((x.len(), y.len()), (5, 5), "each validator proves half the miners ahead of time");
+        assert!(x.is_disjoint(&y));
+        let confirms = |v: u32| a.confirmed_by(&key(v)).map(|(m, _)| *m).collect::<BTreeSet<_>>();
+        assert_eq!((confirms(0), confirms(1)), (y, x), "and confirms the other half on demand");
     }
 
     #[test]
     fn a_short_budget_covers_what_it_can() {
-        // 3 validators of 2 groups each, committees of 2: 3 miners of 10.
+        // 3 validators of 2 groups each: 6 miners of 10, one group each.
         let a = Assignment::compute(&spec(3, 2, 8), 1, &Seed([9; 32]), 4, &work(10, 4));
         assert_eq!(a.groups_each, 1);
-        assert_eq!(a.uncovered().count(), 7);
+        assert_eq!(a.uncovered().count(), 4);
         assert!(loads(&a, 4).values().all(|&l| l <= 8));
         // No budget at all: nobody.
         let a = Assignment::compute(&spec(3, 2, 3), 1, &Seed([9; 32]), 4, &work(10, 4));
@@ -285,7 +325,13 @@ mod tests {
             for l in loads(&a, size).values() {
                 prop_assert!(*l <= u64::from(budget), "load {} over budget {}", l, budget);
             }
-            let per_validator = if n_validators == 0 { 0 } else { (k as u64 * u64::from(n_miners)).div_ceil(u64::from(n_validators)) };
+            // One prover per covered miner, balanced over the validators.
+            let covered = a.miners.values().filter(|d| !d.committee.is_empty()).count();
+            for v in &authorised {
+                let proves = a.of_validator(v).count();
+                prop_assert!(proves <= covered.div_ceil(n_validators.max(1) as usize), "{} proves {}", v, proves);
+            }
+            let per_validator = if n_validators == 0 { 0 } else { u64::from(n_miners).div_ceil(u64::from(n_validators)) };
             let affordable = k > 0 && u64::from(budget / size) >= per_validator;
             prop_assert_eq!(a.uncovered().count() == 0, affordable || n_miners == 0);
         }

@@ -159,6 +159,9 @@ struct RunConfig {
     keep_publications: usize,
     /// A full payload (instead of a sparse delta) every this many publications. Default 8.
     full_every: u64,
+    /// Groups one training step takes at most, over the windows it trains
+    /// on; what the trainer holds in memory for it. Default 128.
+    max_train_groups: usize,
     /// Prometheus metrics listener. Default: none.
     metrics: Option<std::net::SocketAddr>,
     /// GSM8K JSONL file, for the proof of rollouts when the network's
@@ -197,6 +200,7 @@ impl Default for RunConfig {
             key: None,
             lr: t.lr,
             full_every: 8,
+            max_train_groups: trainer::select::DEFAULT_MAX_TRAIN_GROUPS,
             metrics: None,
             gsm8k: None,
         }
@@ -318,7 +322,10 @@ fn run(args: RunArgs) -> Result<()> {
         dir: conf.data,
         genesis,
         train,
-        select: trainer::select::SelectConfig::new(vocab),
+        select: trainer::select::SelectConfig {
+            max_train_groups: conf.max_train_groups.max(1),
+            ..trainer::select::SelectConfig::new(vocab)
+        },
         full_every: conf.full_every,
         trust_unjudged: dev,
         poll: std::time::Duration::from_millis(500),

@@ -154,11 +154,25 @@ pub struct SelectConfig {
     pub reward_weight: f64,
     /// Weight of the reward variance in the ranking.
     pub spread_weight: f64,
+    /// Groups one training step takes at most, over all the windows it
+    /// trains on: the trainer service holds no more than these (plus one
+    /// miner's rollouts and the groups ranked next) in memory; windows past
+    /// it wait for the next step.
+    #[serde(default = "default_max_train_groups")]
+    pub max_train_groups: usize,
+}
+
+/// [`SelectConfig::max_train_groups`]'s default.
+pub const DEFAULT_MAX_TRAIN_GROUPS: usize = 128;
+
+fn default_max_train_groups() -> usize {
+    DEFAULT_MAX_TRAIN_GROUPS
 }
 
 impl SelectConfig {
     /// grail's defaults for a vocabulary of `vocab_size`: staleness 1, any
-    /// group size, 32 groups per window, 1024-token completions, 0.7/0.3.
+    /// group size, 32 groups per window, 1024-token completions, 0.7/0.3;
+    /// at most [`DEFAULT_MAX_TRAIN_GROUPS`] groups per step.
     pub fn new(vocab_size: usize) -> Self {
         SelectConfig {
             max_staleness: 1,
@@ -168,6 +182,7 @@ impl SelectConfig {
             vocab_size,
             reward_weight: 0.7,
             spread_weight: 0.3,
+            max_train_groups: DEFAULT_MAX_TRAIN_GROUPS,
         }
     }
 }
@@ -267,6 +282,96 @@ pub fn select_proven(
     select_inner(rollouts, published, standing, cfg, Some(prove))
 }
 
+/// What one group's checks before ranking decide ([`screen`]).
+#[derive(Clone, Debug)]
+pub enum Screened {
+    /// It may be ranked (and proven) for training.
+    Survivor(TrainGroup),
+    /// Not used, for this reason.
+    Dropped(DropReason),
+    /// Its window is not judged yet and no proof runs: held for the caller.
+    Held(Vec<Rollout>),
+}
+
+/// The checks of one group (its rollouts, any order) before ranking: well
+/// formed, consistent, a checkpoint recent enough, the miner's standing,
+/// rewards that differ; a survivor carries its ranking score. `proving`:
+/// the group will be proven, so a window not judged yet does not hold it.
+pub fn screen(
+    key: GroupKey,
+    mut rs: Vec<Rollout>,
+    published: &[ContentId],
+    standing: &impl Fn(&[u8; 32], u64) -> Standing,
+    cfg: &SelectConfig,
+    proving: bool,
+) -> Screened {
+    rs.sort_by_key(|r| r.rollout);
+    if let Some(reason) = rs.iter().find_map(|r| rollout_problem(r, cfg)) {
+        return Screened::Dropped(reason);
+    }
+    let Some(first) = rs.first() else { return Screened::Dropped(DropReason::InconsistentGroup) };
+    let consistent = rs
+        .iter()
+        .all(|r| r.checkpoint == first.checkpoint && r.task_id == first.task_id && r.env == first.env)
+        && rs.windows(2).all(|w| w[0].rollout != w[1].rollout)
+        && rs.len() >= 2
+        && cfg.group_size.is_none_or(|n| rs.len() == n && rs.iter().enumerate().all(|(i, r)| r.rollout as usize == i));
+    if !consistent {
+        return Screened::Dropped(DropReason::InconsistentGroup);
+    }
+    if let Some(reason) = checkpoint_problem(&first.checkpoint, published, cfg) {
+        return Screened::Dropped(reason);
+    }
+    match standing(&key.miner, key.window) {
+        Standing::Passed => {}
+        Standing::Failed => return Screened::Dropped(DropReason::FailedVerdict),
+        Standing::Pending { good_standing: false } => return Screened::Dropped(DropReason::BadStanding),
+        Standing::Pending { good_standing: true } if !proving => return Screened::Held(rs),
+        Standing::Pending { good_standing: true } => {}
+    }
+    let rewards: Vec<f32> = rs.iter().map(|r| r.reward).collect();
+    if rewards.iter().all(|&r| r == rewards[0]) {
+        return Screened::Dropped(DropReason::ZeroVariance);
+    }
+    let n = rs.len() as f64;
+    let per_token = rs.iter().map(|r| f64::from(r.reward) / (r.logprobs.len().max(1) as f64)).sum::<f64>() / n;
+    let mean = rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n;
+    let var = rewards.iter().map(|&r| (f64::from(r) - mean).powi(2)).sum::<f64>() / n;
+    let score = cfg.reward_weight * per_token + cfg.spread_weight * var;
+    let advantages = group_advantages(&rewards, 1e-8);
+    let old_logprobs = rs.iter().map(|r| r.logprobs.clone()).collect();
+    Screened::Survivor(TrainGroup { key, rollouts: rs, advantages, score, old_logprobs })
+}
+
+/// Why rollouts generated with `checkpoint` are not trained on, if they are
+/// not: a checkpoint the trainer never published, or one more than
+/// `max_staleness` publications old (`published` oldest first).
+pub fn checkpoint_problem(checkpoint: &ContentId, published: &[ContentId], cfg: &SelectConfig) -> Option<DropReason> {
+    let Some(pos) = published.iter().rposition(|c| c == checkpoint) else {
+        return Some(DropReason::UnknownCheckpoint);
+    };
+    ((published.len() - 1 - pos) as u64 > cfg.max_staleness).then_some(DropReason::Stale)
+}
+
+/// The ranking order of survivors: higher score first, then by key.
+pub fn rank_order(a: (f64, &GroupKey), b: (f64, &GroupKey)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(b.1))
+}
+
+/// Takes a group's proof: the proven old-policy log-probs replace the
+/// miner's, or the reason it is not trained on (`None`: the proof could not run).
+pub fn apply_proof(g: &mut TrainGroup, proof: Option<GroupProof>) -> Result<(), DropReason> {
+    match proof {
+        Some(GroupProof::Proven(old)) if old.len() == g.rollouts.len() => {
+            g.old_logprobs = old;
+            Ok(())
+        }
+        Some(GroupProof::Proven(_)) | None => Err(DropReason::Unprovable),
+        Some(GroupProof::Rejected(_)) => Err(DropReason::ProofFailed),
+        Some(GroupProof::Stale) => Err(DropReason::Stale),
+    }
+}
+
 fn select_inner(
     rollouts: Vec<Rollout>,
     published: &[ContentId],
@@ -281,71 +386,18 @@ fn select_inner(
     let mut out = Selection::default();
     let drop = |out: &mut Selection, reason: DropReason| *out.dropped.entry(reason).or_default() += 1;
     let mut survivors: BTreeMap<u64, Vec<TrainGroup>> = BTreeMap::new();
-    for (key, mut rs) in groups {
-        rs.sort_by_key(|r| r.rollout);
-        if let Some(reason) = rs.iter().find_map(|r| rollout_problem(r, cfg)) {
-            drop(&mut out, reason);
-            continue;
-        }
-        let first = &rs[0];
-        let consistent =
-            rs.iter().all(|r| r.checkpoint == first.checkpoint && r.task_id == first.task_id && r.env == first.env)
-                && rs.windows(2).all(|w| w[0].rollout != w[1].rollout)
-                && rs.len() >= 2
-                && cfg
-                    .group_size
-                    .is_none_or(|n| rs.len() == n && rs.iter().enumerate().all(|(i, r)| r.rollout as usize == i));
-        if !consistent {
-            drop(&mut out, DropReason::InconsistentGroup);
-            continue;
-        }
-        let Some(pos) = published.iter().rposition(|c| *c == first.checkpoint) else {
-            drop(&mut out, DropReason::UnknownCheckpoint);
-            continue;
-        };
-        if (published.len() - 1 - pos) as u64 > cfg.max_staleness {
-            drop(&mut out, DropReason::Stale);
-            continue;
-        }
-        match standing(&key.miner, key.window) {
-            Standing::Passed => {}
-            Standing::Failed => {
-                drop(&mut out, DropReason::FailedVerdict);
-                continue;
-            }
-            Standing::Pending { good_standing: false } => {
-                drop(&mut out, DropReason::BadStanding);
-                continue;
-            }
-            Standing::Pending { good_standing: true } if prove.is_none() => {
+    for (key, rs) in groups {
+        match screen(key, rs, published, &standing, cfg, prove.is_some()) {
+            Screened::Survivor(g) => survivors.entry(key.window).or_default().push(g),
+            Screened::Dropped(reason) => drop(&mut out, reason),
+            Screened::Held(rs) => {
                 out.held_groups += 1;
                 out.held.extend(rs);
-                continue;
             }
-            Standing::Pending { good_standing: true } => {}
         }
-        let rewards: Vec<f32> = rs.iter().map(|r| r.reward).collect();
-        if rewards.iter().all(|&r| r == rewards[0]) {
-            drop(&mut out, DropReason::ZeroVariance);
-            continue;
-        }
-        let n = rs.len() as f64;
-        let per_token = rs.iter().map(|r| f64::from(r.reward) / (r.logprobs.len().max(1) as f64)).sum::<f64>() / n;
-        let mean = rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n;
-        let var = rewards.iter().map(|&r| (f64::from(r) - mean).powi(2)).sum::<f64>() / n;
-        let score = cfg.reward_weight * per_token + cfg.spread_weight * var;
-        let advantages = group_advantages(&rewards, 1e-8);
-        let old_logprobs = rs.iter().map(|r| r.logprobs.clone()).collect();
-        survivors.entry(key.window).or_default().push(TrainGroup {
-            key,
-            rollouts: rs,
-            advantages,
-            score,
-            old_logprobs,
-        });
     }
     for (_, mut gs) in survivors {
-        gs.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.key.cmp(&b.key)));
+        gs.sort_by(|a, b| rank_order((a.score, &a.key), (b.score, &b.key)));
         let mut kept = 0;
         for mut g in gs {
             if kept >= cfg.max_groups_per_window {
@@ -353,20 +405,10 @@ fn select_inner(
                 continue;
             }
             if let Some(prove) = prove.as_mut() {
-                match prove(&g) {
-                    Some(GroupProof::Proven(old)) if old.len() == g.rollouts.len() => g.old_logprobs = old,
-                    Some(GroupProof::Proven(_)) | None => {
-                        drop(&mut out, DropReason::Unprovable);
-                        continue;
-                    }
-                    Some(GroupProof::Rejected(_)) => {
-                        drop(&mut out, DropReason::ProofFailed);
-                        continue;
-                    }
-                    Some(GroupProof::Stale) => {
-                        drop(&mut out, DropReason::Stale);
-                        continue;
-                    }
+                let proof = prove(&g);
+                if let Err(reason) = apply_proof(&mut g, proof) {
+                    drop(&mut out, reason);
+                    continue;
                 }
             }
             kept += 1;

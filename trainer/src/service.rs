@@ -33,7 +33,7 @@
 //! error does not end [`Service::run`]: it reconnects with backoff and
 //! retries the round.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -48,13 +48,16 @@ use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
-    Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, GetWindow, MAX_CHUNK_LEN, MinerStanding,
-    Role, TrainerStats, TrainerStatsBody, Verdict, VerdictBody, WindowInfo,
+    Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, GetWindow, GetWindowIndex, MAX_CHUNK_LEN,
+    MinerStanding, MinerWork, Role, TrainerStats, TrainerStatsBody, Verdict, VerdictBody, WindowInfo,
 };
 
 use crate::proof::{GroupProof, ProofConfig, ProofError, Prover, RejectRecord};
 use crate::publish::{Publication, PublishError, Publisher};
-use crate::select::{SelectConfig, Selection, Standing, select_proven};
+use crate::select::{
+    DropReason, GroupKey, Screened, SelectConfig, Selection, Standing, TrainGroup, apply_proof, checkpoint_problem,
+    rank_order, screen,
+};
 use crate::state::{self, StateError, write_atomic};
 use crate::train::{Sample, StepStats, TrainConfig, TrainError, Trainer};
 
@@ -170,6 +173,8 @@ pub struct Round {
     pub batch: Vec<[u8; 32]>,
     /// Rollouts that failed the trainer's proof.
     pub rejected: Vec<RejectRecord>,
+    /// The most rollouts the round held in memory at once.
+    pub peak_held: usize,
 }
 
 /// The running service.
@@ -385,17 +390,159 @@ impl Service {
         }
     }
 
-    async fn fetch(&mut self, window: WindowId) -> Result<Vec<Rollout>, ServiceError> {
+    /// Screens, ranks and proves window `w`'s groups into `pick`, holding
+    /// one miner's rollouts at a time besides the groups kept:
+    ///
+    /// 1. the window's index; a window whose checkpoint is stale is dropped
+    ///    whole, unfetched (the door takes only the window's checkpoint);
+    /// 2. miner by miner (a miner failed or not in good standing is dropped
+    ///    unfetched), each group screened ([`screen`]) and only its key and
+    ///    score kept;
+    /// 3. in rank order, each group fetched again with its miner's groups
+    ///    ranked within the quota still open, re-screened and proven until
+    ///    the window's quota is filled (a group that fails its proof makes
+    ///    room for the next, as in [`crate::select::select_proven`]).
+    async fn take_window(
+        &mut self,
+        w: WindowId,
+        published: &[ContentId],
+        pick: &mut Pick,
+        round: &mut Round,
+    ) -> Result<(), ServiceError> {
+        let cfg = self.cfg.select;
+        let info = self.window_info(w).await?;
+        let index = self.window_index(w).await?;
+        let drop = |sel: &mut Selection, reason: DropReason, n: u64| {
+            if n > 0 {
+                *sel.dropped.entry(reason).or_default() += n;
+            }
+        };
+        if let Some(reason) = checkpoint_problem(&info.checkpoint, published, &cfg) {
+            drop(&mut pick.sel, reason, index.iter().map(|m| m.groups.len() as u64).sum());
+            return Ok(());
+        }
+        self.hold_checkpoint(info.checkpoint);
+        let known: HashMap<PublicKey, MinerStanding> = self.standing(w).await?.into_iter().collect();
+        let trust = self.cfg.trust_unjudged;
+        let standing = move |miner: &[u8; 32], _: WindowId| match known.get(&PublicKey(*miner)) {
+            Some(MinerStanding::Passed) => Standing::Passed,
+            Some(MinerStanding::Failed) => Standing::Failed,
+            Some(MinerStanding::Suspect) => Standing::Pending { good_standing: false },
+            None if trust => Standing::Passed,
+            None => Standing::Pending { good_standing: true },
+        };
+        let mut ranked: Vec<(f64, GroupKey)> = Vec::new();
+        for m in &index {
+            let unfetched = match standing(&m.miner.0, w) {
+                Standing::Failed => Some(DropReason::FailedVerdict),
+                Standing::Pending { good_standing: false } => Some(DropReason::BadStanding),
+                _ => None,
+            };
+            if let Some(reason) = unfetched {
+                drop(&mut pick.sel, reason, m.groups.len() as u64);
+                continue;
+            }
+            let rollouts = self.fetch_miner(w, &m.miner).await?;
+            round.rollouts += rollouts.len();
+            round.peak_held = round.peak_held.max(pick.held() + rollouts.len());
+            for (key, rs) in by_group(rollouts) {
+                match screen(key, rs, published, &standing, &cfg, true) {
+                    Screened::Survivor(g) => ranked.push((g.score, g.key)),
+                    Screened::Dropped(reason) => drop(&mut pick.sel, reason, 1),
+                    Screened::Held(_) => drop(&mut pick.sel, DropReason::Unprovable, 1),
+                }
+            }
+        }
+        ranked.sort_by(|a, b| rank_order((a.0, &a.1), (b.0, &b.1)));
+        let mut kept = 0usize;
+        let mut ahead: HashMap<GroupKey, TrainGroup> = HashMap::new();
+        for (i, (_, key)) in ranked.iter().enumerate() {
+            if kept >= cfg.max_groups_per_window {
+                drop(&mut pick.sel, DropReason::RankedOut, 1);
+                continue;
+            }
+            let mut g = match ahead.remove(key) {
+                Some(g) => g,
+                None => {
+                    let open = cfg.max_groups_per_window - kept;
+                    let wanted: HashSet<GroupKey> =
+                        ranked[i..].iter().take(open).map(|(_, k)| *k).filter(|k| k.miner == key.miner).collect();
+                    let rollouts = self.fetch_miner(w, &PublicKey(key.miner)).await?;
+                    round.peak_held = round.peak_held.max(pick.held() + held(&ahead) + rollouts.len());
+                    for (k, rs) in by_group(rollouts) {
+                        if wanted.contains(&k)
+                            && let Screened::Survivor(g) = screen(k, rs, published, &standing, &cfg, true)
+                        {
+                            ahead.insert(k, g);
+                        }
+                    }
+                    match ahead.remove(key) {
+                        Some(g) => g,
+                        // Gone between the two reads (retention): nothing to train on.
+                        None => {
+                            drop(&mut pick.sel, DropReason::Unprovable, 1);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let proof = match tokio::task::block_in_place(|| self.prover.prove_group(&info, &g.rollouts)) {
+                Ok(GroupProof::Rejected(recs)) => {
+                    pick.rejected.extend(recs.iter().cloned());
+                    Some(GroupProof::Rejected(recs))
+                }
+                Ok(p @ GroupProof::Proven(_)) => {
+                    let digests = g.rollouts.iter().map(Rollout::digest);
+                    pick.proven.entry((w, PublicKey(g.key.miner))).or_default().extend(digests);
+                    Some(p)
+                }
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(window = w, group = g.key.group, error = %e, "proof could not run");
+                    None
+                }
+            };
+            match apply_proof(&mut g, proof) {
+                Ok(()) => {
+                    kept += 1;
+                    pick.sel.kept.push(g);
+                }
+                Err(reason) => drop(&mut pick.sel, reason, 1),
+            }
+        }
+        Ok(())
+    }
+
+    /// The window's index, page by page (the coordinator leaves banned miners out).
+    async fn window_index(&mut self, window: WindowId) -> Result<Vec<MinerWork>, ServiceError> {
         let mut out = Vec::new();
         let mut after = None;
         loop {
-            let req = Frame::FetchRollouts(FetchRollouts { window, miner: None, after, limit: 256 });
+            match self.session.request(&Frame::GetWindowIndex(GetWindowIndex { window, after })).await? {
+                Frame::WindowIndex(p) if p.window == window => {
+                    out.extend(p.miners);
+                    match p.next {
+                        Some(n) if Some(n) != after => after = Some(n),
+                        _ => return Ok(out),
+                    }
+                }
+                f => return Err(ServiceError::Unexpected(f.tag())),
+            }
+        }
+    }
+
+    /// Every rollout of one miner in `window` (those that decode).
+    async fn fetch_miner(&mut self, window: WindowId, miner: &PublicKey) -> Result<Vec<Rollout>, ServiceError> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let req = Frame::FetchRollouts(FetchRollouts { window, miner: Some(*miner), after, limit: 256 });
             match self.session.request(&req).await? {
                 Frame::Rollouts(r) => {
                     out.extend(r.items.iter().filter_map(|b| Rollout::decode(&b.0, &RolloutLimits::DEFAULT).ok()));
                     match r.next {
-                        Some(n) => after = Some(n),
-                        None => return Ok(out),
+                        Some(n) if Some(n) != after => after = Some(n),
+                        _ => return Ok(out),
                     }
                 }
                 f => return Err(ServiceError::Unexpected(f.tag())),
@@ -404,14 +551,21 @@ impl Service {
     }
 
     /// What the validators' verdicts say about `window`'s miners (miners not
-    /// listed are unjudged and in good standing).
-    async fn standing(
-        &mut self,
-        window: WindowId,
-    ) -> Result<Vec<(tributary_protocol::identity::PublicKey, MinerStanding)>, ServiceError> {
-        match self.session.request(&Frame::GetStanding(GetStanding { window })).await? {
-            Frame::Standing(s) if s.window == window => Ok(s.miners),
-            f => Err(ServiceError::Unexpected(f.tag())),
+    /// listed are unjudged and in good standing), read page by page.
+    async fn standing(&mut self, window: WindowId) -> Result<Vec<(PublicKey, MinerStanding)>, ServiceError> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            match self.session.request(&Frame::GetStanding(GetStanding { window, after })).await? {
+                Frame::Standing(s) if s.window == window => {
+                    out.extend(s.miners);
+                    match s.next {
+                        Some(n) if Some(n) != after => after = Some(n),
+                        _ => return Ok(out),
+                    }
+                }
+                f => return Err(ServiceError::Unexpected(f.tag())),
+            }
         }
     }
 
@@ -522,9 +676,10 @@ impl Service {
         Ok(())
     }
 
-    /// Trains on every closed, untrained window and publishes once for the
-    /// current window. Does nothing while the current window is already
-    /// published or no window has closed.
+    /// Trains on every closed, untrained window (as many as
+    /// [`SelectConfig::max_train_groups`] lets one step take) and publishes
+    /// once for the current window. Does nothing while the current window is
+    /// already published or no window has closed.
     pub async fn round(&mut self) -> Result<Round, ServiceError> {
         let now = now_ms();
         let current = self.schedule.window_at(now).unwrap_or(0);
@@ -532,65 +687,25 @@ impl Service {
         if self.publisher.last().is_some_and(|r| r.window >= current) {
             return Ok(round);
         }
-        let mut rollouts = Vec::new();
+        let genesis = self.template.content_id();
+        let mut published = vec![genesis];
+        published.extend(self.publisher.published_ids());
+        let mut pick = Pick::default();
         let mut w = self.progress.next_window;
         while self.schedule.closes_at(w) <= now {
-            let got = self.fetch(w).await?;
-            round.rollouts += got.len();
-            rollouts.extend(got);
+            let quota = self.cfg.select.max_groups_per_window;
+            if !pick.sel.kept.is_empty() && pick.sel.kept.len() + quota > self.cfg.select.max_train_groups {
+                break;
+            }
+            self.take_window(w, &published, &mut pick, &mut round).await?;
             round.windows.push(w);
             w += 1;
         }
         if round.windows.is_empty() {
             return Ok(round);
         }
-        let genesis = self.template.content_id();
-        let mut published = vec![genesis];
-        published.extend(self.publisher.published_ids());
-        let trust = self.cfg.trust_unjudged;
-        let windows: std::collections::BTreeSet<WindowId> = rollouts.iter().map(|r| r.window).collect();
-        let mut known: std::collections::HashMap<([u8; 32], WindowId), MinerStanding> =
-            std::collections::HashMap::new();
-        let mut infos = std::collections::BTreeMap::new();
-        for &w in &windows {
-            for (miner, st) in self.standing(w).await? {
-                known.insert((miner.0, w), st);
-            }
-            let info = self.window_info(w).await?;
-            self.hold_checkpoint(info.checkpoint);
-            infos.insert(w, info);
-        }
-        let standing = |miner: &[u8; 32], window: u64| match known.get(&(*miner, window)) {
-            Some(MinerStanding::Passed) => Standing::Passed,
-            Some(MinerStanding::Failed) => Standing::Failed,
-            Some(MinerStanding::Suspect) => Standing::Pending { good_standing: false },
-            None if trust => Standing::Passed,
-            None => Standing::Pending { good_standing: true },
-        };
-        let prover = &mut self.prover;
-        let mut rejected = Vec::new();
-        let mut proven: BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>> = BTreeMap::new();
-        let mut prove = |g: &crate::select::TrainGroup| {
-            let info = infos.get(&g.key.window)?;
-            match prover.prove_group(info, &g.rollouts) {
-                Ok(GroupProof::Rejected(recs)) => {
-                    rejected.extend(recs.iter().cloned());
-                    Some(GroupProof::Rejected(recs))
-                }
-                Ok(p @ GroupProof::Proven(_)) => {
-                    let key = (g.key.window, PublicKey(g.key.miner));
-                    proven.entry(key).or_default().extend(g.rollouts.iter().map(Rollout::digest));
-                    Some(p)
-                }
-                Ok(p) => Some(p),
-                Err(e) => {
-                    tracing::warn!(window = g.key.window, group = g.key.group, error = %e, "proof could not run");
-                    None
-                }
-            }
-        };
-        let sel =
-            tokio::task::block_in_place(|| select_proven(rollouts, &published, standing, &self.cfg.select, &mut prove));
+        let Pick { mut sel, rejected, proven } = pick;
+        sel.kept.sort_by_key(|g| g.key);
         sel.record_metrics();
         self.record_rejected(&rejected)?;
         self.post_verdicts(&rejected, proven).await?;
@@ -680,6 +795,36 @@ impl Service {
         tracing::info!("reconnected to the coordinator");
         self.reupload().await
     }
+}
+
+/// What a round has picked so far: the selection, the proof's rejections
+/// and the digests it proved, by (window, miner).
+#[derive(Default)]
+struct Pick {
+    sel: Selection,
+    rejected: Vec<RejectRecord>,
+    proven: BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>>,
+}
+
+impl Pick {
+    /// Rollouts held for training.
+    fn held(&self) -> usize {
+        self.sel.kept.iter().map(|g| g.rollouts.len()).sum()
+    }
+}
+
+/// Rollouts held in groups.
+fn held(groups: &HashMap<GroupKey, TrainGroup>) -> usize {
+    groups.values().map(|g| g.rollouts.len()).sum()
+}
+
+/// Rollouts by group.
+fn by_group(rollouts: Vec<Rollout>) -> BTreeMap<GroupKey, Vec<Rollout>> {
+    let mut out: BTreeMap<GroupKey, Vec<Rollout>> = BTreeMap::new();
+    for r in rollouts {
+        out.entry(GroupKey::of(&r)).or_default().push(r);
+    }
+    out
 }
 
 /// The first wait before reconnecting to the coordinator.

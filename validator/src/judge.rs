@@ -63,11 +63,13 @@ impl Reference for ReferenceModel {
 }
 
 /// What a validator proves *beyond* its assignment
-/// ([`tributary_protocol::assign`]: the miners whose committee it is on, and
-/// their assigned groups, which it always proves). Extra miners are picked in
-/// an order drawn from the challenge secret and this validator's key
-/// ([`assign::rank_for_validator`]), so two validators' extras differ; their
-/// groups in the miner's assigned order ([`assign::group_order`]).
+/// ([`tributary_protocol::assign`]: the miners it is the prover of, and
+/// their assigned groups, which it always proves; the failures it confirms
+/// as another member of a miner's committee are [`Judge::confirm`]'s).
+/// Extra miners are picked in an order drawn from the challenge secret and
+/// this validator's key ([`assign::rank_for_validator`]), so two
+/// validators' extras differ; their groups in the miner's assigned order
+/// ([`assign::group_order`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleConfig {
     /// Fraction of the window's miners checked besides the assigned ones.
@@ -403,25 +405,26 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
     }
 
     /// The groups to prove per miner (and whether the miner is assigned):
-    /// `spec`'s assignment for `validator`, its assigned groups topped up to
+    /// `spec`'s assignment for `validator` over the window's `work` (each
+    /// miner's stored groups), its assigned groups topped up to
     /// `rollouts_per_miner`; then the extra miners of [`JudgeConfig::sample`].
     fn choose(
         &self,
         contract: &Contract<'_>,
         validator: PublicKey,
         spec: &assign::Spec,
+        work: &BTreeMap<PublicKey, BTreeSet<u32>>,
         by_miner: &BTreeMap<PublicKey, Vec<Rollout>>,
     ) -> BTreeMap<PublicKey, (bool, BTreeSet<u32>)> {
         let (w, challenge) = (contract.window, &contract.challenge);
-        let work: BTreeMap<PublicKey, BTreeSet<u32>> =
-            by_miner.iter().map(|(m, rs)| (*m, rs.iter().map(|r| r.group).collect())).collect();
-        let a = assign::Assignment::compute(spec, w, challenge, contract.group_size, &work);
+        let a = assign::Assignment::compute(spec, w, challenge, contract.group_size, work);
         let sample = &self.cfg.sample;
         // Whole groups in the miner's order until `want` rollouts (0: all).
         let top_up = |m: &PublicKey, groups: &mut BTreeSet<u32>, want: usize| {
             let sizes = |g: u32| by_miner.get(m).map_or(0, |rs| rs.iter().filter(|r| r.group == g).count());
             let mut have: usize = groups.iter().map(|&g| sizes(g)).sum();
-            for g in assign::group_order(challenge, w, m, &work[m]) {
+            let stored = work.get(m).cloned().unwrap_or_default();
+            for g in assign::group_order(challenge, w, m, &stored) {
                 if want != 0 && have >= want {
                     break;
                 }
@@ -431,20 +434,15 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
             }
         };
         let mut chosen: BTreeMap<PublicKey, (bool, BTreeSet<u32>)> = BTreeMap::new();
-        for (m, duty) in a.of_validator(&validator) {
-            let mut groups: BTreeSet<u32> = duty.groups.iter().copied().collect();
-            if sample.rollouts_per_miner > 0 {
-                top_up(m, &mut groups, sample.rollouts_per_miner);
+        for (m, assigned) in judged_miners(sample, contract, &validator, &a, work) {
+            let mut groups: BTreeSet<u32> = BTreeSet::new();
+            if assigned {
+                groups.extend(a.miners.get(&m).into_iter().flat_map(|d| d.groups.iter().copied()));
             }
-            chosen.insert(*m, (true, groups));
-        }
-        let mut others: Vec<PublicKey> = work.keys().filter(|m| !chosen.contains_key(m)).copied().collect();
-        others.sort_by_cached_key(|m| assign::rank_for_validator(challenge, w, &validator, m));
-        others.truncate(sample.miners_checked(work.len()));
-        for m in others {
-            let mut groups = BTreeSet::new();
-            top_up(&m, &mut groups, sample.rollouts_per_miner);
-            chosen.insert(m, (false, groups));
+            if !assigned || sample.rollouts_per_miner > 0 {
+                top_up(&m, &mut groups, sample.rollouts_per_miner);
+            }
+            chosen.insert(m, (assigned, groups));
         }
         chosen
     }
@@ -472,6 +470,21 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
         spec: &assign::Spec,
         blobs: Vec<Vec<u8>>,
     ) -> Result<WindowReport, JudgeError> {
+        self.window_indexed(contract, validator, spec, None, blobs)
+    }
+
+    /// [`Judge::window_assigned`] over the rollouts of only some miners:
+    /// the assignment is computed from `work`, the window's index (every
+    /// miner's stored groups), when given, not from `blobs`; `blobs` must
+    /// hold every rollout of each miner [`judged_miners`] names.
+    pub fn window_indexed(
+        &self,
+        contract: &Contract<'_>,
+        validator: PublicKey,
+        spec: &assign::Spec,
+        work: Option<&BTreeMap<PublicKey, BTreeSet<u32>>>,
+        blobs: Vec<Vec<u8>>,
+    ) -> Result<WindowReport, JudgeError> {
         let window = contract.window;
         let mut report = WindowReport { window, fetched: blobs.len(), ..Default::default() };
         let limits = RolloutLimits::DEFAULT;
@@ -488,7 +501,15 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
         drop(blobs);
         // The groups to prove, per miner: the assignment's, then the extras;
         // all drawn from the challenge secret, unknown to miners at submission.
-        let chosen = self.choose(contract, validator, spec, &by_miner);
+        let fetched: BTreeMap<PublicKey, BTreeSet<u32>>;
+        let work = match work {
+            Some(w) => w,
+            None => {
+                fetched = by_miner.iter().map(|(m, rs)| (*m, rs.iter().map(|r| r.group).collect())).collect();
+                &fetched
+            }
+        };
+        let chosen = self.choose(contract, validator, spec, work, &by_miner);
         report.assigned = chosen.values().filter(|(assigned, _)| *assigned).count();
         // Each case with its miner and that miner's rollout count in the window.
         let mut cases: Vec<Case<'_>> = Vec::new();
@@ -544,6 +565,97 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
                 );
             }
         }
+        Ok(report)
+    }
+}
+
+/// The miners `validator` judges in a window whose miners stored `work`
+/// (their groups): those assignment `a` gives it (`true`), then the extra
+/// miners of `sample` in its own drawn order (`false`).
+pub fn judged_miners(
+    sample: &SampleConfig,
+    contract: &Contract<'_>,
+    validator: &PublicKey,
+    a: &assign::Assignment,
+    work: &BTreeMap<PublicKey, BTreeSet<u32>>,
+) -> BTreeMap<PublicKey, bool> {
+    let (w, challenge) = (contract.window, &contract.challenge);
+    let mut out: BTreeMap<PublicKey, bool> = a.of_validator(validator).map(|(m, _)| (*m, true)).collect();
+    let mut others: Vec<PublicKey> = work.keys().filter(|m| !out.contains_key(m)).copied().collect();
+    others.sort_by_cached_key(|m| assign::rank_for_validator(challenge, w, validator, m));
+    others.truncate(sample.miners_checked(work.len()));
+    out.extend(others.into_iter().map(|m| (m, false)));
+    out
+}
+
+impl<'a, R: Reference + ?Sized> Judge<'a, R> {
+    /// A confirmation (issue 16): proves only the rollouts of `miner` that a
+    /// committee member's failing verdict cites (`digests`), or whole
+    /// `groups` when the claim rests on a count of soft failures, out of the
+    /// miner's fetched bytes of the window; one [`MinerReport`] (unsigned).
+    /// A failure found confirms the claim; a pass refutes it. Cited digests
+    /// absent from `blobs` are logged and left out of the count.
+    pub fn confirm(
+        &self,
+        contract: &Contract<'_>,
+        validator: PublicKey,
+        miner: PublicKey,
+        digests: &[[u8; 32]],
+        groups: &[u32],
+        blobs: Vec<Vec<u8>>,
+    ) -> Result<WindowReport, JudgeError> {
+        let window = contract.window;
+        let mut report = WindowReport { window, fetched: blobs.len(), ..Default::default() };
+        let limits = RolloutLimits::DEFAULT;
+        let mut total = 0usize;
+        let mut cited: Vec<Rollout> = Vec::new();
+        for b in &blobs {
+            match Rollout::decode(b, &limits) {
+                Ok(r) if PublicKey(r.miner) == miner => {
+                    total += 1;
+                    if digests.contains(&r.digest()) || groups.contains(&r.group) {
+                        cited.push(r);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    report.undecodable += 1;
+                    tracing::warn!(window, error = %e, "fetched bytes are not a rollout");
+                }
+            }
+        }
+        drop(blobs);
+        for d in digests {
+            if !cited.iter().any(|r| r.digest() == *d) {
+                tracing::warn!(window, miner = %miner, digest = %hex::encode(d), "a confirmation cites a rollout the coordinator does not hold for this miner");
+            }
+        }
+        cited.sort_by_key(|r| (r.group, r.rollout));
+        let body = VerdictBody {
+            checked: u32::try_from(cited.len()).unwrap_or(u32::MAX),
+            ..VerdictBody::empty(window, miner, validator)
+        };
+        let mut mr = MinerReport { body, failed: BTreeMap::new() };
+        let mut cases: Vec<Case<'_>> = cited.into_iter().map(|r| self.prepare(r, *contract)).collect();
+        report.proved = self.prove(&mut cases)?.proved;
+        for case in &cases {
+            log_outcome(case);
+            mr.record(case, total);
+        }
+        if mr.body.hard_failure {
+            mr.body.estimated_valid = 0;
+            tracing::warn!(
+                window,
+                miner = %miner,
+                checked = mr.body.checked,
+                failed = ?mr.failed,
+                reasons = ?mr.body.reasons,
+                "confirmation: the cited rollouts fail (the claim is confirmed)"
+            );
+        } else {
+            tracing::info!(window, miner = %miner, checked = mr.body.checked, "confirmation: the cited rollouts pass (the claim is refuted)");
+        }
+        report.miners.insert(miner, mr);
         Ok(report)
     }
 }

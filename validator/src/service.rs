@@ -45,6 +45,7 @@
 //! one window behind the clock the service logs a warning and sets the
 //! `tributary_validator_windows_behind` gauge; it never skips a window.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,10 +64,11 @@ use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::verify::VerifyParams;
 use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
-    ErrorCode, FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetReveal, GetWindow, Role, Verdict, WindowInfo,
+    ErrorCode, FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetConfirmations, GetReveal, GetWindow,
+    GetWindowIndex, MAX_CONFIRMATIONS_PAGE, MinerWork, Role, Verdict, WindowInfo,
 };
 
-use crate::judge::{Contract, Judge, JudgeConfig, JudgeError};
+use crate::judge::{Contract, Judge, JudgeConfig, JudgeError, judged_miners};
 pub use crate::judge::{MinerReport, SampleConfig, WindowReport};
 
 /// Service failures (a failing miner is a verdict, never one of these).
@@ -315,6 +317,8 @@ pub struct Service {
     env: Option<(EnvSpec, Environment)>,
     next_window: Option<WindowId>,
     posted: Vec<PublicKey>,
+    /// Confirmations answered, with the rollouts they cited ([`Service::confirm_pending`]).
+    answered: std::collections::BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>>,
     /// This validator's contributions to each window's challenge (stopped when dropped).
     _contributor: Contributor,
 }
@@ -351,6 +355,7 @@ impl Service {
             env: None,
             next_window: Some(next_window),
             posted,
+            answered: std::collections::BTreeMap::new(),
             _contributor: contributor,
         })
     }
@@ -399,6 +404,9 @@ impl Service {
         mut on_window: impl FnMut(&WindowReport),
     ) -> Result<(), ServiceError> {
         while !stop.load(Ordering::Relaxed) {
+            if let Err(e) = self.confirm_pending().await {
+                tracing::warn!(error = %e, "confirmations failed (tried again on the next pass)");
+            }
             match self.step().await? {
                 Some(r) => {
                     let failed = r.miners.values().filter(|m| m.body.hard_failure).count();
@@ -456,15 +464,16 @@ impl Service {
         }
     }
 
-    async fn fetch(&mut self, w: WindowId) -> Result<Vec<Vec<u8>>, ServiceError> {
+    /// The window's index, page by page: every miner that stored rollouts,
+    /// with its groups (what the assignment is computed from) and counts.
+    async fn window_index(&mut self, w: WindowId) -> Result<Vec<MinerWork>, ServiceError> {
         let mut out = Vec::new();
         let mut after = None;
         loop {
-            let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: None, after, limit: 256 });
-            match self.client.request(&req).await? {
-                Frame::Rollouts(r) => {
-                    out.extend(r.items.into_iter().map(|b| b.0));
-                    match r.next {
+            match self.client.request(&Frame::GetWindowIndex(GetWindowIndex { window: w, after })).await? {
+                Frame::WindowIndex(p) if p.window == w => {
+                    out.extend(p.miners);
+                    match p.next {
                         Some(n) if Some(n) != after => after = Some(n),
                         _ => return Ok(out),
                     }
@@ -472,6 +481,29 @@ impl Service {
                 f => return Err(ServiceError::Unexpected(f.tag())),
             }
         }
+    }
+
+    /// Every rollout of the given miners, and of no other: what the
+    /// validator holds of a window is what it judges.
+    async fn fetch_miners(&mut self, w: WindowId, miners: &[PublicKey]) -> Result<Vec<Vec<u8>>, ServiceError> {
+        let mut out = Vec::new();
+        for m in miners {
+            let mut after = None;
+            loop {
+                let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: Some(*m), after, limit: 256 });
+                match self.client.request(&req).await? {
+                    Frame::Rollouts(r) => {
+                        out.extend(r.items.into_iter().map(|b| b.0));
+                        match r.next {
+                            Some(n) if Some(n) != after => after = Some(n),
+                            _ => break,
+                        }
+                    }
+                    f => return Err(ServiceError::Unexpected(f.tag())),
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Makes `id` the loaded reference model, downloading the full file from
@@ -497,6 +529,9 @@ impl Service {
         let model = tokio::task::block_in_place(|| ReferenceModel::load(&ckpt, self.cfg.device))?;
         tracing::info!(%id, "reference model loaded");
         self.loaded = Some(Loaded { id, model, tokenizer });
+        if let Err(e) = crate::models::prune(&self.cfg.dir.join("models"), crate::models::KEEP_MODELS, &path) {
+            tracing::warn!(error = %e, "could not prune the models folder");
+        }
         Ok(())
     }
 
@@ -553,17 +588,28 @@ impl Service {
         let started = Instant::now();
         let info = self.window_info(w).await?;
         let (challenge, spec) = self.reveal(&info).await?;
-        let blobs = self.fetch(w).await?;
+        let validator = self.cfg.key.public();
+        // The assignment from the window's index; then only the miners judged are fetched.
+        let work: BTreeMap<PublicKey, BTreeSet<u32>> =
+            self.window_index(w).await?.into_iter().map(|m| (m.miner, m.groups.into_iter().collect())).collect();
+        let sample = self.cfg.sample;
+        let judged: Vec<PublicKey> = {
+            let env = self.environment(&info)?;
+            let contract = Contract::of_window(&info, env, challenge);
+            let a = assign::Assignment::compute(&spec, w, &challenge, info.group_size, &work);
+            judged_miners(&sample, &contract, &validator, &a, &work).into_keys().collect()
+        };
+        let blobs = self.fetch_miners(w, &judged).await?;
         self.ensure_model(info.checkpoint).await?;
         let cfg = self.cfg.judge_config();
-        let validator = self.cfg.key.public();
         self.environment(&info)?;
         let (Some(loaded), Some((_, env))) = (self.loaded.as_ref(), self.env.as_ref()) else {
             return Err(ServiceError::Env("no model or environment".into()));
         };
         let contract = Contract::of_window(&info, env, challenge);
         let judge = Judge::new(&cfg, &loaded.tokenizer, &loaded.model);
-        let mut report = tokio::task::block_in_place(|| judge.window_assigned(&contract, validator, &spec, blobs))?;
+        let mut report =
+            tokio::task::block_in_place(|| judge.window_indexed(&contract, validator, &spec, Some(&work), blobs))?;
         report.seconds = started.elapsed().as_secs_f64();
         metrics::histogram!("tributary_validator_window_seconds").record(report.seconds);
         metrics::counter!("tributary_validator_rollouts_proved_total").increment(report.proved as u64);
@@ -600,5 +646,70 @@ impl Service {
             }
         }
         Ok(())
+    }
+
+    /// Confirmations on demand (issue 16): for every failure the coordinator
+    /// lists as waiting for this validator (`GetConfirmations`, paged: this
+    /// validator is in the miner's committee and the claimant's evidence
+    /// needs the model), proves only the rollouts the claim cites on the
+    /// reference model of the claim's window and posts the verdict as usual.
+    /// Each confirmation is answered once: a cited rollout the coordinator
+    /// does not hold cannot be proved and is not asked for again.
+    pub async fn confirm_pending(&mut self) -> Result<Vec<WindowReport>, ServiceError> {
+        let mut waiting = Vec::new();
+        let mut after = None;
+        loop {
+            let req = Frame::GetConfirmations(GetConfirmations { after, limit: MAX_CONFIRMATIONS_PAGE });
+            match self.client.request(&req).await? {
+                Frame::Confirmations(page) => {
+                    let answered = &self.answered;
+                    waiting.extend(
+                        page.items.into_iter().filter(|c| answered.get(&(c.window, c.miner)) != Some(&c.digests)),
+                    );
+                    match page.next {
+                        Some(n) if Some(n) != after => after = Some(n),
+                        _ => break,
+                    }
+                }
+                f => return Err(ServiceError::Unexpected(f.tag())),
+            }
+        }
+        let mut reports = Vec::new();
+        for c in waiting {
+            let started = Instant::now();
+            let info = self.window_info(c.window).await?;
+            let (challenge, _) = self.reveal(&info).await?;
+            let blobs = self.fetch_miners(c.window, &[c.miner]).await?;
+            self.ensure_model(info.checkpoint).await?;
+            self.environment(&info)?;
+            let cfg = self.cfg.judge_config();
+            let validator = self.cfg.key.public();
+            let (Some(loaded), Some((_, env))) = (self.loaded.as_ref(), self.env.as_ref()) else {
+                return Err(ServiceError::Env("no model or environment".into()));
+            };
+            let contract = Contract::of_window(&info, env, challenge);
+            let judge = Judge::new(&cfg, &loaded.tokenizer, &loaded.model);
+            let mut report = tokio::task::block_in_place(|| {
+                judge.confirm(&contract, validator, c.miner, &c.digests, &c.groups, blobs)
+            })?;
+            report.seconds = started.elapsed().as_secs_f64();
+            metrics::counter!("tributary_validator_rollouts_proved_total").increment(report.proved as u64);
+            let network = self.client.session().await?.network();
+            for m in report.miners.values() {
+                let v = Verdict::sign(m.body.clone(), &self.cfg.key, &network);
+                match self.client.request(&Frame::PostVerdict(v)).await? {
+                    Frame::VerdictAck(a) if a.window == c.window && a.miner == c.miner => {
+                        let outcome = if m.body.hard_failure { "confirmed" } else { "refuted" };
+                        metrics::counter!("tributary_validator_confirmations_total", "outcome" => outcome).increment(1);
+                    }
+                    f => return Err(ServiceError::Unexpected(f.tag())),
+                }
+            }
+            self.answered.insert((c.window, c.miner), c.digests);
+            reports.push(report);
+        }
+        let oldest = self.next_window.unwrap_or(0).saturating_sub(64);
+        self.answered.retain(|(w, _), _| *w >= oldest);
+        Ok(reports)
     }
 }

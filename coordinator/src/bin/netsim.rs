@@ -2,13 +2,14 @@
 //! sans-IO core at several network sizes, seeded, no model.
 //!
 //! `netsim [N[,N...]] [WINDOWS] [SEEDS]` (defaults `10,100,1000,10000 20`;
-//! SEEDS defaults to ⌈1000/N⌉ runs per size, at most 20, one at N ≥ 1000).
-//! Each size runs [`SimConfig::network`]: two honest twins, 10 % lazy miners
-//! (half their groups), 20 % cheaters (1 %, 5 %, 25 %, 100 % of rollouts),
-//! the rest honest; 32 groups of 16 rollouts per miner per window;
-//! committees of 2; validators of 4096 rollouts each, enough for one group
-//! of every miner. Memory is what the process holds (a counting allocator):
-//! at its peak (a window's door bookkeeping full) and after the last window
+//! SEEDS defaults to ⌈1000/N⌉ runs per size, at most 20, one at N ≥ 1000);
+//! `netsim --help` says so. Each size runs [`SimConfig::network`]: two
+//! honest twins, 10 % lazy miners (half their groups), 20 % cheaters (1 %,
+//! 5 %, 25 %, 100 % of rollouts), the rest honest; 32 groups of 16 rollouts
+//! per miner per window; committees of 2 (one prover, one confirmer on
+//! demand); validators of 4096 rollouts each, enough for one group of every
+//! miner. Memory is what the process holds (a counting allocator): at its
+//! peak (a window's door bookkeeping full) and after the last window
 //! closed, both divided by N.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -48,7 +49,27 @@ fn arg<T: std::str::FromStr>(i: usize) -> Option<T> {
     std::env::args().nth(i).and_then(|s| s.parse().ok())
 }
 
+const HELP: &str = "\
+netsim: the network simulator over the coordinator's sans-IO core (issue 16), seeded, no model.
+
+usage: netsim [N[,N...]] [WINDOWS] [SEEDS]
+       netsim --help
+
+  N        miners per network, comma-separated (default 10,100,1000,10000)
+  WINDOWS  windows simulated per run (default 20)
+  SEEDS    runs per size (default ceil(1000/N), at most 20)
+
+Each network: two identical honest miners, 10 % lazy, 20 % cheaters (1, 5, 25, 100 % of
+rollouts), the rest honest; 32 groups of 16 rollouts per miner; committees of 2 (one
+prover, one confirmer on demand); validators of 4096 rollouts, enough for one group of
+every miner. Prints a markdown table (docs/benchmarks.md section 5).
+";
+
 fn main() {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return;
+    }
     let sizes: Vec<usize> = std::env::args()
         .nth(1)
         .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
@@ -56,7 +77,7 @@ fn main() {
     let windows: u64 = arg(2).unwrap_or(20);
     let seeds_arg: Option<u64> = arg(3);
     println!(
-        "| N | V | windows × seeds | honest rollouts → trainer | P(cheater caught / window): by validators, in all | windows to ban (mean, max; never) | false bans | validator ÷ miner compute | coordinator MiB peak (KiB / miner) | KiB / miner after | twin spread (worst; ≤ 1.2) | lazy ÷ twin weight | seconds |"
+        "| N | V | windows × seeds | honest rollouts → trainer | P(cheater caught / window): by validators, in all | windows to ban (mean, max; never) | false bans | validator ÷ miner compute (confirmations) | coordinator MiB peak (KiB / miner) | KiB / miner after | twin spread (worst; ≤ 1.2) | lazy ÷ twin weight | seconds |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut detection: Vec<String> = Vec::new();
@@ -96,6 +117,7 @@ fn main() {
         let max_ban = bans.iter().max().copied().unwrap_or(0);
         let false_bans = sum(&|r| r.false_bans);
         let compute = sum(&|r| r.proved) as f64 * prove_cost / sum(&|r| r.generated).max(1) as f64;
+        let confirming = sum(&|r| r.confirmed) as f64 * prove_cost / sum(&|r| r.generated).max(1) as f64;
         let spreads: Vec<f64> = all.iter().map(SimReport::twin_spread).collect();
         let worst = spreads.iter().copied().fold(1.0, f64::max);
         let within = spreads.iter().filter(|s| **s <= 1.2).count();
@@ -118,7 +140,7 @@ fn main() {
         detection.push(format!("| {n} | {} |", cells.join(" | ")));
         let mib = |b: usize| b as f64 / (1 << 20) as f64;
         println!(
-            "| {n} | {validators} | {windows} × {seeds} | {:.1} % | {by_validators:.3}, {:.3} | {mean_ban:.2}, {max_ban}; {never} | {false_bans} | {compute:.4} | {:.1} ({:.1}) | {:.2} | {worst:.3} ({within}/{}) | {lazy:.4} | {:.1} |",
+            "| {n} | {validators} | {windows} × {seeds} | {:.1} % | {by_validators:.3}, {:.3} | {mean_ban:.2}, {max_ban}; {never} | {false_bans} | {compute:.4} ({confirming:.4}) | {:.1} ({:.1}) | {:.2} | {worst:.3} ({within}/{}) | {lazy:.4} | {:.1} |",
             trained * 100.0,
             caught,
             mib(peak),

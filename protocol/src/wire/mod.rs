@@ -16,6 +16,7 @@
 use serde::Deserialize;
 
 mod checkpoint;
+mod confirm;
 mod frame;
 mod handshake;
 mod rollouts;
@@ -27,6 +28,7 @@ mod verdict;
 mod window;
 
 pub use checkpoint::*;
+pub use confirm::*;
 pub use frame::{Blob, WireError, canonical};
 pub use handshake::*;
 pub use rollouts::*;
@@ -36,7 +38,7 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/3";
+pub const ALPN: &[u8] = b"tributary/4";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
@@ -45,8 +47,11 @@ pub const ALPN: &[u8] = b"tributary/3";
 /// signature, and the coordinator proves in the [`Challenge`] that it holds
 /// its key. Version 3: validators and the trainer commit to and reveal
 /// contributions to each window's challenge ([`crate::beacon`]), and the
-/// [`Reveal`] carries them. Peers of different versions cannot talk.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// [`Reveal`] carries them. Version 4: a closed window's index of miners
+/// ([`GetWindowIndex`], so validators and the trainer fetch miner by miner),
+/// and every list answer is paged and capped by bytes. Peers of different
+/// versions cannot talk.
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;
@@ -183,14 +188,18 @@ frames! {
     PostVerdict = 32, max MAX_VERDICT_LEN, Verdict;
     /// Verdict stored.
     VerdictAck = 33, max SMALL, VerdictAck;
-    /// Ask for weights.
+    /// Ask for part of a weights document.
     GetWeights = 34, max SMALL, GetWeights;
-    /// A signed weights document.
-    Weights = 35, max 4 << 20, WeightsDoc;
+    /// Part of a signed weights document.
+    Weights = 35, max 1 << 20, WeightsPart;
     /// Ask for a window's verdict standing.
     GetStanding = 36, max SMALL, GetStanding;
     /// A window's verdict standing.
-    Standing = 37, max 4 << 20, Standing;
+    Standing = 37, max 1 << 20, Standing;
+    /// Ask which miners stored rollouts in a closed window, and how much.
+    GetWindowIndex = 38, max SMALL, GetWindowIndex;
+    /// A page of a closed window's miners with their work.
+    WindowIndex = 39, max 1 << 20, WindowIndex;
     /// Announce a checkpoint.
     PublishCheckpoint = 40, max SMALL, PublishCheckpoint;
     /// Part of a checkpoint payload.
@@ -205,6 +214,10 @@ frames! {
     CheckpointPath = 45, max 16 << 10, CheckpointPath;
     /// Ask for part of a delta payload.
     GetDelta = 46, max SMALL, GetDelta;
+    /// Validator → coordinator: the failures waiting for its confirmation.
+    GetConfirmations = 50, max SMALL, GetConfirmations;
+    /// A page of confirmations (at most 64, each at most about 6 KiB).
+    Confirmations = 51, max 1 << 20, Confirmations;
     /// Trainer → coordinator: a signed training-step report.
     PostTrainerStats = 60, max SMALL, TrainerStats;
     /// The training-step report is stored.

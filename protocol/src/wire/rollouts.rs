@@ -190,3 +190,46 @@ pub struct Rollouts {
     /// Cursor for the next batch, `None` when done.
     pub next: Option<[u8; 32]>,
 }
+
+/// Validator/trainer → coordinator: which miners stored rollouts in a
+/// closed window, and how much (a page of them, in key order). What a
+/// validator computes its assignment from before it fetches only the miners
+/// it judges, and what the trainer walks miner by miner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetWindowIndex {
+    /// The window (its submissions must have closed).
+    pub window: WindowId,
+    /// Resume after this miner (the previous page's `next`).
+    pub after: Option<PublicKey>,
+}
+
+/// One miner's stored work in a window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MinerWork {
+    /// The miner.
+    pub miner: PublicKey,
+    /// Rollouts stored.
+    pub rollouts: u32,
+    /// Their bytes, as stored.
+    pub bytes: u64,
+    /// The groups they belong to (ascending, each once): what the window's
+    /// assignment draws from ([`crate::assign::Assignment::compute`]).
+    pub groups: Vec<u32>,
+}
+
+/// A page of a closed window's index: miners in ascending key order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowIndex {
+    /// The window.
+    pub window: WindowId,
+    /// Miners of this page.
+    pub miners: Vec<MinerWork>,
+    /// The last miner of this page when more follow (the next request's `after`), `None` when done.
+    pub next: Option<PublicKey>,
+}
+
+/// The most bytes of [`MinerWork`] entries the coordinator puts in one
+/// [`WindowIndex`] answer (a quarter of the tag's limit: one more entry,
+/// whose groups are bounded by the window's `groups_per_miner`, never takes
+/// it past the limit).
+pub const WINDOW_INDEX_ANSWER_BYTES: usize = 256 << 10;

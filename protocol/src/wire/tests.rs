@@ -208,8 +208,8 @@ proptest::proptest! {
         let key = identity::Keypair::from_seed([9; 32]);
         for f in [
             Frame::WindowInfo(info),
-            Frame::GetStanding(GetStanding { window }),
-            Frame::Standing(Standing { window, miners }),
+            Frame::GetStanding(GetStanding { window, after: Some(PublicKey([7; 32])) }),
+            Frame::Standing(Standing { window, miners, next: Some(PublicKey([8; 32])) }),
             Frame::PostVerdict(Verdict::sign(body, &key, &NET)),
         ] {
             let bytes = f.encode();

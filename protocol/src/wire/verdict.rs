@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Frame, Signed, SignedBody, Tag, WireError, canonical};
+use super::{Blob, Signed, SignedBody, Tag, WireError, canonical};
 use crate::identity::{self, PublicKey};
 use crate::rollout::Rollout;
 use crate::verify::{self, CheckKind, Failure, Rejection, Severity};
@@ -387,11 +387,14 @@ pub struct VerdictAck {
     pub miner: PublicKey,
 }
 
-/// Trainer/validator → coordinator: what the verdicts say about a window's miners.
+/// Trainer/validator → coordinator: what the verdicts say about a window's
+/// miners (a page of them, in key order).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetStanding {
     /// The window.
     pub window: WindowId,
+    /// Resume after this miner (the previous page's `next`).
+    pub after: Option<PublicKey>,
 }
 
 /// What is known of one miner in one window.
@@ -405,20 +408,51 @@ pub enum MinerStanding {
     Suspect,
 }
 
-/// The coordinator's answer to [`GetStanding`]: every miner it knows
-/// something about for the window. Miners not listed are unjudged and in
-/// good standing.
+/// The coordinator's answer to [`GetStanding`]: a page of the miners it
+/// knows something about for the window, in ascending key order. Miners not
+/// listed on any page are unjudged and in good standing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Standing {
     /// The window.
     pub window: WindowId,
     /// Miner → standing.
     pub miners: Vec<(PublicKey, MinerStanding)>,
+    /// The last miner of this page when more follow (the next request's `after`), `None` when done.
+    pub next: Option<PublicKey>,
 }
 
-/// Asks for the latest weights document.
+/// The most bytes of entries the coordinator puts in one [`Standing`] answer.
+pub const STANDING_ANSWER_BYTES: usize = 256 << 10;
+
+/// Asks for part of a weights document's bytes ([`WeightsDoc::encode`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GetWeights;
+pub struct GetWeights {
+    /// The document of this interval (the previous part's `window`), or the latest.
+    pub window: Option<WindowId>,
+    /// From this byte of its encoding.
+    pub offset: u64,
+}
+
+/// Part of a signed weights document's bytes: a reader asks from offset 0
+/// and on from `offset + data.len()` for the same `window` until it holds
+/// `len` bytes, then decodes them ([`WeightsDoc::decode_verified`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightsPart {
+    /// The last window the document accounts for.
+    pub window: WindowId,
+    /// The document's encoded length.
+    pub len: u64,
+    /// Where `data` starts in it.
+    pub offset: u64,
+    /// The bytes.
+    pub data: Blob,
+}
+
+/// The most bytes of a weights document in one [`WeightsPart`].
+pub const WEIGHTS_PART_BYTES: usize = 256 << 10;
+
+/// The largest weights document a reader decodes (about 1.6 M miners).
+pub const MAX_WEIGHTS_DOC_LEN: u32 = 64 << 20;
 
 /// The weights the coordinator derived from verdicts (signed part).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -454,20 +488,20 @@ impl Signed<WeightsBody> {
         self.verify(&super::NetworkId::of(coordinator)).map_err(|_| WeightsDocError::BadSignature)
     }
 
-    /// The document's bytes as published (`postcard(WeightsDoc)`, the body of
-    /// a [`Frame::Weights`]); what `GET /api/weights` gives in hex.
+    /// The document's bytes as published (`postcard(WeightsDoc)`, served in
+    /// [`WeightsPart`]s); what `GET /api/weights` gives in hex.
     pub fn encode(&self) -> Vec<u8> {
         canonical(self)
     }
 
-    /// Decodes published document bytes (with the [`Tag::Weights`] size
-    /// limit, consumed exactly) and checks they are signed by `coordinator`.
+    /// Decodes published document bytes (at most [`MAX_WEIGHTS_DOC_LEN`],
+    /// consumed exactly) and checks they are signed by `coordinator`.
     pub fn decode_verified(bytes: &[u8], coordinator: &PublicKey) -> Result<Self, WeightsDocError> {
-        let doc = match Frame::decode_body(Tag::Weights, bytes)? {
-            Frame::Weights(doc) => doc,
-            // decode_body answers with the frame of the tag it was given.
-            other => return Err(WeightsDocError::Wire(WireError::UnknownTag(other.tag() as u16))),
-        };
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        if len > MAX_WEIGHTS_DOC_LEN {
+            return Err(WireError::Oversized { tag: Tag::Weights, len, max: MAX_WEIGHTS_DOC_LEN }.into());
+        }
+        let doc: Self = super::take(Tag::Weights, bytes)?;
         doc.verify_by(coordinator)?;
         Ok(doc)
     }

@@ -215,3 +215,63 @@ fn a_store_url_needs_an_archive_and_an_http_scheme() {
     cfg.archive = None;
     assert!(matches!(node::check_store_url(&cfg), Err(ConfigError::StoreUrl(_))));
 }
+
+/// A restarted coordinator knows nothing of what the store holds: it finds
+/// every checkpoint there by key and size, rewrites none, and until then
+/// neither names the store's URL nor lets retention delete anything.
+#[test]
+fn a_restarted_coordinator_finds_what_the_store_holds_and_rewrites_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let start = || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        // The previous coordinator's writer thread lets go of the database shortly after its runtime stops.
+        for attempt in 0.. {
+            match rt.block_on(node::start(&cfg, GENESIS)) {
+                Ok(n) => return (rt, n),
+                Err(_) if attempt < 50 => std::thread::sleep(Duration::from_millis(100)),
+                Err(e) => panic!("start: {e:#}"),
+            }
+        }
+        unreachable!()
+    };
+    let (rt, node) = start();
+    let entries: Vec<Entry> = (1..=3u8).map(|i| publish(&node, i, (i > 1).then(|| i - 1), u64::from(i))).collect();
+    let sh = node.shared.clone();
+    rt.block_on(until(|| entries.iter().all(|e| sh.relay.is_stored(&e.id))));
+    let keys: Vec<String> = entries.iter().map(|e| store_key(&e.id, None, &e.full_hash)).collect();
+    let mtimes = |keys: &[String]| -> Vec<std::time::SystemTime> {
+        keys.iter().map(|k| std::fs::metadata(objects(dir.path()).join(k)).unwrap().modified().unwrap()).collect()
+    };
+    let before = mtimes(&keys);
+    drop(sh);
+    drop(node);
+    drop(rt);
+
+    // The store is out of reach at the restart: nothing is known to be stored.
+    let blocker = objects(dir.path()).join("deltas.blocked");
+    std::fs::rename(objects(dir.path()).join("deltas"), &blocker).unwrap();
+    std::fs::write(objects(dir.path()).join("deltas"), b"in the way").unwrap();
+    let (rt, node) = start();
+    let sh = node.shared.clone();
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(500)).await });
+    assert!(!sh.relay.is_stored(&id(2)), "a delta the store cannot show is not taken as stored");
+    // A miner asking for the latest is held at the latest the store shows
+    // (1, a full file it holds); one whose window needs 3 asks for it by id
+    // and gets the relay's deltas.
+    let p = sh.relay.path(Some(id(1)), None).unwrap();
+    assert!(p.target == id(1) && p.steps.is_empty(), "{p:?}");
+    let p = sh.relay.path(Some(id(1)), Some(id(3))).unwrap();
+    assert_eq!((p.steps.len(), p.store_url), (2, None));
+    let now = sh.core().schedule().opens_at(5) + 1_000;
+    // 1 (a full file, found) may go; 2, whose delta the store does not show, stays.
+    assert_eq!(relay::apply_retention(&sh, 1, now).unwrap(), vec![id(1)]);
+    assert!(sh.relay.full_path(&id(2)).is_file());
+
+    // Reachable again: found by key and size, not rewritten.
+    std::fs::remove_file(objects(dir.path()).join("deltas")).unwrap();
+    std::fs::rename(&blocker, objects(dir.path()).join("deltas")).unwrap();
+    rt.block_on(until(|| entries[1..].iter().all(|e| sh.relay.is_stored(&e.id))));
+    assert_eq!(mtimes(&keys), before);
+    assert_eq!(sh.relay.path(Some(id(1)), None).unwrap().store_url.as_deref(), Some(URL));
+}

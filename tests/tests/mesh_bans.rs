@@ -2,9 +2,10 @@
 //!
 //! - A validator posting a false failing verdict (sampling evidence on an
 //!   honest miner's rollout) bans nobody: the failure waits for a second
-//!   party; the honest validator's passing proof of the same rollout flags
-//!   the liar (its verdicts stop counting, `/api/validators` says so) until
-//!   an operator clears it through the live admin socket.
+//!   party, listed as a confirmation for the other member of the miner's
+//!   committee; the honest validator proves only the cited rollout, passing,
+//!   which flags the liar (its verdicts stop counting, `/api/validators`
+//!   says so) until an operator clears it through the live admin socket.
 //! - A cheater caught with evidence the coordinator re-checks itself (an
 //!   inflated reward) by a single validator is banned, and its whole window
 //!   is excluded from what the trainer fetches.
@@ -111,19 +112,27 @@ async fn a_false_failing_verdict_bans_nobody_and_flags_its_validator() {
     ));
     let v = Verdict::sign(body, &liar, &s.network());
     assert!(matches!(within(30, s.request(&Frame::PostVerdict(v))).await, Ok(Frame::VerdictAck(_))));
+    let honest_key = tributary_protocol::dev::key(Role::Validator).public();
     {
         let core = net.node.shared.core();
         assert!(!core.is_banned(&victim, w + 1), "one validator's model-based failure banned an honest miner");
         assert!(core.pending(w, &victim));
         assert!(core.standing(w).contains(&(victim, MinerStanding::Suspect)));
         assert!(!core.is_flagged(&liar.public()));
+        let waiting = core.confirmations(&honest_key, None, 64);
+        let c = waiting.items.iter().find(|c| (c.window, c.miner) == (w, victim)).expect("a pending confirmation");
+        assert_eq!((c.digests.clone(), c.claimants.clone()), (vec![target.digest()], vec![liar.public()]));
     }
 
-    // The honest validator proves the same rollouts passing: the liar is refuted.
-    let r = until(&mut honest_validator, 120, |r| r.window >= w).await;
-    assert_eq!(r.window, w);
+    // The honest validator, the other member of the committee, proves only
+    // the cited rollout: it passes, and the liar is refuted.
+    let reports = within(120, honest_validator.confirm_pending()).await.expect("confirmations");
+    let r = reports.iter().find(|r| r.window == w).expect("the confirmation of window w");
+    assert_eq!(r.proved, 1, "only the cited rollout is proved");
     let judged = &r.miners[&victim].body;
-    assert!(!judged.hard_failure && judged.passed.contains(&target.digest()), "{judged:?}");
+    assert_eq!(judged.checked, 1, "{judged:?}");
+    assert!(!judged.hard_failure && judged.passed == vec![target.digest()], "{judged:?}");
+    assert!(rollouts.len() > 1, "the victim stored more than the cited rollout");
     {
         let core = net.node.shared.core();
         assert!(core.is_flagged(&liar.public()), "the refuted validator is flagged");

@@ -95,6 +95,9 @@ pub struct Config {
     pub kib_per_sec: u32,
     /// Rollouts per second per miner. Default 20 000.
     pub rollouts_per_sec: u32,
+    /// Requests other than submissions per second per miner key (window,
+    /// reveal, progress, weights, checkpoint paths and chunks). Default 200.
+    pub requests_per_sec: u32,
     /// Longest prompt (tokens) a rollout may carry; longer ones are refused
     /// at the door (`schema`). Default 1024.
     pub max_prompt_tokens: u32,
@@ -178,6 +181,7 @@ impl Default for Config {
             connections_per_sec: l.connections_per_sec,
             kib_per_sec: l.kib_per_sec,
             rollouts_per_sec: l.rollouts_per_sec,
+            requests_per_sec: l.requests_per_sec,
             max_prompt_tokens: 1024,
             max_connections: l.max_connections,
             max_connections_per_address: l.max_connections_per_address,
@@ -545,6 +549,7 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         connections_per_sec: cfg.connections_per_sec,
         kib_per_sec: cfg.kib_per_sec,
         rollouts_per_sec: cfg.rollouts_per_sec,
+        requests_per_sec: cfg.requests_per_sec,
         max_connections: cfg.max_connections,
         max_connections_per_address: cfg.max_connections_per_address,
         max_connections_per_key: cfg.max_connections_per_key,

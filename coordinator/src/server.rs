@@ -34,6 +34,8 @@ pub struct Limits {
     pub kib_per_sec: u32,
     /// Submissions per second per miner key.
     pub rollouts_per_sec: u32,
+    /// Other requests per second per miner key (burst: one second's worth).
+    pub requests_per_sec: u32,
     /// Connections open at once, in all.
     pub max_connections: u32,
     /// Connections open at once from one address (IPv4) or /64 (IPv6).
@@ -64,6 +66,7 @@ impl Default for Limits {
             connections_per_sec: 20,
             kib_per_sec: 64 << 10,
             rollouts_per_sec: 20_000,
+            requests_per_sec: 200,
             max_connections: 2048,
             max_connections_per_address: 64,
             max_connections_per_key: 8,
@@ -209,6 +212,7 @@ pub struct Shared {
     conn_limit: DefaultKeyedRateLimiter<IpAddr>,
     byte_limit: DefaultKeyedRateLimiter<PublicKey>,
     rollout_limit: DefaultKeyedRateLimiter<PublicKey>,
+    request_limit: DefaultKeyedRateLimiter<PublicKey>,
     penalty_limit: DefaultDirectRateLimiter,
     conns: Mutex<ConnCounts>,
     relay_budget: Arc<Semaphore>,
@@ -384,7 +388,7 @@ impl Shared {
 
     /// Forgets rate-limiter state of keys and addresses that are idle.
     pub fn prune_limiters(&self) {
-        for l in [&self.byte_limit, &self.rollout_limit] {
+        for l in [&self.byte_limit, &self.rollout_limit, &self.request_limit] {
             l.retain_recent();
             l.shrink_to_fit();
         }
@@ -458,6 +462,7 @@ pub fn shared(
         conn_limit: RateLimiter::keyed(quota(limits.connections_per_sec)),
         byte_limit: RateLimiter::keyed(quota(limits.kib_per_sec)),
         rollout_limit: RateLimiter::keyed(quota(limits.rollouts_per_sec)),
+        request_limit: RateLimiter::keyed(quota(limits.requests_per_sec)),
         penalty_limit: RateLimiter::direct(quota(limits.penalties_per_sec)),
         conns: Mutex::new(ConnCounts::default()),
         relay_budget: Arc::new(Semaphore::new((limits.relay_inflight_mib.max(4) as usize) << 10)),
@@ -973,6 +978,21 @@ async fn serve_requests(
                 return Ok(true);
             }
         };
+        // A miner's requests other than submissions have their own budget
+        // (the configured validators and trainer are trusted keys).
+        if role == Role::Miner
+            && !matches!(tag, Tag::Submit | Tag::SubmitBatch)
+            && sh.request_limit.check_key(&peer).is_err()
+        {
+            metrics::counter!("tributary_requests_refused_total", "reason" => "rate_limited").increment(1);
+            sh.warn_refusal("request_rate", || {
+                format!("miner {}: {tag:?} refused (more than {}/s)", peer.short(), sh.limits.requests_per_sec)
+            });
+            if answers.send(ready(err(ErrorCode::RateLimited, "too many requests"))).await.is_err() {
+                return Ok(false);
+            }
+            continue;
+        }
         let now = now_ms();
         let answer = match (role, frame) {
             (_, Frame::GetWindow(g)) => {

@@ -30,7 +30,7 @@ pub fn prune(dir: &Path, keep: usize, current: &Path) -> std::io::Result<Vec<Pat
         files.push((modified, path));
     }
     // Newest first; the current file counts towards `keep`.
-    files.sort_by(|a, b| b.0.cmp(&a.0));
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
     let mut kept = usize::from(current.exists());
     let mut removed = Vec::new();
     for (_, path) in files {

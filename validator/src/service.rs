@@ -10,8 +10,9 @@
 //! every contribution against its signed commitment, and the challenge
 //! recomputed from them: [`tributary_protocol::beacon::check_reveal`]; a
 //! reveal that lists this validator's own contribution as withheld is logged
-//! as an error), the service fetches
-//! `W`'s rollouts, proves the groups the window's assignment gives this
+//! as an error), the service reads `W`'s index (`GetWindowIndex`: every
+//! miner's stored groups, the assignment's input), fetches the rollouts of
+//! only the miners it judges (never the whole window), proves the groups the window's assignment gives this
 //! validator ([`tributary_protocol::assign`], from the reveal: the
 //! authorised validators, committee size and budget) plus any extras of its
 //! [`SampleConfig`], each on the reference model of the window's checkpoint (downloaded

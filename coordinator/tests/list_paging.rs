@@ -3,7 +3,8 @@
 //! window's whole index (each miner's rollout count, bytes and groups), a
 //! window's whole standing and a whole weights document across many pages;
 //! a fetch by miner reads only that miner's rollouts (review W3: validators
-//! fetch only the miners they judge).
+//! fetch only the miners they judge); the trainer's index leaves out a miner
+//! banned in the window.
 
 mod common;
 
@@ -52,6 +53,7 @@ async fn window_index_lists_every_miner_across_pages_and_a_fetch_by_miner_reads_
     // (8 completion tokens, so each miner's bytes differ a little).
     let mut want: BTreeMap<PublicKey, (u32, u64, Vec<u32>)> = BTreeMap::new();
     let mut info = None;
+    let mut banned = None;
     for i in 0..12u8 {
         let key = Keypair::from_seed([100 + i; 32]);
         let mut s = within(Session::connect(node.quic, &node.fingerprint, &key, Role::Miner)).await.unwrap();
@@ -69,6 +71,15 @@ async fn window_index_lists_every_miner_across_pages_and_a_fetch_by_miner_reads_
             }
         }
         want.insert(key.public(), (groups.len() as u32 * 2, bytes, groups));
+        if i == 0 {
+            // Then a rollout signed over its own key that does not verify: a
+            // door penalty, which bans it in this window.
+            let mut r = rollout(&w, &key, 3, 0, 8);
+            r.signature[0] ^= 1;
+            let ans = within(s.request(&Frame::Submit(Submit { seq: 99, rollout: Blob(r.encode()) }))).await.unwrap();
+            assert!(matches!(ans, Frame::Refused(_)), "{ans:?}");
+            banned = Some(key.public());
+        }
         info = Some(w);
     }
     let info = info.unwrap();
@@ -103,6 +114,29 @@ async fn window_index_lists_every_miner_across_pages_and_a_fetch_by_miner_reads_
     }
     assert!(pages >= 4, "the small cap pages the index ({pages} pages)");
     assert_eq!(got, want, "each miner's rollouts, bytes and groups");
+
+    // The trainer's index leaves out the miner banned in the window (its fetches do too).
+    let banned = banned.unwrap();
+    assert!(node.shared.core().is_banned(&banned, info.window));
+    let trainer = tributary_protocol::dev::key(Role::Trainer);
+    let mut t = within(Session::connect(node.quic, &node.fingerprint, &trainer, Role::Trainer)).await.unwrap();
+    let mut seen = BTreeSet::new();
+    let mut after = None;
+    loop {
+        match within(t.request(&Frame::GetWindowIndex(GetWindowIndex { window: info.window, after }))).await.unwrap() {
+            Frame::WindowIndex(p) => {
+                seen.extend(p.miners.iter().map(|m| m.miner));
+                match p.next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+            f => panic!("expected an index page, got {f:?}"),
+        }
+    }
+    let mut others: BTreeSet<PublicKey> = want.keys().copied().collect();
+    others.remove(&banned);
+    assert_eq!(seen, others, "every miner but the banned one");
 
     // A fetch by miner reads that miner's rollouts and no other's.
     for (m, (n, _, _)) in &want {

@@ -1,9 +1,12 @@
 //! `trainer run`: the trainer as a network service.
 //!
 //! Every window `W` whose submissions have closed is trained on once: the
-//! service pulls `W`'s rollouts and its contract ([`WindowInfo`]) from the
-//! coordinator (banned miners are already filtered out by the coordinator),
-//! selects groups ([`crate::select::select_proven`]: every group that enters
+//! service reads `W`'s contract ([`WindowInfo`]) and index (its miners and
+//! their groups; banned miners are already left out by the coordinator) and
+//! walks it miner by miner, never holding the whole window: it keeps each
+//! group's rank, then fetches again in rank order only what it proves and
+//! trains on (at most [`SelectConfig::max_train_groups`] groups a step), and
+//! selects groups as [`crate::select::select_proven`] does (every group that enters
 //! the batch is proven by the trainer itself, [`crate::proof`], with the
 //! weights of the checkpoint it names, and its old-policy log-probs are the
 //! trainer's own), takes one GRPO step, exports the BF16 checkpoint and
@@ -136,7 +139,7 @@ pub struct ServiceConfig {
     /// Treat rollouts of miners not yet judged as passed (dev networks
     /// without validators). Either way they are proven by the trainer and
     /// trained without waiting for a verdict; only the standing reported
-    /// to [`select_proven`] differs.
+    /// to [`crate::select::select_proven`] differs.
     pub trust_unjudged: bool,
     /// How often to check the clock.
     pub poll: Duration,

@@ -33,7 +33,7 @@ async fn miner_dropped_mid_upload_resumes_without_duplicates() {
     let events = again.drain();
     assert!(
         events.iter().any(|e| matches!(e, RunEvent::Submitted { window, .. } if *window == w)),
-        "restarted miner resumed window {w}"
+        "restarted miner resumed window {w}: {events:?}"
     );
     let after = net.node.shared.core().progress(w, &key.public());
     // Nothing acknowledged was lost; every group of the window has rollouts stored.

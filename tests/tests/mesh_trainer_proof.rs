@@ -70,10 +70,17 @@ impl edge_miner::run::Tamper for OutsideTheSample {
             .collect();
         let coordinator = WindowSecrets::derive(&self.master, info.window).challenge;
         let challenge = tributary_protocol::beacon::mix(network, info.window, &coordinator.0, &contributions);
-        if g == sampled_group(&challenge, info.window, &miner, info.groups_per_miner) {
+        let sampled = sampled_group(&challenge, info.window, &miner, info.groups_per_miner);
+        if g == sampled {
             return;
         }
-        match g % 5 {
+        // The first group outside the sample always carries the fake rewards
+        // (the check this test must see whichever group the challenge
+        // samples: with group 0 sampled it used to see none); the others
+        // keep their kind by number.
+        let first_outside = u32::from(sampled == 0);
+        let kind = if g == first_outside { 0 } else { g % 5 };
+        match kind {
             0 => {
                 for (r, x) in group.iter_mut().zip([1e30, -1e30]) {
                     r.reward = x;

@@ -717,12 +717,30 @@ impl Store {
             None => window.to_be_bytes().to_vec(),
         };
         let end = window.saturating_add(1).to_be_bytes();
+        let rows =
+            digests.range(start.as_slice()..end.as_slice())?.map(|item| -> Result<([u8; 32], u64), StoreError> {
+                let (k, v) = item?;
+                Ok((split_key(k.value())?.1, split_digest_value(v.value())?.0))
+            });
+        self.fill_page(&bodies, window, rows, limit, max_bytes)
+    }
+
+    /// One page of rollout bodies from `rows` ((digest, arrival number) in
+    /// digest order): at most `limit` rollouts and `max_bytes` of bytes, at
+    /// least one; `next` is the last digest taken when more rows follow.
+    fn fill_page(
+        &self,
+        bodies: &redb::ReadOnlyTable<(WindowId, u64), &[u8]>,
+        window: WindowId,
+        rows: impl Iterator<Item = Result<([u8; 32], u64), StoreError>>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, StoreError> {
         let mut items: Vec<Vec<u8>> = Vec::new();
         let mut total = 0usize;
         let mut last = None;
-        for item in digests.range(start.as_slice()..end.as_slice())? {
-            let (k, v) = item?;
-            let (seq, _) = split_digest_value(v.value())?;
+        for row in rows {
+            let (digest, seq) = row?;
             if items.len() == limit {
                 return Ok((items, last));
             }
@@ -734,7 +752,7 @@ impl Store {
             total += len;
             items.push(bytes.value().to_vec());
             self.count_reads(1);
-            last = Some(split_key(k.value())?.1);
+            last = Some(digest);
         }
         Ok((items, None))
     }
@@ -762,26 +780,11 @@ impl Store {
         };
         let mut end = miner_key(window, miner, &[0xff; 32]).to_vec();
         end.push(0);
-        let mut items: Vec<Vec<u8>> = Vec::new();
-        let mut total = 0usize;
-        let mut last = None;
-        for item in miners.range(start.as_slice()..end.as_slice())? {
+        let rows = miners.range(start.as_slice()..end.as_slice())?.map(|item| -> Result<([u8; 32], u64), StoreError> {
             let (k, v) = item?;
-            let (seq, _, _) = split_miner_value(v.value())?;
-            if items.len() == limit {
-                return Ok((items, last));
-            }
-            let bytes = bodies.get((window, seq))?.ok_or(StoreError::Corrupt("rollout bodies"))?;
-            let len = bytes.value().len();
-            if !items.is_empty() && total + len > max_bytes {
-                return Ok((items, last));
-            }
-            total += len;
-            items.push(bytes.value().to_vec());
-            self.count_reads(1);
-            last = Some(split_miner_key(k.value())?.1);
-        }
-        Ok((items, None))
+            Ok((split_miner_key(k.value())?.1, split_miner_value(v.value())?.0))
+        });
+        self.fill_page(&bodies, window, rows, limit, max_bytes)
     }
 
     /// A window's stored rollouts in arrival order from arrival number

@@ -35,11 +35,21 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use tokio::io::AsyncReadExt;
 use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{WeightsDoc, store_key, store_weights_key};
+use tributary_protocol::wire::{
+    ManifestBody, ManifestSegment, NetworkId, SegmentObject, SignedManifest, WeightsDoc, store_key, store_segment_key,
+    store_weights_key,
+};
 
-/// The manifest format written by this build.
-pub const MANIFEST_VERSION: u32 = 1;
+/// The manifest format written by this build. Version 2: rollouts in
+/// (miner, digest) order, each segment with its first and last miner, so a
+/// reader fetches only the segments of the miners it wants. Version 1
+/// manifests (digest order, no miner ranges) are still read whole.
+pub const MANIFEST_VERSION: u32 = 2;
+
+/// How long a presigned segment URL handed to a reader works.
+pub const PRESIGN_SECS: u64 = 3600;
 
 /// The most rollout bytes in one segment object.
 pub const SEGMENT_BYTES: usize = 64 << 20;
@@ -107,6 +117,9 @@ pub struct SegmentEntry {
     pub bytes: u64,
     /// Rollouts in it.
     pub rollouts: u64,
+    /// The miner of its first and of its last rollout, hex (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub miners: Option<(String, String)>,
 }
 
 /// A closed window's manifest: everything a reader needs to fetch and verify
@@ -123,19 +136,25 @@ pub struct Manifest {
     pub segments: Vec<SegmentEntry>,
 }
 
-/// A segment object: encoded rollouts, each exactly as the miner signed it.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Segment {
-    window: WindowId,
-    rollouts: Vec<Vec<u8>>,
-}
+/// A segment object: encoded rollouts, each exactly as the miner signed it
+/// ([`SegmentObject`], shared with readers).
+type Segment = SegmentObject;
 
 /// Closed windows in an object store.
 #[derive(Clone, Debug)]
 pub struct Archive {
     store: Arc<dyn ObjectStore>,
     url: String,
+    /// Presigns GET URLs (S3): the signer and the key prefix under it.
+    signer: Option<(Presigner, String)>,
 }
+
+/// What presigns GET URLs: S3's signer (the `s3` feature); nothing otherwise.
+#[cfg(feature = "s3")]
+type Presigner = Arc<dyn object_store::signer::Signer>;
+/// What presigns GET URLs: S3's signer (the `s3` feature); nothing otherwise.
+#[cfg(not(feature = "s3"))]
+type Presigner = std::convert::Infallible;
 
 fn window_dir(window: WindowId) -> String {
     format!("windows/{window:020}")
@@ -168,7 +187,7 @@ impl Archive {
             ArchiveError::Store(object_store::Error::Generic { store: "LocalFileSystem", source: e.into() })
         })?;
         let store = object_store::local::LocalFileSystem::new_with_prefix(dir)?;
-        Ok(Self { store: Arc::new(store), url: format!("file://{}", dir.display()) })
+        Ok(Self { store: Arc::new(store), url: format!("file://{}", dir.display()), signer: None })
     }
 
     #[cfg(not(feature = "s3"))]
@@ -182,10 +201,14 @@ impl Archive {
         if bucket.is_empty() {
             return Err(ArchiveError::Url(url.to_owned()));
         }
-        let s3 = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).build()?;
-        let store: Arc<dyn ObjectStore> =
-            if prefix.is_empty() { Arc::new(s3) } else { Arc::new(object_store::prefix::PrefixStore::new(s3, prefix)) };
-        Ok(Self { store, url: url.to_owned() })
+        let s3 = Arc::new(object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).build()?);
+        let prefix = prefix.trim_end_matches('/');
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            s3.clone()
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(s3.clone(), prefix))
+        };
+        Ok(Self { store, url: url.to_owned(), signer: Some((s3, prefix.to_owned())) })
     }
 
     /// The store's URL, for logs.
@@ -193,23 +216,33 @@ impl Archive {
         &self.url
     }
 
-    /// Writes `window`'s rollouts (each encoded as stored), segments first
-    /// and the manifest last; returns the manifest. Idempotent for the same
-    /// rollouts; refuses different ones for a window already archived.
-    pub async fn put_window(&self, window: WindowId, rollouts: Vec<Vec<u8>>) -> Result<Manifest, ArchiveError> {
+    /// Writes `window`'s rollouts (each encoded as stored, with its miner),
+    /// segments first and the manifest last; returns the manifest. Rollouts
+    /// are kept in (miner, given) order: give each miner's in digest order.
+    /// Idempotent for the same rollouts; refuses different ones for a window
+    /// already archived.
+    pub async fn put_window(
+        &self,
+        window: WindowId,
+        mut rollouts: Vec<(PublicKey, Vec<u8>)>,
+    ) -> Result<Manifest, ArchiveError> {
+        rollouts.sort_by_key(|(m, _)| *m);
         let mut segments = Vec::new();
         let mut total = 0u64;
         let mut chunk: Vec<Vec<u8>> = Vec::new();
         let mut chunk_bytes = 0usize;
+        let mut first = None;
         let mut it = rollouts.into_iter().peekable();
-        while let Some(r) = it.next() {
+        while let Some((m, r)) = it.next() {
+            first.get_or_insert(m);
             chunk_bytes += r.len();
             chunk.push(r);
-            let full = it.peek().is_some_and(|next| chunk_bytes + next.len() > SEGMENT_BYTES);
+            let full = it.peek().is_some_and(|(_, next)| chunk_bytes + next.len() > SEGMENT_BYTES);
             if full || it.peek().is_none() {
                 let seg = Segment { window, rollouts: std::mem::take(&mut chunk) };
                 total += seg.rollouts.len() as u64;
-                segments.push(self.put_segment(&seg).await?);
+                let miners = first.take().map(|f| (hex::encode(f.0), hex::encode(m.0)));
+                segments.push(self.put_segment(&seg, miners).await?);
                 chunk_bytes = 0;
             }
         }
@@ -225,16 +258,16 @@ impl Archive {
         Ok(manifest)
     }
 
-    async fn put_segment(&self, seg: &Segment) -> Result<SegmentEntry, ArchiveError> {
-        let bytes = postcard::to_stdvec(seg)
-            .map_err(|e| ArchiveError::Malformed { window: seg.window, what: format!("segment: {e}") })?;
-        let hash = blake3::hash(&bytes).to_hex().to_string();
-        let key = format!("{}/seg-{hash}.bin", window_dir(seg.window));
+    async fn put_segment(&self, seg: &Segment, miners: Option<(String, String)>) -> Result<SegmentEntry, ArchiveError> {
+        let bytes = seg.encode();
+        let hash = blake3::hash(&bytes);
+        let key = store_segment_key(seg.window, hash.as_bytes());
         let entry = SegmentEntry {
             key: key.clone(),
-            blake3: hash,
+            blake3: hash.to_hex().to_string(),
             bytes: bytes.len() as u64,
             rollouts: seg.rollouts.len() as u64,
+            miners,
         };
         self.store.put(&Path::from(key), PutPayload::from(bytes)).await?;
         Ok(entry)
@@ -249,7 +282,7 @@ impl Archive {
         };
         let m: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| ArchiveError::Malformed { window, what: format!("manifest: {e}") })?;
-        if m.version != MANIFEST_VERSION {
+        if m.version != MANIFEST_VERSION && m.version != 1 {
             return Err(ArchiveError::Malformed {
                 window,
                 what: format!("manifest version {} (this build reads {MANIFEST_VERSION})", m.version),
@@ -271,7 +304,7 @@ impl Archive {
         if bytes.len() as u64 != entry.bytes || blake3::hash(&bytes).to_hex().as_str() != entry.blake3 {
             return Err(ArchiveError::Corrupt { window, key: entry.key.clone() });
         }
-        let seg: Segment = postcard::from_bytes(&bytes)
+        let seg = Segment::decode(&bytes)
             .map_err(|e| ArchiveError::Malformed { window, what: format!("segment {}: {e}", entry.key) })?;
         if seg.window != window || seg.rollouts.len() as u64 != entry.rollouts {
             return Err(ArchiveError::Malformed {
@@ -391,6 +424,124 @@ impl Archive {
     }
 }
 
+impl Archive {
+    /// GET URLs for `keys` that a reader without credentials can follow, and
+    /// when they expire (ms since the epoch, 0: never): presigned for
+    /// [`PRESIGN_SECS`] when the store can sign (S3), else under
+    /// `public_base` (the configured `store_url`), else `None`.
+    pub async fn reader_urls(
+        &self,
+        keys: &[&str],
+        public_base: Option<&str>,
+        now_ms: u64,
+    ) -> Option<(Vec<String>, u64)> {
+        // Without the `s3` feature nothing presigns.
+        #[cfg(not(feature = "s3"))]
+        let _ = (&self.signer, now_ms);
+        #[cfg(feature = "s3")]
+        if let Some((signer, prefix)) = &self.signer {
+            let expires = std::time::Duration::from_secs(PRESIGN_SECS);
+            let mut urls = Vec::with_capacity(keys.len());
+            for k in keys {
+                let path = if prefix.is_empty() { Path::from(*k) } else { Path::from(format!("{prefix}/{k}")) };
+                match signer.signed_url(object_store::signer::Method::GET, &path, expires).await {
+                    Ok(u) => urls.push(u.to_string()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, key = k, "presigning a segment URL failed");
+                        return None;
+                    }
+                }
+            }
+            return Some((urls, now_ms + PRESIGN_SECS * 1000));
+        }
+        let base = public_base?.trim_end_matches('/');
+        Some((keys.iter().map(|k| format!("{base}/{k}")).collect(), 0))
+    }
+}
+
+impl Manifest {
+    /// The manifest as the coordinator signs it for readers; `None` for a
+    /// version 1 manifest (no miner ranges) or one that does not convert.
+    pub fn signed(&self, key: &Keypair) -> Option<SignedManifest> {
+        let mut segments = Vec::with_capacity(self.segments.len());
+        for s in &self.segments {
+            let (first, last) = s.miners.as_ref()?;
+            let miner = |h: &str| hex::decode(h).ok()?.try_into().ok().map(PublicKey);
+            segments.push(ManifestSegment {
+                key: s.key.clone(),
+                blake3: hex::decode(&s.blake3).ok()?.try_into().ok()?,
+                bytes: s.bytes,
+                rollouts: s.rollouts,
+                first_miner: miner(first)?,
+                last_miner: miner(last)?,
+            });
+        }
+        let body = ManifestBody { window: self.window, rollouts: self.rollouts, segments, coordinator: key.public() };
+        Some(SignedManifest::sign(body, key, &NetworkId::of(&key.public())))
+    }
+}
+
+/// Manifests signed for readers, newest windows kept.
+const MANIFEST_CACHE: usize = 64;
+
+/// What the coordinator hands validators and the trainer so that they read
+/// closed windows from the store ([`tributary_protocol::wire::WindowManifest`]).
+#[derive(Debug)]
+pub struct Readers {
+    archive: Archive,
+    public_base: Option<String>,
+    cache: std::sync::Mutex<std::collections::BTreeMap<WindowId, Arc<SignedManifest>>>,
+}
+
+impl Readers {
+    /// Readers of `archive`, whose objects are public under `public_base`
+    /// (the configured `store_url`) unless the store presigns.
+    pub fn new(archive: Archive, public_base: Option<String>) -> Self {
+        Self { archive, public_base, cache: Default::default() }
+    }
+
+    /// The answer to a reader's [`tributary_protocol::wire::GetWindowManifest`]
+    /// for `window`: the signed manifest and a URL per segment, or no
+    /// manifest (not archived yet, a version 1 manifest, no URL a reader can
+    /// use, or the store failed: the reader fetches from the coordinator).
+    pub async fn answer(
+        &self,
+        window: WindowId,
+        key: &Keypair,
+        now_ms: u64,
+    ) -> tributary_protocol::wire::WindowManifest {
+        let none = tributary_protocol::wire::WindowManifest { window, manifest: None, urls: vec![], expires_ms: 0 };
+        let cached = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&window).cloned();
+        let signed = match cached {
+            Some(m) => m,
+            None => {
+                let m = match self.archive.manifest(window).await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return none,
+                    Err(e) => {
+                        tracing::warn!(window, error = %e, store = self.archive.url(), "reading a manifest for a reader");
+                        return none;
+                    }
+                };
+                let Some(signed) = m.signed(key) else { return none };
+                let signed = Arc::new(signed);
+                let mut c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+                c.insert(window, signed.clone());
+                while c.len() > MANIFEST_CACHE {
+                    c.pop_first();
+                }
+                signed
+            }
+        };
+        let keys: Vec<&str> = signed.body.segments.iter().map(|s| s.key.as_str()).collect();
+        let Some((urls, expires_ms)) = self.archive.reader_urls(&keys, self.public_base.as_deref(), now_ms).await
+        else {
+            return none;
+        };
+        tributary_protocol::wire::WindowManifest { window, manifest: Some((*signed).clone()), urls, expires_ms }
+    }
+}
+
 /// The store's meta key holding the first window not yet archived (8 bytes LE).
 pub const ARCHIVED_UPTO: &str = "archived_upto";
 
@@ -432,14 +583,25 @@ pub async fn archive_closed_windows(
             // A commit that began before the close may still add to the
             // window: wait for it, as a fetch does.
             drop(sh2.hold_commits());
+            // Miner by miner (key order), each miner's in digest order.
             let mut all = Vec::new();
-            let mut after = None;
+            let mut after_miner = None;
             loop {
-                let (items, more) = sh2.store.rollouts(window, None, after, 256)?;
-                all.extend(items);
-                match more {
-                    Some(d) => after = Some(d),
-                    None => break,
+                let (miners, next) = sh2.store.window_index(window, after_miner.as_ref(), 256 << 10, |_| true)?;
+                for w in miners {
+                    let mut after = None;
+                    loop {
+                        let (items, more) = sh2.store.rollouts(window, Some(&w.miner), after, 256)?;
+                        all.extend(items.into_iter().map(|r| (w.miner, r)));
+                        match more {
+                            Some(d) => after = Some(d),
+                            None => break,
+                        }
+                    }
+                }
+                match next {
+                    Some(m) if Some(m) != after_miner => after_miner = Some(m),
+                    _ => break,
                 }
             }
             Ok::<_, crate::store::StoreError>(all)
@@ -550,8 +712,13 @@ async fn store_weights(sh: &std::sync::Arc<crate::server::Shared>, archive: &Arc
 mod tests {
     use super::*;
 
-    fn rollouts(n: usize, len: usize) -> Vec<Vec<u8>> {
-        (0..n).map(|i| (0..len).map(|j| (i * 31 + j) as u8).collect()).collect()
+    /// `n` rollouts of `len` bytes, ten per miner, in miner order.
+    fn rollouts(n: usize, len: usize) -> Vec<(PublicKey, Vec<u8>)> {
+        (0..n).map(|i| (PublicKey([(i / 10) as u8; 32]), (0..len).map(|j| (i * 31 + j) as u8).collect())).collect()
+    }
+
+    fn bytes(rs: &[(PublicKey, Vec<u8>)]) -> Vec<Vec<u8>> {
+        rs.iter().map(|(_, r)| r.clone()).collect()
     }
 
     #[tokio::test]
@@ -563,13 +730,13 @@ mod tests {
         let rs = rollouts(50, 1000);
         let m = a.put_window(7, rs.clone()).await.unwrap();
         assert_eq!(m.rollouts, 50);
-        assert_eq!(a.read_window(7).await.unwrap(), Some(rs.clone()));
+        assert_eq!(a.read_window(7).await.unwrap(), Some(bytes(&rs)));
         // Again with the same rollouts: the same manifest; with others: refused.
         assert_eq!(a.put_window(7, rs.clone()).await.unwrap(), m);
         assert!(matches!(a.put_window(7, rollouts(49, 1000)).await, Err(ArchiveError::Conflict(7))));
         // Another handle on the same folder (a reader elsewhere) reads it.
         let b = Archive::open(&format!("file://{}", dir.path().join("objects").display())).unwrap();
-        assert_eq!(b.read_window(7).await.unwrap(), Some(rs));
+        assert_eq!(b.read_window(7).await.unwrap(), Some(bytes(&rs)));
         // An empty window has a manifest with no segments.
         let e = a.put_window(8, Vec::new()).await.unwrap();
         assert_eq!((e.rollouts, e.segments.len()), (0, 0));
@@ -580,11 +747,17 @@ mod tests {
     async fn large_windows_split_into_segments_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let a = Archive::local(dir.path()).unwrap();
-        // 3 rollouts of 30 MiB: two segments (64 MiB holds two).
-        let rs: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 30 << 20]).collect();
+        // 3 rollouts of 30 MiB, given out of miner order: two segments (64
+        // MiB holds two), in miner order, each naming its first and last miner.
+        let rs: Vec<(PublicKey, Vec<u8>)> =
+            [2u8, 0, 1].iter().map(|&i| (PublicKey([i; 32]), vec![i; 30 << 20])).collect();
         let m = a.put_window(1, rs.clone()).await.unwrap();
         assert_eq!(m.segments.iter().map(|s| s.rollouts).collect::<Vec<_>>(), [2, 1]);
-        assert_eq!(a.read_window(1).await.unwrap(), Some(rs));
+        let k = |i: u8| hex::encode([i; 32]);
+        assert_eq!(m.segments[0].miners, Some((k(0), k(1))));
+        assert_eq!(m.segments[1].miners, Some((k(2), k(2))));
+        let sorted: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 30 << 20]).collect();
+        assert_eq!(a.read_window(1).await.unwrap(), Some(sorted));
     }
 
     #[tokio::test]
@@ -608,12 +781,41 @@ mod tests {
         bad.rollouts += 1;
         std::fs::write(&mpath, serde_json::to_vec(&bad).unwrap()).unwrap();
         assert!(matches!(a.manifest(3).await, Err(ArchiveError::Malformed { window: 3, .. })));
-        let mut v2 = m.clone();
-        v2.version = 2;
-        std::fs::write(&mpath, serde_json::to_vec(&v2).unwrap()).unwrap();
+        let mut v3 = m.clone();
+        v3.version = MANIFEST_VERSION + 1;
+        std::fs::write(&mpath, serde_json::to_vec(&v3).unwrap()).unwrap();
         assert!(matches!(a.manifest(3).await, Err(ArchiveError::Malformed { window: 3, .. })));
         std::fs::write(&mpath, b"{not json").unwrap();
         assert!(matches!(a.manifest(3).await, Err(ArchiveError::Malformed { window: 3, .. })));
+    }
+
+    #[tokio::test]
+    async fn readers_get_a_signed_manifest_with_a_url_per_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::local(dir.path()).unwrap();
+        let key = Keypair::generate();
+        let m = a.put_window(4, rollouts(30, 100)).await.unwrap();
+        // No URL a reader can follow (a local store, no store_url): no manifest.
+        let none = Readers::new(a.clone(), None).answer(4, &key, 1).await;
+        assert_eq!((none.manifest, none.urls.len()), (None, 0));
+        let r = Readers::new(a.clone(), Some("https://cdn.example/net/".into()));
+        let ans = r.answer(4, &key, 1).await;
+        let signed = ans.checked(4, &key.public()).unwrap().unwrap();
+        assert_eq!(signed.body.rollouts, 30);
+        assert_eq!(
+            ans.urls,
+            m.segments.iter().map(|s| format!("https://cdn.example/net/{}", s.key)).collect::<Vec<_>>()
+        );
+        assert_eq!(ans.expires_ms, 0);
+        // Another key, another window, a window not archived: refused or none.
+        assert!(ans.checked(4, &Keypair::generate().public()).is_err());
+        assert!(ans.checked(5, &key.public()).is_err());
+        assert_eq!(r.answer(9, &key, 1).await.manifest, None);
+        // A version 1 manifest (no miner ranges) is not handed to readers.
+        let mut v1 = m.clone();
+        v1.version = 1;
+        v1.segments.iter_mut().for_each(|s| s.miners = None);
+        assert!(v1.signed(&key).is_none());
     }
 
     #[test]

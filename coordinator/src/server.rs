@@ -228,6 +228,8 @@ pub struct Shared {
     /// Operator actions applied live (bans, unbans, cleared validators):
     /// a snapshot made before the latest one is stale ([`crate::dashboard`]).
     admin_changes: std::sync::atomic::AtomicU64,
+    /// Closed windows' manifests for readers ([`crate::archive::Readers`]).
+    readers: std::sync::OnceLock<crate::archive::Readers>,
 }
 
 impl Shared {
@@ -257,6 +259,12 @@ impl Shared {
     /// ([`crate::archive::archive_closed_windows`] runs).
     pub fn set_archiving(&self) {
         self.archiving.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Validators and the trainer are handed closed windows' manifests in
+    /// this store (`GetWindowManifest`); once set, it stays.
+    pub fn set_readers(&self, readers: crate::archive::Readers) {
+        let _ = self.readers.set(readers);
     }
 
     /// Caps every paged list answer (window index, standing, weights
@@ -472,6 +480,7 @@ pub fn shared(
         archiving: std::sync::atomic::AtomicBool::new(false),
         list_cap: std::sync::atomic::AtomicUsize::new(0),
         admin_changes: std::sync::atomic::AtomicU64::new(0),
+        readers: std::sync::OnceLock::new(),
     }))
 }
 
@@ -884,6 +893,7 @@ fn allowed(role: Role, tag: Tag) -> bool {
             tag,
             T::FetchRollouts
                 | T::GetWindowIndex
+                | T::GetWindowManifest
                 | T::GetStanding
                 | T::PostVerdict
                 | T::PostBeaconCommit
@@ -894,6 +904,7 @@ fn allowed(role: Role, tag: Tag) -> bool {
             tag,
             T::FetchRollouts
                 | T::GetWindowIndex
+                | T::GetWindowManifest
                 | T::GetStanding
                 | T::PostTrainerStats
                 | T::PublishCheckpoint
@@ -1103,6 +1114,16 @@ async fn serve_requests(
                     }
                 }
             }
+            (Role::Validator | Role::Trainer, Frame::GetWindowManifest(g)) => match sh.readers.get() {
+                // Archived means closed: the archiver takes only closed windows.
+                Some(r) => Frame::WindowManifest(r.answer(g.window, &sh.key, now).await),
+                None => Frame::WindowManifest(wire::WindowManifest {
+                    window: g.window,
+                    manifest: None,
+                    urls: vec![],
+                    expires_ms: 0,
+                }),
+            },
             (Role::Validator, Frame::GetConfirmations(g)) => confirmations_answer(sh, &peer, &g),
             (Role::Trainer, Frame::PostTrainerStats(s)) => crate::dashboard::receive_trainer_stats(sh, s),
             (Role::Trainer, Frame::PublishCheckpoint(p)) => receive_checkpoint(sh, recv, peer, p).await?,

@@ -32,6 +32,8 @@ pub mod sign {
     /// The signature a party's contribution secret is derived from (never
     /// published; deterministic, so a restart re-derives the same secret).
     pub const BEACON_SECRET: &str = "tributary/beacon-secret/v1";
+    /// The coordinator's manifest of a window archived in the object store.
+    pub const WINDOW_MANIFEST: &str = "tributary/window-manifest/v1";
 }
 
 /// Hash and key-derivation contexts.
@@ -100,6 +102,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("context::BEACON_SECRET", context::BEACON_SECRET),
     ("context::BEACON_COMMIT", context::BEACON_COMMIT),
     ("context::WINDOW_CHALLENGE", context::WINDOW_CHALLENGE),
+    ("sign::WINDOW_MANIFEST", sign::WINDOW_MANIFEST),
 ];
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ mod handshake;
 mod rollouts;
 mod signed;
 mod stats;
+mod store;
 #[cfg(test)]
 mod tests;
 mod verdict;
@@ -34,11 +35,12 @@ pub use handshake::*;
 pub use rollouts::*;
 pub use signed::{NetworkId, Signed, SignedBody, SignedError};
 pub use stats::*;
+pub use store::*;
 pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/4";
+pub const ALPN: &[u8] = b"tributary/5";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
@@ -49,9 +51,11 @@ pub const ALPN: &[u8] = b"tributary/4";
 /// contributions to each window's challenge ([`crate::beacon`]), and the
 /// [`Reveal`] carries them. Version 4: a closed window's index of miners
 /// ([`GetWindowIndex`], so validators and the trainer fetch miner by miner),
-/// and every list answer is paged and capped by bytes. Peers of different
-/// versions cannot talk.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// and every list answer is paged and capped by bytes. Version 5: a closed
+/// window's coordinator-signed manifest in the object store
+/// ([`GetWindowManifest`]), so validators and the trainer read archived
+/// windows from the store. Peers of different versions cannot talk.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;
@@ -222,6 +226,11 @@ frames! {
     PostTrainerStats = 60, max SMALL, TrainerStats;
     /// The training-step report is stored.
     TrainerStatsAck = 61, max SMALL, TrainerStatsAck;
+    /// Validator/trainer → coordinator: a closed window's manifest in the object store.
+    GetWindowManifest = 65, max SMALL, GetWindowManifest;
+    /// The coordinator-signed manifest and a GET URL per segment (at most
+    /// [`MAX_MANIFEST_SEGMENTS`] segments of about 250 bytes and a URL each).
+    WindowManifest = 66, max 8 << 20, WindowManifest;
 }
 
 impl Frame {

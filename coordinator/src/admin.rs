@@ -663,7 +663,8 @@ fn parse_key(s: &str) -> Result<PublicKey, AdminError> {
 }
 
 /// Checks a coordinator configuration (its keys parse, its schedule is
-/// valid, it authorises no `--dev` key unless `dev`) and prints its main
+/// valid, it authorises no `--dev` key unless `dev`, its object store
+/// settings have a form that works: [`crate::archive::check_settings`]) and prints its main
 /// settings as `key=value` lines, starting with `config=ok`. `path` names it
 /// in errors. `check-config` and `run --check-config` (the file with the
 /// flags on top).
@@ -681,6 +682,7 @@ pub fn check_config(
     if !dev {
         crate::node::refuse_dev_keys(cfg).map_err(|e| err(e.to_string()))?;
     }
+    let store = crate::archive::check_settings(cfg.archive.as_deref(), cfg.store_url.as_deref()).map_err(err)?;
     let model = cfg.model.as_ref().map_or("-".into(), |m| m.display().to_string());
     let lines = [
         "config=ok".to_string(),
@@ -693,7 +695,7 @@ pub fn check_config(
         format!("validators={}", cfg.validators.len()),
         format!("trainer={}", cfg.trainer.as_deref().unwrap_or("-")),
     ];
-    for l in lines {
+    for l in lines.into_iter().chain(store) {
         writeln!(out, "{l}").map_err(|e| AdminError::Invalid(format!("stdout: {e}")))?;
     }
     Ok(())

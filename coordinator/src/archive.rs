@@ -542,6 +542,83 @@ impl Readers {
     }
 }
 
+/// What `check-config` says of the object store settings: `key=value`
+/// lines (`archive`, `store_url`, `readers`: how validators and the trainer
+/// read closed windows), or why they would not work. Opens nothing and
+/// sends nothing: `archive` must be a folder, `file:///ABSOLUTE/PATH` or (a
+/// build with the `s3` feature) `s3://BUCKET[/PREFIX]` with `AWS_*`
+/// credentials in the environment; `store_url` must be an `http(s)://`
+/// base URL with a host (and a numeric port, if any) and no query or
+/// fragment (object keys are appended to it), and needs `archive`.
+pub fn check_settings(archive: Option<&str>, store_url: Option<&str>) -> Result<Vec<String>, String> {
+    let mut lines = Vec::new();
+    let mut s3 = false;
+    match archive {
+        None => lines.push("archive=-".to_string()),
+        Some(url) => {
+            if let Some(rest) = url.strip_prefix("s3://") {
+                if !cfg!(feature = "s3") {
+                    return Err(format!("archive `{url}`: this coordinator is built without the `s3` feature"));
+                }
+                if rest.split('/').next().is_none_or(str::is_empty) {
+                    return Err(format!("archive `{url}`: expected s3://BUCKET[/PREFIX]"));
+                }
+                let missing: Vec<&str> = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+                    .into_iter()
+                    .filter(|v| std::env::var(v).map_or(true, |x| x.is_empty()))
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(format!("archive `{url}`: {} not set in the environment", missing.join(", ")));
+                }
+                s3 = true;
+            } else if url.contains("://") && !url.starts_with("file://") || url.is_empty() {
+                return Err(ArchiveError::Url(url.to_owned()).to_string());
+            } else if url.strip_prefix("file://").is_some_and(|p| !p.starts_with('/')) {
+                return Err(format!("archive `{url}`: file:// needs an absolute path (file:///...)"));
+            }
+            lines.push(format!("archive={url}"));
+        }
+    }
+    match store_url {
+        None => lines.push("store_url=-".to_string()),
+        Some(url) => {
+            if archive.is_none() {
+                return Err(format!("store_url `{url}`: needs `archive` (the store it is the public URL of)"));
+            }
+            let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+            let Some(rest) = rest else {
+                return Err(format!("store_url `{url}`: expected http:// or https://"));
+            };
+            let host = rest.split('/').next().unwrap_or("");
+            let (name, port) = match host.rsplit_once(':') {
+                Some((n, p)) if !n.ends_with(']') || host.starts_with('[') => (n, Some(p)),
+                _ => (host, None),
+            };
+            if url.len() > tributary_protocol::wire::MAX_STORE_URL_LEN
+                || name.is_empty()
+                || port.is_some_and(|p| p.parse::<u16>().is_err())
+                || url.contains(['?', '#'])
+                || url.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return Err(format!(
+                    "store_url `{url}`: expected http(s)://HOST[:PORT][/PATH], no query or fragment, at most {} bytes",
+                    tributary_protocol::wire::MAX_STORE_URL_LEN
+                ));
+            }
+            lines.push(format!("store_url={url}"));
+        }
+    }
+    let readers = if s3 {
+        "presigned"
+    } else if store_url.is_some() {
+        "store_url"
+    } else {
+        "coordinator"
+    };
+    lines.push(format!("readers={readers}"));
+    Ok(lines)
+}
+
 /// The store's meta key holding the first window not yet archived (8 bytes LE).
 pub const ARCHIVED_UPTO: &str = "archived_upto";
 
@@ -816,6 +893,33 @@ mod tests {
         v1.version = 1;
         v1.segments.iter_mut().for_each(|s| s.miners = None);
         assert!(v1.signed(&key).is_none());
+    }
+
+    #[test]
+    fn check_config_refuses_store_settings_that_would_not_work() {
+        let ok = |a: Option<&str>, u: Option<&str>| check_settings(a, u).unwrap().join(" ");
+        assert_eq!(ok(None, None), "archive=- store_url=- readers=coordinator");
+        assert_eq!(ok(Some("objects"), None), "archive=objects store_url=- readers=coordinator");
+        assert_eq!(
+            ok(Some("file:///srv/objects"), Some("https://cdn.example:8443/net/")),
+            "archive=file:///srv/objects store_url=https://cdn.example:8443/net/ readers=store_url"
+        );
+        for (a, u) in [
+            (None, Some("https://cdn.example/")),
+            (Some("objects"), Some("ftp://cdn.example/")),
+            (Some("objects"), Some("https://")),
+            (Some("objects"), Some("https://:80/x")),
+            (Some("objects"), Some("https://cdn.example:port/")),
+            (Some("objects"), Some("https://cdn.example/?x=1")),
+            (Some("objects"), Some("https://cdn example/")),
+            (Some("gs://bucket"), None),
+            (Some("file://relative"), None),
+            (Some(""), None),
+        ] {
+            assert!(check_settings(a, u).is_err(), "{a:?} {u:?}");
+        }
+        #[cfg(not(feature = "s3"))]
+        assert!(check_settings(Some("s3://bucket/p"), None).unwrap_err().contains("`s3` feature"));
     }
 
     #[test]

@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tributary_net::ClientError;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::delta::{self, DeltaError, DeltaLimits};
 use tributary_protocol::window::WindowId;
@@ -470,7 +471,7 @@ async fn ask_path(
 ) -> Result<CheckpointPath, SyncError> {
     match uplink.request(&Frame::GetCheckpointPath(GetCheckpointPath { have, want })).await? {
         Frame::CheckpointPath(p) => Ok(p),
-        f => Err(UplinkError::Unexpected(f.tag()).into()),
+        f => Err(UplinkError::from(ClientError::Unexpected(f.tag())).into()),
     }
 }
 
@@ -838,7 +839,7 @@ async fn chunk(
         Frame::CheckpointChunk(_) => {
             Err(SyncError::BadPayload("chunk out of order, empty or for another checkpoint".into()))
         }
-        f => Err(UplinkError::Unexpected(f.tag()).into()),
+        f => Err(UplinkError::from(ClientError::Unexpected(f.tag())).into()),
     }
 }
 

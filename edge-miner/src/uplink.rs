@@ -2,13 +2,14 @@
 //! proof), learn the window and its assignment, stream signed rollouts with
 //! pipelined acknowledgements, and on a lost connection reconnect with
 //! exponential backoff and resume without duplicates (the coordinator's
-//! `Progress` says which slots are already stored).
+//! `Progress` says which slots are already stored). The connection and its
+//! retried requests are the client roles' shared [`tributary_net::Client`].
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tributary_net::{Backoff, ConnectFailure, KeyPin, NetError, Session};
+use tributary_net::{Backoff, Client, ClientConfig, ClientError, KeyPin, Session};
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::rollout::Rollout;
 use tributary_protocol::window::WindowId;
@@ -20,20 +21,10 @@ use tributary_protocol::wire::{
 /// Uplink failures.
 #[derive(Debug, thiserror::Error)]
 pub enum UplinkError {
-    /// Every connection attempt failed.
-    #[error("could not reach the coordinator after {attempts} attempts: {last}")]
-    Unreachable {
-        /// Attempts made.
-        attempts: u32,
-        /// The last error.
-        last: NetError,
-    },
-    /// The coordinator refused us for good (role, key, version).
-    #[error("refused by the coordinator: {0}")]
-    Refused(NetError),
-    /// The coordinator answered out of protocol.
-    #[error("unexpected answer {0:?}")]
-    Unexpected(tributary_protocol::wire::Tag),
+    /// The coordinator stayed unreachable through every attempt, refused us
+    /// (role, key, version) or a request, or answered out of protocol.
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// No window is open.
     #[error("no window open")]
     NoWindow,
@@ -102,78 +93,57 @@ pub struct SubmitReport {
     pub refused: Vec<(usize, RejectReason)>,
 }
 
+/// Tries of a request whose connection was lost (reconnecting between them, at once).
+const REQUEST_TRIES: u32 = 3;
+
 /// The uplink.
 #[derive(Debug)]
 pub struct Uplink {
     cfg: UplinkConfig,
-    key: Keypair,
-    session: Option<Session>,
+    client: Client,
     seq: u64,
 }
 
 impl Uplink {
     /// An uplink for `key`; nothing connects until first use.
     pub fn new(cfg: UplinkConfig, key: Keypair) -> Self {
-        Self { cfg, key, session: None, seq: 0 }
+        let client = Client::new(ClientConfig {
+            coordinator_key: cfg.coordinator_key.clone(),
+            connect: Backoff { min: cfg.min_backoff, max: cfg.max_backoff, attempts: cfg.max_attempts },
+            request: Backoff { min: Duration::ZERO, max: Duration::ZERO, attempts: REQUEST_TRIES },
+            ..ClientConfig::new(cfg.addr, cfg.fingerprint.clone(), key, Role::Miner)
+        });
+        Self { cfg, client, seq: 0 }
     }
 
     /// Connects if needed, retrying with exponential backoff.
     async fn session(&mut self) -> Result<&mut Session, UplinkError> {
-        if self.session.is_none() {
-            let backoff =
-                Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
-            let s = Session::connect_with_backoff(
-                self.cfg.addr,
-                &self.cfg.fingerprint,
-                &self.cfg.coordinator_key,
-                &self.key,
-                Role::Miner,
-                backoff,
-                |_, _| {},
-            )
-            .await
-            .map_err(|f| match f {
-                ConnectFailure::Refused(e) => UplinkError::Refused(e),
-                ConnectFailure::Unreachable { attempts, last } => UplinkError::Unreachable { attempts, last },
-            })?;
-            tracing::info!(coordinator = %s.coordinator, "connected");
-            self.session = Some(s);
-        }
-        self.session.as_mut().ok_or(UplinkError::NoWindow)
+        Ok(self.client.session().await?)
     }
 
     /// The network of the coordinator this uplink is connected to (connecting if needed).
     pub async fn network(&mut self) -> Result<NetworkId, UplinkError> {
-        Ok(self.session().await?.network())
+        Ok(self.client.network().await?)
     }
 
     /// Drops the connection (the next call reconnects).
     pub fn disconnect(&mut self) {
-        self.session = None;
+        self.client.disconnect();
     }
 
     /// Sends a request and waits for its answer, reconnecting (at most
-    /// twice) if the connection was lost; an error frame is [`UplinkError::Refused`].
+    /// twice) if the connection was lost; an error frame is
+    /// [`ClientError::Refused`].
     pub async fn request(&mut self, frame: &Frame) -> Result<Frame, UplinkError> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let s = self.session().await?;
-            match s.request(frame).await {
-                Ok(f) => return Ok(f),
-                Err(e @ NetError::Refused(..)) => return Err(UplinkError::Refused(e)),
-                Err(e) if tries >= 3 => return Err(UplinkError::Unreachable { attempts: tries, last: e }),
-                Err(_) => self.disconnect(),
-            }
-        }
+        Ok(self.client.request(frame).await?)
     }
 
     /// The window open now, with this miner's assignment parameters.
     pub async fn window(&mut self) -> Result<WindowInfo, UplinkError> {
         match self.request(&Frame::GetWindow(GetWindow { window: None })).await {
             Ok(Frame::WindowInfo(w)) => Ok(w),
-            Ok(f) => Err(UplinkError::Unexpected(f.tag())),
-            Err(UplinkError::Refused(NetError::Refused(ErrorCode::NotYet, _))) => Err(UplinkError::NoWindow),
+            Ok(f) => Err(ClientError::Unexpected(f.tag()).into()),
+            Err(UplinkError::Client(e)) if e.refusal() == Some(ErrorCode::NotYet) => Err(UplinkError::NoWindow),
             Err(e) => Err(e),
         }
     }
@@ -182,7 +152,7 @@ impl Uplink {
     pub async fn progress(&mut self, window: WindowId) -> Result<HashSet<(u32, u32)>, UplinkError> {
         match self.request(&Frame::GetProgress(GetProgress { window })).await? {
             Frame::Progress(p) => Ok(p.slots.into_iter().collect()),
-            f => Err(UplinkError::Unexpected(f.tag())),
+            f => Err(ClientError::Unexpected(f.tag()).into()),
         }
     }
 
@@ -263,8 +233,8 @@ impl Uplink {
                                 settle(b.seq + k as u64, o);
                             }
                         }
-                        Ok(f) => return Err(UplinkError::Unexpected(f.tag())),
-                        Err(e) if e.is_final() => return Err(UplinkError::Refused(e)),
+                        Ok(f) => return Err(ClientError::Unexpected(f.tag()).into()),
+                        Err(e) if e.is_final() => return Err(ClientError::Refused(e).into()),
                         Err(_) => {
                             failed = true;
                             break;

@@ -7,10 +7,16 @@
 //! coordinator's certificate with. Every client entry point takes the pin as
 //! one string, the *pin spec*: 64 hex digits, or the PEM text of the CA
 //! ([`read_ca`] reads a CA file into it).
+//!
+//! The client roles' runtime on top of a [`Session`] (reconnecting, retried
+//! and paged requests, the window reads, checkpoint upload and download) is
+//! [`client`].
 
 pub mod beacon;
 pub mod cli;
+pub mod client;
 pub mod logging;
+pub use client::{Client, ClientConfig, ClientError, DownloadError, Page, Paged, WindowSource};
 pub use logging::{init_tracing, now_ms};
 
 use std::net::SocketAddr;

@@ -7,8 +7,6 @@
 //! error and the run ended.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tributary_tests::{CoordinatorProcess, NetConfig, trainer_config, within};
@@ -44,7 +42,7 @@ async fn trainer_run_reconnects_after_the_coordinator_restarts() {
     let state = tc.dir.clone();
     let mut service = within(60, trainer::service::Service::open(tc)).await.expect("trainer opens");
     let start = service.progress().next_window;
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = tokio_util::sync::CancellationToken::new();
     let flag = stop.clone();
     let mut task = tokio::spawn(async move { service.run(flag).await });
 
@@ -70,7 +68,7 @@ async fn trainer_run_reconnects_after_the_coordinator_restarts() {
         }
     })
     .await;
-    stop.store(true, Ordering::Relaxed);
+    stop.cancel();
     let r = within(60, task).await.expect("trainer task");
     assert!(r.is_ok(), "{r:?}");
     second.kill9();

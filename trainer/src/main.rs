@@ -340,11 +340,11 @@ fn run(args: RunArgs) -> Result<()> {
         }
         println!("trainer={}", cfg.key.public());
         let mut s = Service::open_with(cfg, proof).await?;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let st = stop.clone();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let on_ctrl_c = stop.clone();
         tokio::spawn(async move {
             let _ = tokio::signal::ctrl_c().await;
-            st.store(true, std::sync::atomic::Ordering::Relaxed);
+            on_ctrl_c.cancel();
         });
         s.run(stop).await?;
         anyhow::Ok(())

@@ -39,20 +39,19 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tch::Device;
+use tokio_util::sync::CancellationToken;
 use tributary_net::beacon::{Contributor, ContributorConfig};
-use tributary_net::{KeyPin, NetError, Session, now_ms};
+use tributary_net::{Backoff, Client, ClientConfig, ClientError, KeyPin, NetError, now_ms};
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{
-    Blob, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, GetStanding, GetWindow, GetWindowIndex, MAX_CHUNK_LEN,
-    MinerStanding, MinerWork, Role, TrainerStats, TrainerStatsBody, Verdict, VerdictBody, WindowInfo,
+    CheckpointKind, Frame, GetStanding, MinerStanding, NetworkId, Role, TrainerStats, TrainerStatsBody, Verdict,
+    VerdictBody,
 };
 
 use crate::proof::{GroupProof, ProofConfig, ProofError, Prover, RejectRecord};
@@ -67,12 +66,9 @@ use crate::train::{Sample, StepStats, TrainConfig, TrainError, Trainer};
 /// Service failures.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// The coordinator could not be reached or refused.
+    /// The coordinator could not be reached, refused, or answered out of protocol.
     #[error("network: {0}")]
-    Net(#[from] NetError),
-    /// The coordinator answered out of protocol.
-    #[error("unexpected answer {0:?}")]
-    Unexpected(tributary_protocol::wire::Tag),
+    Client(#[from] ClientError),
     /// Training failed.
     #[error("training: {0}")]
     Train(#[from] TrainError),
@@ -149,6 +145,22 @@ pub struct ServiceConfig {
     pub keep_publications: usize,
 }
 
+impl ServiceConfig {
+    /// The coordinator connection: one connection attempt and one try per
+    /// request. The service retries whole rounds instead ([`Service::run`]):
+    /// after a lost connection it re-sends what the coordinator did not
+    /// confirm before anything else.
+    pub fn client_config(&self) -> ClientConfig {
+        let once = Backoff { min: Duration::ZERO, max: Duration::ZERO, attempts: 1 };
+        ClientConfig {
+            coordinator_key: self.coordinator_key.clone(),
+            connect: once,
+            request: once,
+            ..ClientConfig::new(self.coordinator, self.fingerprint.clone(), self.key.clone(), Role::Trainer)
+        }
+    }
+}
+
 /// `service.json`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Progress {
@@ -183,7 +195,7 @@ pub struct Round {
 /// The running service.
 pub struct Service {
     cfg: ServiceConfig,
-    session: Session,
+    client: Client,
     schedule: Schedule,
     trainer: Trainer,
     template: Checkpoint,
@@ -212,16 +224,16 @@ impl Service {
     /// [`Service::open`] with proof settings (a GSM8K file, how many
     /// checkpoints to keep loaded).
     pub async fn open_with(cfg: ServiceConfig, proof: ProofConfig) -> Result<Self, ServiceError> {
-        let session = connect(&cfg).await?;
-        let schedule = session.welcome.schedule;
+        let mut client = Client::new(cfg.client_config());
+        let schedule = client.welcome().await?.schedule;
+        let network = client.network().await?;
         std::fs::create_dir_all(&cfg.dir)?;
         let template = Checkpoint::open(&cfg.genesis)?;
         let trainer = match state::load(&cfg.dir.join("state"), cfg.device, cfg.train)? {
             Some(t) => t,
             None => Trainer::from_checkpoint(&template, cfg.device, cfg.train)?,
         };
-        let mut publisher =
-            Publisher::open(&cfg.dir.join("publish"), cfg.key.clone(), session.network(), cfg.full_every)?;
+        let mut publisher = Publisher::open(&cfg.dir.join("publish"), cfg.key.clone(), network, cfg.full_every)?;
         publisher.set_retention(cfg.keep_publications);
         let progress = match std::fs::read(cfg.dir.join("service.json")) {
             Ok(b) => serde_json::from_slice(&b)?,
@@ -239,7 +251,7 @@ impl Service {
             role: Role::Trainer,
             poll: cfg.poll.min(Duration::from_millis(250)),
         });
-        let mut s = Self { cfg, session, schedule, trainer, template, publisher, progress, prover, _contributor };
+        let mut s = Self { cfg, client, schedule, trainer, template, publisher, progress, prover, _contributor };
         s.reupload().await?;
         s.announce_genesis().await?;
         Ok(s)
@@ -287,10 +299,11 @@ impl Service {
         use tributary_protocol::wire;
         let id = self.template.content_id();
         let get = Frame::GetCheckpointPath(wire::GetCheckpointPath { have: None, want: Some(id) });
-        match self.session.request(&get).await {
+        match self.client.request(&get).await {
             Ok(Frame::CheckpointPath(p)) if p.announcement.is_none() => {}
             // Announced already; or the coordinator's genesis is another file (it refuses the path).
-            Ok(_) | Err(NetError::Refused(..)) => return Ok(()),
+            Ok(_) => return Ok(()),
+            Err(e) if e.refusal().is_some() => return Ok(()),
             Err(e) => return Err(e.into()),
         }
         let bytes = self.template.bytes();
@@ -302,19 +315,10 @@ impl Service {
             window: 0,
             trainer: self.cfg.key.public(),
         };
-        let ann = wire::PublishCheckpoint::sign(body, &self.cfg.key, &self.session.network());
-        self.session.send(&Frame::PublishCheckpoint(ann)).await?;
-        for (i, c) in bytes.chunks(MAX_CHUNK_LEN as usize).enumerate() {
-            let offset = (i * MAX_CHUNK_LEN as usize) as u64;
-            self.session.send(&Frame::CheckpointChunk(CheckpointChunk { id, offset, data: Blob(c.to_vec()) })).await?;
-        }
-        match self.session.recv().await? {
-            Frame::CheckpointStored(s) if s.id == id => {
-                tracing::info!(%id, "genesis checkpoint announced");
-                Ok(())
-            }
-            f => Err(ServiceError::Unexpected(f.tag())),
-        }
+        let ann = wire::PublishCheckpoint::sign(body, &self.cfg.key, &self.client.network().await?);
+        self.client.publish_checkpoint(&ann, bytes).await?;
+        tracing::info!(%id, "genesis checkpoint announced");
+        Ok(())
     }
 
     fn stats_path(&self) -> PathBuf {
@@ -322,7 +326,7 @@ impl Service {
     }
 
     /// The signed report of the step that produced publication `p`.
-    fn report(&self, p: &Publication, step: &StepStats, sel: &Selection) -> TrainerStats {
+    fn report(&self, p: &Publication, step: &StepStats, sel: &Selection, network: &NetworkId) -> TrainerStats {
         let b = &p.announcement.body;
         let trained = sel.kept.iter().flat_map(|g| g.rollouts.iter().map(|r| r.window));
         let first = trained.clone().min().unwrap_or(b.window).min(b.window);
@@ -354,7 +358,7 @@ impl Service {
             change_fraction: p.changed.map(|(c, t)| c as f64 / t.max(1) as f64),
             trainer: self.cfg.key.public(),
         };
-        TrainerStats::sign(body, &self.cfg.key, &self.session.network())
+        TrainerStats::sign(body, &self.cfg.key, network)
     }
 
     /// Sends a step report and records the coordinator's acknowledgement.
@@ -367,30 +371,21 @@ impl Service {
             self.progress.stats_sent = Some(window);
             return self.save_progress();
         }
-        match self.session.request(&Frame::PostTrainerStats(report.clone())).await? {
+        match self.client.request(&Frame::PostTrainerStats(report.clone())).await? {
             Frame::TrainerStatsAck(a) if a.window == window => {
                 self.progress.stats_sent = Some(window);
                 self.save_progress()
             }
-            f => Err(ServiceError::Unexpected(f.tag())),
+            f => Err(ClientError::Unexpected(f.tag()).into()),
         }
     }
 
     async fn upload(&mut self, p: &Publication) -> Result<(), ServiceError> {
         let payload = std::fs::read(&p.payload)?;
         let id = p.announcement.body.id;
-        self.session.send(&Frame::PublishCheckpoint(p.announcement.clone())).await?;
-        for (i, c) in payload.chunks(MAX_CHUNK_LEN as usize).enumerate() {
-            let offset = (i * MAX_CHUNK_LEN as usize) as u64;
-            self.session.send(&Frame::CheckpointChunk(CheckpointChunk { id, offset, data: Blob(c.to_vec()) })).await?;
-        }
-        match self.session.recv().await? {
-            Frame::CheckpointStored(s) if s.id == id => {
-                tracing::info!(%id, window = p.announcement.body.window, bytes = payload.len(), "checkpoint uploaded");
-                Ok(())
-            }
-            f => Err(ServiceError::Unexpected(f.tag())),
-        }
+        self.client.publish_checkpoint(&p.announcement, &payload).await?;
+        tracing::info!(%id, window = p.announcement.body.window, bytes = payload.len(), "checkpoint uploaded");
+        Ok(())
     }
 
     /// Screens, ranks and proves window `w`'s groups into `pick`, holding
@@ -413,8 +408,8 @@ impl Service {
         round: &mut Round,
     ) -> Result<(), ServiceError> {
         let cfg = self.cfg.select;
-        let info = self.window_info(w).await?;
-        let index = self.window_index(w).await?;
+        let info = self.client.window_info(w).await?;
+        let index = self.client.window_index(w).await?;
         let drop = |sel: &mut Selection, reason: DropReason, n: u64| {
             if n > 0 {
                 *sel.dropped.entry(reason).or_default() += n;
@@ -425,7 +420,10 @@ impl Service {
             return Ok(());
         }
         self.hold_checkpoint(info.checkpoint);
-        let known: HashMap<PublicKey, MinerStanding> = self.standing(w).await?.into_iter().collect();
+        // What the validators' verdicts say (miners not listed are unjudged
+        // and in good standing).
+        let known: HashMap<PublicKey, MinerStanding> =
+            self.client.paged(&GetStanding { window: w, after: None }).await?.into_iter().collect();
         let trust = self.cfg.trust_unjudged;
         let standing = move |miner: &[u8; 32], _: WindowId| match known.get(&PublicKey(*miner)) {
             Some(MinerStanding::Passed) => Standing::Passed,
@@ -516,68 +514,12 @@ impl Service {
         Ok(())
     }
 
-    /// The window's index, page by page (the coordinator leaves banned miners out).
-    async fn window_index(&mut self, window: WindowId) -> Result<Vec<MinerWork>, ServiceError> {
-        let mut out = Vec::new();
-        let mut after = None;
-        loop {
-            match self.session.request(&Frame::GetWindowIndex(GetWindowIndex { window, after })).await? {
-                Frame::WindowIndex(p) if p.window == window => {
-                    out.extend(p.miners);
-                    match p.next {
-                        Some(n) if Some(n) != after => after = Some(n),
-                        _ => return Ok(out),
-                    }
-                }
-                f => return Err(ServiceError::Unexpected(f.tag())),
-            }
-        }
-    }
-
-    /// Every rollout of one miner in `window` (those that decode).
+    /// Every rollout of one miner in `window` (those that decode), page by page.
     async fn fetch_miner(&mut self, window: WindowId, miner: &PublicKey) -> Result<Vec<Rollout>, ServiceError> {
         let mut out = Vec::new();
-        let mut after = None;
-        loop {
-            let req = Frame::FetchRollouts(FetchRollouts { window, miner: Some(*miner), after, limit: 256 });
-            match self.session.request(&req).await? {
-                Frame::Rollouts(r) => {
-                    out.extend(r.items.iter().filter_map(|b| Rollout::decode(&b.0, &RolloutLimits::DEFAULT).ok()));
-                    match r.next {
-                        Some(n) if Some(n) != after => after = Some(n),
-                        _ => return Ok(out),
-                    }
-                }
-                f => return Err(ServiceError::Unexpected(f.tag())),
-            }
-        }
-    }
-
-    /// What the validators' verdicts say about `window`'s miners (miners not
-    /// listed are unjudged and in good standing), read page by page.
-    async fn standing(&mut self, window: WindowId) -> Result<Vec<(PublicKey, MinerStanding)>, ServiceError> {
-        let mut out = Vec::new();
-        let mut after = None;
-        loop {
-            match self.session.request(&Frame::GetStanding(GetStanding { window, after })).await? {
-                Frame::Standing(s) if s.window == window => {
-                    out.extend(s.miners);
-                    match s.next {
-                        Some(n) if Some(n) != after => after = Some(n),
-                        _ => return Ok(out),
-                    }
-                }
-                f => return Err(ServiceError::Unexpected(f.tag())),
-            }
-        }
-    }
-
-    /// The contract of `window` (its checkpoint, seed, environment, sampling).
-    async fn window_info(&mut self, window: WindowId) -> Result<WindowInfo, ServiceError> {
-        match self.session.request(&Frame::GetWindow(GetWindow { window: Some(window) })).await? {
-            Frame::WindowInfo(i) if i.window == window => Ok(i),
-            f => Err(ServiceError::Unexpected(f.tag())),
-        }
+        let decode = |b: &Vec<u8>| Rollout::decode(b, &RolloutLimits::DEFAULT).ok();
+        self.client.each_rollout_page(window, miner, |page| out.extend(page.iter().filter_map(decode))).await?;
+        Ok(out)
     }
 
     /// Loads `id`'s weights for the proof if the trainer still has the file
@@ -662,15 +604,15 @@ impl Service {
             b.add_reason(&format!("trainer proof: {} group {} rollout {}: {}", r.check, r.group, r.rollout, r.detail));
             b.add_evidence(e.clone());
         }
-        let network = self.session.network();
+        let network = self.client.network().await?;
         for (_, b) in bodies {
             let (window, miner) = (b.window, b.miner);
             let v = Verdict::sign(b, &self.cfg.key, &network);
-            match self.session.request(&Frame::PostVerdict(v)).await {
+            match self.client.request(&Frame::PostVerdict(v)).await {
                 Ok(Frame::VerdictAck(a)) if a.window == window && a.miner == miner => {}
-                Ok(f) => return Err(ServiceError::Unexpected(f.tag())),
+                Ok(f) => return Err(ClientError::Unexpected(f.tag()).into()),
                 // A coordinator that takes no verdicts from this key: training goes on without.
-                Err(NetError::Refused(code, detail)) => {
+                Err(ClientError::Refused(NetError::Refused(code, detail))) => {
                     tracing::warn!(window, miner = %miner.short(), ?code, %detail, "the trainer's verdict was refused");
                 }
                 Err(e) => return Err(e.into()),
@@ -724,7 +666,8 @@ impl Service {
             self.record_batch(current, stats.step, &sel, &round.batch)?;
             let bytes = tokio::task::block_in_place(|| self.trainer.export_checkpoint(&self.template))?;
             let p = self.publisher.publish(current, bytes)?;
-            let report = self.report(&p, &stats, &sel);
+            let network = self.client.network().await?;
+            let report = self.report(&p, &stats, &sel, &network);
             state::save(&self.cfg.dir.join("state"), &self.trainer)?;
             write_atomic(&self.stats_path(), &postcard::to_stdvec(&report)?)?;
             self.save_progress()?;
@@ -759,16 +702,18 @@ impl Service {
         prune(&dir, KEEP_RECORDS)
     }
 
-    /// Runs rounds until `stop` is set.
+    /// Runs rounds until `stop` is cancelled (at once when it waits; after
+    /// the round in progress otherwise).
     /// A network failure (the coordinator restarting, a refusal such as
     /// "not yet" from a clock ahead of the coordinator's) does not end it:
     /// the service reconnects with backoff, re-sends what the coordinator did
     /// not confirm, and retries the round (nothing of a failed round was
-    /// saved as done). A refusal no retry can cure ([`NetError::is_final`]) ends it.
-    pub async fn run(&mut self, stop: Arc<AtomicBool>) -> Result<(), ServiceError> {
+    /// saved as done). A refusal no retry can cure, or an answer out of
+    /// protocol ([`ClientError::is_transient`]), ends it.
+    pub async fn run(&mut self, stop: CancellationToken) -> Result<(), ServiceError> {
         let mut backoff = RECONNECT_MIN;
         let mut connected = true;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_cancelled() {
             let result = if connected { self.round().await } else { self.reconnect().await.map(|()| Round::default()) };
             match result {
                 Ok(r) => {
@@ -777,12 +722,12 @@ impl Service {
                     if let Some((w, id)) = r.published {
                         println!("published window={w} checkpoint={id} groups={} rollouts={}", r.groups, r.rollouts);
                     }
-                    tokio::time::sleep(self.cfg.poll).await;
+                    let _ = stop.run_until_cancelled(tokio::time::sleep(self.cfg.poll)).await;
                 }
-                Err(ServiceError::Net(e)) if !e.is_final() => {
+                Err(ServiceError::Client(e)) if e.is_transient() => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "coordinator unreachable or refusing: reconnecting");
                     connected = false;
-                    tokio::time::sleep(backoff).await;
+                    let _ = stop.run_until_cancelled(tokio::time::sleep(backoff)).await;
                     backoff = (backoff * 2).min(RECONNECT_MAX);
                 }
                 Err(e) => return Err(e),
@@ -794,7 +739,8 @@ impl Service {
     /// A new session with the coordinator, then what it did not confirm
     /// (the last publication, the last step report) sent again.
     async fn reconnect(&mut self) -> Result<(), ServiceError> {
-        self.session = connect(&self.cfg).await?;
+        self.client.disconnect();
+        self.client.session().await?;
         tracing::info!("reconnected to the coordinator");
         self.reupload().await
     }
@@ -835,10 +781,6 @@ const RECONNECT_MIN: Duration = Duration::from_millis(250);
 
 /// The longest wait between reconnection attempts.
 const RECONNECT_MAX: Duration = Duration::from_secs(10);
-
-async fn connect(cfg: &ServiceConfig) -> Result<Session, NetError> {
-    Session::connect_pinned(cfg.coordinator, &cfg.fingerprint, &cfg.coordinator_key, &cfg.key, Role::Trainer).await
-}
 
 /// Removes all but the `keep` files of `dir` with the highest window number
 /// (files are named `<window>.<ext>`).

@@ -184,8 +184,6 @@ impl RunConfig {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use tributary_protocol::identity::Keypair;
     use validator::service::{SampleConfig, Service, ServiceConfig};
     let conf = args.resolve()?;
@@ -234,11 +232,11 @@ fn run(args: RunArgs) -> Result<()> {
                 tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics=http://{bound}/metrics");
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let s2 = stop.clone();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let on_ctrl_c = stop.clone();
         tokio::spawn(async move {
             let _ = tokio::signal::ctrl_c().await;
-            s2.store(true, Ordering::Relaxed);
+            on_ctrl_c.cancel();
         });
         let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
         // One line per verified window on stdout, for scripts.

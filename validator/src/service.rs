@@ -49,12 +49,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
 use tributary_net::beacon::{Contributor, ContributorConfig};
-use tributary_net::{Backoff, ConnectFailure, KeyPin, NetError, Session, now_ms};
+use tributary_net::{Backoff, Client, ClientConfig, ClientError, DownloadError, KeyPin, now_ms};
 use tributary_policy::{PolicyError, ReferenceModel};
 use tributary_protocol::assign;
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
@@ -63,10 +62,9 @@ use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::tokenizer::Tokenizer;
 use tributary_protocol::verify::VerifyParams;
-use tributary_protocol::window::{Schedule, WindowId};
+use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{
-    ErrorCode, FetchRollouts, Frame, GetCheckpoint, GetCheckpointPath, GetConfirmations, GetReveal, GetWindow,
-    GetWindowIndex, MAX_CONFIRMATIONS_PAGE, MinerWork, Role, Verdict, WindowInfo,
+    ErrorCode, Frame, GetCheckpointPath, GetConfirmations, GetReveal, MAX_CONFIRMATIONS_PAGE, Role, Verdict, WindowInfo,
 };
 
 use crate::judge::{Contract, Judge, JudgeConfig, JudgeError, judged_miners};
@@ -75,20 +73,13 @@ pub use crate::judge::{MinerReport, SampleConfig, WindowReport};
 /// Service failures (a failing miner is a verdict, never one of these).
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// The coordinator stayed unreachable through every retry.
-    #[error("coordinator unreachable after {attempts} attempts: {last}")]
-    Unreachable {
-        /// Attempts made.
-        attempts: u32,
-        /// The last error.
-        last: NetError,
-    },
-    /// The coordinator refused us (role, key, version) or a request.
-    #[error("refused by the coordinator: {0}")]
-    Refused(NetError),
-    /// The coordinator answered out of protocol.
-    #[error("unexpected answer {0:?}")]
-    Unexpected(tributary_protocol::wire::Tag),
+    /// The coordinator stayed unreachable through every retry, refused us
+    /// (role, key, version) or a request, or answered out of protocol.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// Downloading a checkpoint from the relay failed.
+    #[error("download: {0}")]
+    Download(#[from] DownloadError),
     /// The window's reveal does not hold (the coordinator's secret, a
     /// contribution, or the challenge mixed from them).
     #[error("window {0}: bad reveal: {1}")]
@@ -215,6 +206,20 @@ impl ServiceConfig {
         }
     }
 
+    /// The coordinator connection: connecting and each request retried with
+    /// this configuration's backoff, reconnections counted in
+    /// `tributary_validator_reconnects_total`.
+    pub fn client_config(&self) -> ClientConfig {
+        let backoff = Backoff { min: self.min_backoff, max: self.max_backoff, attempts: self.max_attempts };
+        ClientConfig {
+            coordinator_key: self.coordinator_key.clone(),
+            connect: backoff,
+            request: backoff,
+            on_retry: |_, _| metrics::counter!("tributary_validator_reconnects_total").increment(1),
+            ..ClientConfig::new(self.coordinator, self.fingerprint.clone(), self.key.clone(), Role::Validator)
+        }
+    }
+
     /// Defaults: the assignment only, batches of 8 rollouts / 8192 tokens, polls of
     /// 500 ms, backoff 200 ms doubling to 30 s, 20 attempts.
     pub fn new(coordinator: SocketAddr, fingerprint: impl Into<String>, key: Keypair, dir: PathBuf) -> Self {
@@ -236,69 +241,6 @@ impl ServiceConfig {
             device: tributary_policy::default_device(),
             start_window: None,
         }
-    }
-}
-
-/// A connection to the coordinator that reconnects with exponential backoff.
-struct Client {
-    cfg: ServiceConfig,
-    session: Option<Session>,
-    schedule: Option<Schedule>,
-}
-
-impl Client {
-    async fn session(&mut self) -> Result<&mut Session, ServiceError> {
-        if self.session.is_none() {
-            let backoff =
-                Backoff { min: self.cfg.min_backoff, max: self.cfg.max_backoff, attempts: self.cfg.max_attempts };
-            let on_retry = |_: &NetError, _| metrics::counter!("tributary_validator_reconnects_total").increment(1);
-            let s = Session::connect_with_backoff(
-                self.cfg.coordinator,
-                &self.cfg.fingerprint,
-                &self.cfg.coordinator_key,
-                &self.cfg.key,
-                Role::Validator,
-                backoff,
-                on_retry,
-            )
-            .await
-            .map_err(|f| match f {
-                ConnectFailure::Refused(e) => ServiceError::Refused(e),
-                ConnectFailure::Unreachable { attempts, last } => ServiceError::Unreachable { attempts, last },
-            })?;
-            self.schedule = Some(s.welcome.schedule);
-            self.session = Some(s);
-        }
-        self.session.as_mut().ok_or(ServiceError::Unexpected(tributary_protocol::wire::Tag::Error))
-    }
-
-    /// Sends a request and returns its answer; a lost connection is retried
-    /// (reconnecting with backoff), an error frame is returned as `Refused`.
-    async fn request(&mut self, frame: &Frame) -> Result<Frame, ServiceError> {
-        let mut tries = 0;
-        let mut delay = self.cfg.min_backoff;
-        loop {
-            tries += 1;
-            let s = self.session().await?;
-            match s.request(frame).await {
-                Ok(f) => return Ok(f),
-                Err(e @ NetError::Refused(..)) => return Err(ServiceError::Refused(e)),
-                Err(e) if tries >= self.cfg.max_attempts => {
-                    return Err(ServiceError::Unreachable { attempts: tries, last: e });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "connection lost, reconnecting");
-                    self.session = None;
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(self.cfg.max_backoff);
-                }
-            }
-        }
-    }
-
-    async fn schedule(&mut self) -> Result<Schedule, ServiceError> {
-        self.session().await?;
-        self.schedule.ok_or(ServiceError::Unexpected(tributary_protocol::wire::Tag::Welcome))
     }
 }
 
@@ -335,8 +277,8 @@ impl Service {
     /// the folder's `progress.json` if there is one.
     pub async fn open(cfg: ServiceConfig) -> Result<Self, ServiceError> {
         std::fs::create_dir_all(cfg.dir.join("models"))?;
-        let mut client = Client { cfg: cfg.clone(), session: None, schedule: None };
-        let schedule = client.schedule().await?;
+        let mut client = Client::new(cfg.client_config());
+        let schedule = client.welcome().await?.schedule;
         let (next_window, posted) = match Progress::load(&cfg.dir)? {
             Some(p) if p.coordinator.eq_ignore_ascii_case(cfg.fingerprint.trim()) => (p.next_window, p.posted),
             _ => (cfg.start_window.unwrap_or_else(|| schedule.window_at(now_ms()).unwrap_or(0)), Vec::new()),
@@ -375,7 +317,7 @@ impl Service {
     /// Verifies the next window if its submissions have closed (posting the
     /// verdicts); `None` if it is not closed yet.
     pub async fn step(&mut self) -> Result<Option<WindowReport>, ServiceError> {
-        let schedule = self.client.schedule().await?;
+        let schedule = self.client.welcome().await?.schedule;
         let Some(w) = self.next_window else { return Ok(None) };
         let now = now_ms();
         if now < schedule.closes_at(w) {
@@ -398,13 +340,14 @@ impl Service {
         Ok(Some(report))
     }
 
-    /// Runs until `stop` is set, handing each window's report to `on_window`.
+    /// Runs until `stop` is cancelled (at once when it waits; after the
+    /// window in progress otherwise), handing each window's report to `on_window`.
     pub async fn run(
         &mut self,
-        stop: Arc<AtomicBool>,
+        stop: CancellationToken,
         mut on_window: impl FnMut(&WindowReport),
     ) -> Result<(), ServiceError> {
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_cancelled() {
             if let Err(e) = self.confirm_pending().await {
                 tracing::warn!(error = %e, "confirmations failed (tried again on the next pass)");
             }
@@ -422,17 +365,12 @@ impl Service {
                     );
                     on_window(&r);
                 }
-                None => tokio::time::sleep(self.cfg.poll).await,
+                None => {
+                    let _ = stop.run_until_cancelled(tokio::time::sleep(self.cfg.poll)).await;
+                }
             }
         }
         Ok(())
-    }
-
-    async fn window_info(&mut self, w: WindowId) -> Result<WindowInfo, ServiceError> {
-        match self.client.request(&Frame::GetWindow(GetWindow { window: Some(w) })).await? {
-            Frame::WindowInfo(i) if i.window == w => Ok(i),
-            f => Err(ServiceError::Unexpected(f.tag())),
-        }
     }
 
     /// The window's challenge, recomputed from the public reveal, and the
@@ -440,14 +378,12 @@ impl Service {
     async fn reveal(&mut self, info: &WindowInfo) -> Result<(Seed, assign::Spec), ServiceError> {
         let w = info.window;
         let answer = match self.client.request(&Frame::GetReveal(GetReveal { window: w })).await {
-            Err(ServiceError::Refused(NetError::Refused(ErrorCode::NotYet, _))) => {
-                return Err(ServiceError::NotRevealed(w));
-            }
+            Err(e) if e.refusal() == Some(ErrorCode::NotYet) => return Err(ServiceError::NotRevealed(w)),
             a => a?,
         };
         match answer {
             Frame::Reveal(r) if r.window == w => {
-                let network = self.client.session().await?.network();
+                let network = self.client.network().await?;
                 let challenge = tributary_protocol::beacon::check_reveal(&r, &network, &info.commitment)
                     .map_err(|e| ServiceError::BadReveal(w, e))?;
                 let me = self.cfg.key.public();
@@ -461,26 +397,7 @@ impl Service {
                 tracing::debug!(window = w, contributions = r.contributions.len(), "challenge fixed");
                 Ok((challenge, r.assign))
             }
-            f => Err(ServiceError::Unexpected(f.tag())),
-        }
-    }
-
-    /// The window's index, page by page: every miner that stored rollouts,
-    /// with its groups (what the assignment is computed from) and counts.
-    async fn window_index(&mut self, w: WindowId) -> Result<Vec<MinerWork>, ServiceError> {
-        let mut out = Vec::new();
-        let mut after = None;
-        loop {
-            match self.client.request(&Frame::GetWindowIndex(GetWindowIndex { window: w, after })).await? {
-                Frame::WindowIndex(p) if p.window == w => {
-                    out.extend(p.miners);
-                    match p.next {
-                        Some(n) if Some(n) != after => after = Some(n),
-                        _ => return Ok(out),
-                    }
-                }
-                f => return Err(ServiceError::Unexpected(f.tag())),
-            }
+            f => Err(ClientError::Unexpected(f.tag()).into()),
         }
     }
 
@@ -489,20 +406,7 @@ impl Service {
     async fn fetch_miners(&mut self, w: WindowId, miners: &[PublicKey]) -> Result<Vec<Vec<u8>>, ServiceError> {
         let mut out = Vec::new();
         for m in miners {
-            let mut after = None;
-            loop {
-                let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: Some(*m), after, limit: 256 });
-                match self.client.request(&req).await? {
-                    Frame::Rollouts(r) => {
-                        out.extend(r.items.into_iter().map(|b| b.0));
-                        match r.next {
-                            Some(n) if Some(n) != after => after = Some(n),
-                            _ => break,
-                        }
-                    }
-                    f => return Err(ServiceError::Unexpected(f.tag())),
-                }
-            }
+            self.client.each_rollout_page(w, m, |page| out.extend(page)).await?;
         }
         Ok(out)
     }
@@ -515,10 +419,9 @@ impl Service {
         }
         let path = self.cfg.dir.join("models").join(format!("{id}.gguf"));
         if !path.exists() {
-            let bytes = self.download(id).await?;
-            let tmp = path.with_extension("part");
-            std::fs::write(&tmp, &bytes)?;
-            std::fs::rename(&tmp, &path)?;
+            let part = path.with_extension("part");
+            self.download(id, &part).await?;
+            std::fs::rename(&part, &path)?;
         }
         let ckpt = Checkpoint::open(&path)?;
         if ckpt.content_id() != id {
@@ -536,40 +439,31 @@ impl Service {
         Ok(())
     }
 
-    async fn download(&mut self, id: ContentId) -> Result<Vec<u8>, ServiceError> {
+    /// Downloads checkpoint `id`'s full file from the relay into `part`
+    /// (resuming a partial download of it), checked against the announced
+    /// length and hash.
+    async fn download(&mut self, id: ContentId, part: &std::path::Path) -> Result<(), ServiceError> {
         let path = match self
             .client
             .request(&Frame::GetCheckpointPath(GetCheckpointPath { have: None, want: Some(id) }))
             .await?
         {
             Frame::CheckpointPath(p) => p,
-            f => return Err(ServiceError::Unexpected(f.tag())),
+            f => return Err(ClientError::Unexpected(f.tag()).into()),
         };
         let step = match path.steps.as_slice() {
             [s] if s.id == id && s.base.is_none() => s.clone(),
             _ => return Err(ServiceError::BadCheckpoint { want: id, detail: "the relay offers no full file".into() }),
         };
-        // The announced length is bounded before anything is allocated for it.
+        // The announced length is bounded before anything is written for it.
         if step.len > 64 << 30 {
             return Err(ServiceError::BadCheckpoint { want: id, detail: format!("{} bytes", step.len) });
         }
-        let mut bytes = Vec::new();
-        while (bytes.len() as u64) < step.len {
-            let offset = bytes.len() as u64;
-            match self.client.request(&Frame::GetCheckpoint(GetCheckpoint { id, offset })).await? {
-                Frame::CheckpointChunk(c) if c.id == id && c.offset == offset && !c.data.0.is_empty() => {
-                    if offset + c.data.0.len() as u64 > step.len {
-                        return Err(ServiceError::BadCheckpoint { want: id, detail: "longer than announced".into() });
-                    }
-                    bytes.extend_from_slice(&c.data.0);
-                }
-                f => return Err(ServiceError::Unexpected(f.tag())),
-            }
-        }
-        if blake3::hash(&bytes).as_bytes() != &step.payload_hash {
-            return Err(ServiceError::BadCheckpoint { want: id, detail: "payload hash mismatch".into() });
-        }
-        Ok(bytes)
+        // A partial file of this checkpoint (it is named after it) resumes.
+        let have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
+        let from = if have <= step.len { have } else { 0 };
+        self.client.download(&step, part, from, |_| {}).await?;
+        Ok(())
     }
 
     /// The window's environment, built once per set of settings.
@@ -587,12 +481,12 @@ impl Service {
     /// posts nothing.
     pub async fn verify_window(&mut self, w: WindowId) -> Result<WindowReport, ServiceError> {
         let started = Instant::now();
-        let info = self.window_info(w).await?;
+        let info = self.client.window_info(w).await?;
         let (challenge, spec) = self.reveal(&info).await?;
         let validator = self.cfg.key.public();
         // The assignment from the window's index; then only the miners judged are fetched.
         let work: BTreeMap<PublicKey, BTreeSet<u32>> =
-            self.window_index(w).await?.into_iter().map(|m| (m.miner, m.groups.into_iter().collect())).collect();
+            self.client.window_index(w).await?.into_iter().map(|m| (m.miner, m.groups.into_iter().collect())).collect();
         let sample = self.cfg.sample;
         let judged: Vec<PublicKey> = {
             let env = self.environment(&info)?;
@@ -627,7 +521,7 @@ impl Service {
     /// Signs and posts one verdict per miner.
     pub async fn post(&mut self, report: &WindowReport) -> Result<(), ServiceError> {
         let resuming = self.next_window == Some(report.window);
-        let network = self.client.session().await?.network();
+        let network = self.client.network().await?;
         for m in report.miners.values() {
             if resuming && self.posted.contains(&m.body.miner) {
                 continue;
@@ -643,7 +537,7 @@ impl Service {
                         self.save_progress()?;
                     }
                 }
-                f => return Err(ServiceError::Unexpected(f.tag())),
+                f => return Err(ClientError::Unexpected(f.tag()).into()),
             }
         }
         Ok(())
@@ -658,27 +552,17 @@ impl Service {
     /// does not hold cannot be proved and is not asked for again.
     pub async fn confirm_pending(&mut self) -> Result<Vec<WindowReport>, ServiceError> {
         let mut waiting = Vec::new();
-        let mut after = None;
-        loop {
-            let req = Frame::GetConfirmations(GetConfirmations { after, limit: MAX_CONFIRMATIONS_PAGE });
-            match self.client.request(&req).await? {
-                Frame::Confirmations(page) => {
-                    let answered = &self.answered;
-                    waiting.extend(
-                        page.items.into_iter().filter(|c| answered.get(&(c.window, c.miner)) != Some(&c.digests)),
-                    );
-                    match page.next {
-                        Some(n) if Some(n) != after => after = Some(n),
-                        _ => break,
-                    }
-                }
-                f => return Err(ServiceError::Unexpected(f.tag())),
-            }
-        }
+        let answered = &self.answered;
+        let req = GetConfirmations { after: None, limit: MAX_CONFIRMATIONS_PAGE };
+        self.client
+            .pages(&req, |page| {
+                waiting.extend(page.into_iter().filter(|c| answered.get(&(c.window, c.miner)) != Some(&c.digests)))
+            })
+            .await?;
         let mut reports = Vec::new();
         for c in waiting {
             let started = Instant::now();
-            let info = self.window_info(c.window).await?;
+            let info = self.client.window_info(c.window).await?;
             let (challenge, _) = self.reveal(&info).await?;
             let blobs = self.fetch_miners(c.window, &[c.miner]).await?;
             self.ensure_model(info.checkpoint).await?;
@@ -695,7 +579,7 @@ impl Service {
             })?;
             report.seconds = started.elapsed().as_secs_f64();
             metrics::counter!("tributary_validator_rollouts_proved_total").increment(report.proved as u64);
-            let network = self.client.session().await?.network();
+            let network = self.client.network().await?;
             for m in report.miners.values() {
                 let v = Verdict::sign(m.body.clone(), &self.cfg.key, &network);
                 match self.client.request(&Frame::PostVerdict(v)).await? {
@@ -703,7 +587,7 @@ impl Service {
                         let outcome = if m.body.hard_failure { "confirmed" } else { "refuted" };
                         metrics::counter!("tributary_validator_confirmations_total", "outcome" => outcome).increment(1);
                     }
-                    f => return Err(ServiceError::Unexpected(f.tag())),
+                    f => return Err(ClientError::Unexpected(f.tag()).into()),
                 }
             }
             self.answered.insert((c.window, c.miner), c.digests);

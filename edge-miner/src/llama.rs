@@ -12,7 +12,18 @@
 //!
 //! Reproducibility (see `shared/reference/llamacpp.md` §4b): `n_ubatch` is
 //! [`N_UBATCH`] (< 64, so prefill and decode take the same attention path) and
-//! each sequence's KV cache holds exactly its prompt and completion.
+//! each sequence's attention sees exactly its prompt and completion.
+//!
+//! Memory: the KV cache is one unified buffer ([`kv_cells`]) in which the G
+//! sequences of a group share the prompt's cells (llama.cpp's sequence copy
+//! in a unified cache tags the cells with the new sequence instead of
+//! copying them) and each adds its completion: P + G·N cells, rounded up to
+//! llama.cpp's 256, where a cache per sequence holds G·(P + N), each
+//! sequence rounded up to 256. The F32 cache the numerics need is twice
+//! llama.cpp's default F16 per cell; sharing the prompt and one rounding
+//! instead of G is what keeps the miner's peak memory near raw llama.cpp's
+//! (`docs/benchmarks.md` §4). The attention kernel skips the cells of other
+//! sequences (masked), so what it computes is unchanged.
 //!
 //! Numerics: the computation is plain f32, like the validator's libtorch
 //! reference and the wgpu backend (measured: honest |Δ logprob| ≤ 3.5e-5,
@@ -98,6 +109,14 @@ pub fn with_exact_numerics(params: LlamaContextParams, offloaded: bool) -> Llama
         .with_type_k(KvCacheType::F32)
         .with_type_v(KvCacheType::F32)
         .with_op_offload(offloaded)
+}
+
+/// KV cells a group needs in the miner's unified cache: `n_seq` sequences
+/// sharing a `prompt`-token prefix, each adding at most `new` tokens
+/// (llama.cpp rounds the context up to a multiple of 256). `None` on
+/// overflow.
+pub fn kv_cells(n_seq: usize, prompt: usize, new: usize) -> Option<usize> {
+    n_seq.checked_mul(new)?.checked_add(prompt)
 }
 
 /// Number of CPU threads to use by default: the cores this process may run on.
@@ -242,12 +261,14 @@ impl LlamaCppBackend {
         }
     }
 
-    fn new_context(&self, n_seq: usize, per_seq: usize) -> Result<LlamaContext<'_>, BackendError> {
+    /// A context for `n_seq` sequences sharing a prompt of `prompt` tokens,
+    /// each followed by at most `new` more ([`kv_cells`]).
+    fn new_context(&self, n_seq: usize, prompt: usize, new: usize) -> Result<LlamaContext<'_>, BackendError> {
         let backend = llama_backend()?;
-        let n_ctx = u32::try_from(n_seq * per_seq)
-            .ok()
+        let n_ctx = kv_cells(n_seq, prompt, new)
+            .and_then(|c| u32::try_from(c).ok())
             .and_then(NonZeroU32::new)
-            .ok_or_else(|| BackendError::InvalidRequest(format!("context of {n_seq}×{per_seq} tokens")))?;
+            .ok_or_else(|| BackendError::InvalidRequest(format!("context of {n_seq} × ({prompt} + {new}) tokens")))?;
         let n_batch = u32::try_from(PREFILL_CHUNK.max(n_seq))
             .map_err(|_| BackendError::InvalidRequest(format!("{n_seq} sequences")))?;
         let params = LlamaContextParams::default()
@@ -255,6 +276,7 @@ impl LlamaCppBackend {
             .with_n_batch(n_batch)
             .with_n_ubatch(N_UBATCH)
             .with_n_seq_max(n_seq as u32)
+            .with_kv_unified(true)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads)
             .with_embeddings(true)
@@ -270,7 +292,7 @@ impl LlamaCppBackend {
             self.token(t)?;
         }
         let g = req.group_size;
-        let mut st = LlamaStepper::new(self, g, req.prompt.len() + req.max_new_tokens, PREFILL_CHUNK.max(g))?;
+        let mut st = LlamaStepper::new(self, g, req.prompt.len(), req.max_new_tokens, PREFILL_CHUNK.max(g))?;
         schedule::generate(&mut st, req, PREFILL_CHUNK)
     }
 
@@ -314,7 +336,7 @@ impl LlamaCppBackend {
         if tokens.len() > self.n_ctx_train {
             return Err(BackendError::InvalidRequest(format!("{} tokens exceed the context", tokens.len())));
         }
-        LlamaStepper::new(self, 1, tokens.len(), PREFILL_CHUNK)
+        LlamaStepper::new(self, 1, tokens.len(), 0, PREFILL_CHUNK)
     }
 
     fn embedding<'c>(&self, ctx: &'c LlamaContext<'_>, row: i32) -> Result<&'c [f32], BackendError> {
@@ -336,8 +358,14 @@ struct LlamaStepper<'m> {
 }
 
 impl<'m> LlamaStepper<'m> {
-    fn new(backend: &'m LlamaCppBackend, n_seq: usize, per_seq: usize, rows: usize) -> Result<Self, BackendError> {
-        let ctx = backend.new_context(n_seq, per_seq)?;
+    fn new(
+        backend: &'m LlamaCppBackend,
+        n_seq: usize,
+        prompt: usize,
+        new: usize,
+        rows: usize,
+    ) -> Result<Self, BackendError> {
+        let ctx = backend.new_context(n_seq, prompt, new)?;
         Ok(Self { backend, ctx, batch: LlamaBatch::new(rows, 1) })
     }
 }
@@ -361,6 +389,8 @@ impl schedule::Stepper for LlamaStepper<'_> {
     }
 
     fn copy_prompt(&mut self, seqs: Range<usize>, _len: usize) -> Result<(), BackendError> {
+        // In the unified cache this tags the prompt's cells with sequence s
+        // (no copy, no new cells).
         for s in seqs {
             self.ctx.copy_kv_cache_seq(0, s as i32, None, None).map_err(|e| BackendError::Context(e.to_string()))?;
         }
@@ -509,6 +539,45 @@ mod tests {
         assert!(!cpu.op_offload(), "op offload would run prefill batches on a GPU build's default kernels");
         let gpu = with_exact_numerics(LlamaContextParams::default(), true);
         assert!(gpu.op_offload());
+    }
+
+    /// A group's KV cache is one unified buffer in which the sequences share
+    /// the prompt's cells: P + G·N cells rounded up to 256 (2 304 for
+    /// gen-bench's group of 16 with a 39-token prompt and 128 new tokens),
+    /// where a cache per sequence took G·(P + N), each sequence rounded up to
+    /// 256 (4 096). A full group of 16 then runs to its last token in fewer
+    /// cells than 16 copies of the prompt would need (2 672).
+    #[test]
+    fn a_group_shares_the_prompts_kv_cells() {
+        use crate::backend::{DrawKey, GroupRequest};
+        use tributary_protocol::checkpoint::Checkpoint;
+        use tributary_protocol::prf::Seed;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let source = Checkpoint::open(&tributary_assets::smollm2_q4_1()).expect("SmolLM2 file");
+        tributary_protocol::tiny::write_tiny(7, &source, &path).unwrap();
+        let mut b = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&path) }).unwrap();
+        let (g, p, n) = (16, 39, 128);
+        assert_eq!(kv_cells(g, p, n), Some(2087));
+        assert_eq!(b.new_context(g, p, n).unwrap().n_ctx(), 2304);
+        assert_eq!(b.new_context(1, 300, 0).unwrap().n_ctx(), 512, "a replay holds its tokens");
+
+        let prompt: Vec<u32> = (0..p as u32).map(|i| 100 + 7 * i).collect();
+        let key = SketchKey::derive(&Seed([3; 32]), b.hidden_size());
+        let req = GroupRequest {
+            prompt: &prompt,
+            group_size: g,
+            max_new_tokens: n,
+            temperature: 1.0,
+            draw: DrawKey { sampling_seed: Seed([4; 32]), miner: [5; 32], group: 0 },
+            sketch_key: &key,
+            sketch_params: SketchParams::DEFAULT,
+            eog: &[],
+        };
+        let seqs = b.generate_group(&req).unwrap();
+        assert_eq!(seqs.len(), g);
+        assert!(seqs.iter().all(|s| s.completion.len() == n && s.sketches.len() == p + n));
     }
 
     /// The streamed copy is exactly the file the GGUF writer makes of the

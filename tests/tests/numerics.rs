@@ -8,7 +8,11 @@
 //! Measured (docs/calibration.md §3d): honest |Δ logprob| ≤ 6.8e-5, sketch
 //! distance ≤ 0.12 τ, no draw outside its interval. llama.cpp's F16 flash
 //! attention — what an unpatched llama.cpp does to an F32 cache — drifts by
-//! up to 2.7e-2 (§1), so this test fails if the patch is lost in an update.
+//! up to 2.7e-2 (§1), so this test fails if the patch is lost in an update;
+//! so does a BF16 cache (1.8e-2 even against a reference that rounds K and V
+//! the same way, §1). The bound is the plain-f32 level (1.3e-5 here, ≤ 1.3e-4
+//! over every calibration's 1e5 positions), not the log-prob check's 1e-3, so
+//! a drift that only a large calibration would catch fails here first.
 
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
@@ -82,7 +86,7 @@ fn llama_cpp_rollouts_match_the_reference_on_smollm2() {
     );
     assert!(positions >= 4 * 20, "too few positions to judge: {positions}");
     assert!(
-        worst_lp < 5e-4,
+        worst_lp < 2e-4,
         "llama.cpp drifts from the reference: |Δ logprob| {worst_lp:.2e} (plain f32 gives < 1e-4)"
     );
     assert!(worst_sketch <= 0.5, "sketch distance {worst_sketch:.3} × τ");

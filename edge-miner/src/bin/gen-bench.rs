@@ -10,7 +10,10 @@
 //!   log-probabilities, no sketches. The anchor of every ratio;
 //! - `raw-q8_0`: the same on a Q8_0 conversion of the file (llama.cpp's own
 //!   quantizer, `edge_miner::quantize`), what a hobbyist short of memory runs;
-//! - `raw-exact`: `raw-bf16` with the settings the proof contract needs for
+//! - `raw-unified`: `raw-bf16` (F16 cache) with the miner's KV layout: one
+//!   unified cache in which the group's sequences share the prompt's cells
+//!   ([`kv_cells`]), the strictest memory anchor;
+//! - `raw-exact`: `raw-unified` with the settings the proof contract needs for
 //!   plain-f32 numerics ([`with_exact_numerics`]: an F32 KV cache that the
 //!   vendored llama.cpp keeps F32 in flash attention), so the miner's gap
 //!   splits into numerics and proof work;
@@ -43,7 +46,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{
-    Bf16Weights, LlamaConfig, LlamaCppBackend, N_UBATCH, PREFILL_CHUNK, default_threads, llama_backend,
+    Bf16Weights, LlamaConfig, LlamaCppBackend, N_UBATCH, PREFILL_CHUNK, default_threads, kv_cells, llama_backend,
     with_exact_numerics,
 };
 use edge_miner::quantize::{FileType, quantize};
@@ -59,7 +62,7 @@ use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
 
-const DEFAULT_ARMS: &str = "raw-bf16,raw-q8_0,raw-exact,miner,miner-f32";
+const DEFAULT_ARMS: &str = "raw-bf16,raw-q8_0,raw-unified,raw-exact,miner,miner-f32";
 /// Tokens per sequence of a child's untimed warm-up run.
 const WARMUP_TOKENS: usize = 4;
 
@@ -109,6 +112,8 @@ enum Arm {
     RawBf16,
     #[value(name = "raw-q8_0")]
     RawQ8_0,
+    #[value(name = "raw-unified")]
+    RawUnified,
     #[value(name = "raw-exact")]
     RawExact,
     #[value(name = "raw-greedy")]
@@ -124,6 +129,7 @@ impl Arm {
         match self {
             Self::RawBf16 => "raw-bf16",
             Self::RawQ8_0 => "raw-q8_0",
+            Self::RawUnified => "raw-unified",
             Self::RawExact => "raw-exact",
             Self::RawGreedy => "raw-greedy",
             Self::Miner => "miner",
@@ -134,9 +140,13 @@ impl Arm {
 
 /// One timed run of a raw llama.cpp arm: returns generated tokens (all sequences).
 fn raw(model: &LlamaModel, prompt: &[u32], g: usize, m: usize, t: f32, threads: i32, arm: Arm) -> Result<usize> {
-    let per_seq = prompt.len() + m;
+    // llama.cpp's default: a cache per sequence, each holding its own copy
+    // of the prompt; the miner's: one cache, the prompt's cells shared.
+    let unified = matches!(arm, Arm::RawUnified | Arm::RawExact);
+    let cells = if unified { kv_cells(g, prompt.len(), m).context("cells")? } else { g * (prompt.len() + m) };
     let mut params = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new((g * per_seq) as u32))
+        .with_n_ctx(NonZeroU32::new(cells as u32))
+        .with_kv_unified(unified)
         .with_n_batch(PREFILL_CHUNK.max(g) as u32)
         .with_n_ubatch(N_UBATCH)
         .with_n_seq_max(g as u32)

@@ -644,7 +644,7 @@ fn config_window_ms(config: Option<&Path>) -> Result<Option<u64>, AdminError> {
     let Some(path) = config else { return Ok(None) };
     let err = |detail: String| AdminError::Config { path: path.into(), detail };
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let cfg: crate::node::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let cfg: crate::config::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
     Ok(Some(cfg.window_ms))
 }
 
@@ -669,7 +669,7 @@ fn parse_key(s: &str) -> Result<PublicKey, AdminError> {
 /// in errors. `check-config` and `run --check-config` (the file with the
 /// flags on top).
 pub fn check_config(
-    cfg: &crate::node::Config,
+    cfg: &crate::config::Config,
     path: &Path,
     dev: bool,
     out: &mut dyn std::io::Write,
@@ -680,7 +680,7 @@ pub fn check_config(
     }
     Schedule::new(0, cfg.window_ms, cfg.grace_ms).map_err(|e| err(e.to_string()))?;
     if !dev {
-        crate::node::refuse_dev_keys(cfg).map_err(|e| err(e.to_string()))?;
+        crate::config::refuse_dev_keys(cfg).map_err(|e| err(e.to_string()))?;
     }
     let store = crate::archive::check_settings(cfg.archive.as_deref(), cfg.store_url.as_deref()).map_err(err)?;
     let model = cfg.model.as_ref().map_or("-".into(), |m| m.display().to_string());
@@ -800,7 +800,7 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
         AdminCmd::CheckConfig { config } => {
             let err = |detail: String| AdminError::Config { path: config.clone(), detail };
             let text = std::fs::read_to_string(config).map_err(|e| err(e.to_string()))?;
-            let cfg: crate::node::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+            let cfg: crate::config::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
             check_config(&cfg, config, false, out)?;
         }
         AdminCmd::Inspect { data, config } => {

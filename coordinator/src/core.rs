@@ -1506,25 +1506,9 @@ mod tests {
         Keypair::from_seed([n; 32]).public()
     }
 
+    /// A candidate of 2000 bytes within the core's contract.
     fn cand(core: &Core, window: WindowId, m: PublicKey, group: u32, index: u32) -> Candidate {
-        Candidate {
-            window,
-            checkpoint: core.checkpoint_for(window),
-            env: EnvId::Arith,
-            group,
-            index,
-            task_id: core.assigned_task(window, &m, group),
-            miner: m,
-            digest: *blake3::hash(&[window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
-            content: *blake3::hash(&[1, window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
-            shape: Shape {
-                sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
-                prompt_len: 40,
-                completion_len: 32,
-                max_token: 999,
-                bytes: 2000,
-            },
-        }
+        crate::testing::candidate(core, window, m, group, index, 2000)
     }
 
     fn at(window: WindowId) -> u64 {

@@ -8,7 +8,7 @@
 //! back from the database), validators' verdicts per window, the relay's
 //! checkpoint and delta history, and the trainer's signed step reports (loss,
 //! entropy, clip fractions, kept/dropped groups, delta size), which the
-//! trainer sends after each publication ([`receive_trainer_stats`], stored per
+//! trainer sends after each publication ([`crate::server::receive_trainer_stats`], stored per
 //! publication window, also served at `GET /api/training`).
 //!
 //! The status and the miners' list are snapshots at most [`SNAPSHOT_MS`]
@@ -26,9 +26,7 @@ use serde::Serialize;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{ErrorCode, ErrorFrame, Frame, TrainerStats, TrainerStatsAck};
-
-use crate::core::StatsError;
+use tributary_protocol::wire::TrainerStats;
 
 use crate::relay::CheckpointJson;
 use crate::server::Shared;
@@ -172,33 +170,6 @@ impl From<&TrainerStats> for TrainingJson {
             signature: s.signature.to_string(),
         }
     }
-}
-
-/// Takes a trainer's step report (the QUIC `PostTrainerStats` frame, on a
-/// connection authenticated as the trainer): checked against the configured
-/// trainer key and its signature, stored, acknowledged. A refused report
-/// stores nothing.
-pub fn receive_trainer_stats(shared: &Shared, stats: TrainerStats) -> Frame {
-    let ok = stats.verify(&shared.network()).is_ok();
-    let refuse = |code: ErrorCode, e: &dyn std::fmt::Display| {
-        metrics::counter!("tributary_trainer_stats_refused_total").increment(1);
-        tracing::warn!(error = %e, "trainer stats refused");
-        Frame::Error(ErrorFrame { code, detail: e.to_string() })
-    };
-    match shared.core().check_trainer_stats(&stats.body, ok) {
-        Ok(()) => {}
-        Err(e @ (StatsError::Unauthorized | StatsError::BadSignature)) => return refuse(ErrorCode::BadSignature, &e),
-        Err(e @ StatsError::Malformed(_)) => return refuse(ErrorCode::Malformed, &e),
-    }
-    if let Err(e) = shared.store.put_trainer_stats(&stats) {
-        return refuse(ErrorCode::Internal, &e);
-    }
-    let b = &stats.body;
-    metrics::gauge!("tributary_trainer_loss").set(b.loss);
-    metrics::gauge!("tributary_trainer_entropy").set(b.entropy);
-    metrics::gauge!("tributary_trainer_step").set(b.step as f64);
-    tracing::info!(window = b.window, step = b.step, loss = b.loss, "trainer stats stored");
-    Frame::TrainerStatsAck(TrainerStatsAck { window: b.window })
 }
 
 /// The trainer's reports of publication windows `from..=to` as JSON.

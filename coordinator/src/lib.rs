@@ -4,9 +4,11 @@
 //! - [`core`]: the sans-IO state machine (windows, admission, verdicts, weights, bans).
 //! - [`bans`]: bans need evidence (confirmation, refutation, flagged validators, the model-free re-check).
 //! - [`admin`]: operator commands on a stopped coordinator (ban, unban, window length, inspect).
+//! - `testing` (feature `test-utils`): test scaffolding the coordinator's tests share.
 
 pub mod archive;
 pub mod bans;
+pub mod config;
 pub mod core;
 pub use tributary_net as net;
 pub mod admin;
@@ -17,4 +19,6 @@ pub mod relay;
 pub mod server;
 pub mod sim;
 pub mod store;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod testing;
 pub mod weights;

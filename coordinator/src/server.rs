@@ -1125,7 +1125,7 @@ async fn serve_requests(
                 }),
             },
             (Role::Validator, Frame::GetConfirmations(g)) => confirmations_answer(sh, &peer, &g),
-            (Role::Trainer, Frame::PostTrainerStats(s)) => crate::dashboard::receive_trainer_stats(sh, s),
+            (Role::Trainer, Frame::PostTrainerStats(s)) => receive_trainer_stats(sh, s),
             (Role::Trainer, Frame::PublishCheckpoint(p)) => receive_checkpoint(sh, recv, peer, p).await?,
             (_, Frame::GetCheckpointPath(g)) => {
                 sh.relay.note_holds(peer, g.have);
@@ -1202,6 +1202,35 @@ fn log_failure(core: &Core, b: &wire::VerdictBody, signer_role: &str) {
         evidence = ?evidence,
         "{what}"
     );
+}
+
+/// Takes a trainer's step report (the QUIC `PostTrainerStats` frame, on a
+/// connection authenticated as the trainer): checked against the configured
+/// trainer key and its signature, stored, acknowledged. A refused report
+/// stores nothing.
+pub fn receive_trainer_stats(shared: &Shared, stats: wire::TrainerStats) -> Frame {
+    let ok = stats.verify(&shared.network()).is_ok();
+    let refuse = |code: ErrorCode, e: &dyn std::fmt::Display| {
+        metrics::counter!("tributary_trainer_stats_refused_total").increment(1);
+        tracing::warn!(error = %e, "trainer stats refused");
+        Frame::Error(ErrorFrame { code, detail: e.to_string() })
+    };
+    match shared.core().check_trainer_stats(&stats.body, ok) {
+        Ok(()) => {}
+        Err(e @ (crate::core::StatsError::Unauthorized | crate::core::StatsError::BadSignature)) => {
+            return refuse(ErrorCode::BadSignature, &e);
+        }
+        Err(e @ crate::core::StatsError::Malformed(_)) => return refuse(ErrorCode::Malformed, &e),
+    }
+    if let Err(e) = shared.store.put_trainer_stats(&stats) {
+        return refuse(ErrorCode::Internal, &e);
+    }
+    let b = &stats.body;
+    metrics::gauge!("tributary_trainer_loss").set(b.loss);
+    metrics::gauge!("tributary_trainer_entropy").set(b.entropy);
+    metrics::gauge!("tributary_trainer_step").set(b.step as f64);
+    tracing::info!(window = b.window, step = b.step, loss = b.loss, "trainer stats stored");
+    Frame::TrainerStatsAck(wire::TrainerStatsAck { window: b.window })
 }
 
 /// Re-runs the model-free checks ([`crate::bans::Rechecker`]) on the stored
@@ -1774,7 +1803,7 @@ async fn receive_checkpoint(
             return refuse(err(ErrorCode::Malformed, "not an announcement of the genesis file"));
         }
         if let Err(e) =
-            sh.store.put_meta(crate::node::GENESIS_ANNOUNCEMENT, &postcard::to_stdvec(&p).unwrap_or_default())
+            sh.store.put_meta(crate::store::GENESIS_ANNOUNCEMENT, &postcard::to_stdvec(&p).unwrap_or_default())
         {
             return refuse(err(ErrorCode::Internal, &e.to_string()));
         }

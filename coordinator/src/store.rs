@@ -86,6 +86,9 @@ pub const FORMAT_VERSION: u32 = 1;
 /// The meta key of [`FORMAT_VERSION`] (u32 LE).
 pub const FORMAT_KEY: &str = "format_version";
 
+/// The meta key of the trainer's signed announcement of the genesis checkpoint.
+pub const GENESIS_ANNOUNCEMENT: &str = "genesis_announcement";
+
 /// What an unreadable database holds ([`StoreError::Format`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {

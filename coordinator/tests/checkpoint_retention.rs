@@ -9,47 +9,15 @@ use std::time::Duration;
 
 use coordinator::node::{self, Config, Node};
 use coordinator::relay::{self, Entry, Payload};
+use coordinator::testing::{publication_id as id, store_publication};
 use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::wire::{CheckpointBody, CheckpointKind, PublishCheckpoint, Role};
 
 const GENESIS: ContentId = ContentId([1; 32]);
-
-fn id(i: u8) -> ContentId {
-    ContentId([10 + i; 32])
-}
 
 fn config(dir: &Path) -> Config {
     let mut cfg = Config::dev(dir.to_path_buf());
     cfg.window_ms = 600_000;
     cfg
-}
-
-/// Publication `i` for `window`, in force from `from`: a full file of 4 KiB
-/// and, with a base, a delta of 100 bytes; stored, restored into the core
-/// and made visible as the coordinator does after an upload.
-fn publish(node: &Node, i: u8, base: Option<u8>, window: u64, from: u64) {
-    let sh = &node.shared;
-    let cid = id(i);
-    let full = sh.relay.full_path(&cid);
-    std::fs::write(&full, vec![i; 4096]).unwrap();
-    let (full_len, full_hash) = relay::hash_file(&full).unwrap();
-    let delta = base.map(|b| {
-        let bytes = vec![i; 100];
-        std::fs::write(sh.relay.delta_path(&id(b), &cid), &bytes).unwrap();
-        (id(b), 100, *blake3::hash(&bytes).as_bytes())
-    });
-    let entry = Entry { id: cid, seq: u64::from(i), window, from_window: from, full_len, full_hash, delta };
-    let (kind, len, payload_hash) = match delta {
-        Some((b, len, hash)) => (CheckpointKind::Delta { base: b }, len, hash),
-        None => (CheckpointKind::Full, full_len, full_hash),
-    };
-    let trainer = tributary_protocol::dev::key(Role::Trainer);
-    let body = CheckpointBody { id: cid, kind, len, payload_hash, window, trainer: trainer.public() };
-    let ann = PublishCheckpoint::sign(body, &trainer, &sh.network());
-    sh.store.put_checkpoint(from, &ann, &entry).unwrap();
-    sh.core().restore_checkpoint(from, cid);
-    sh.relay.set_announcement(ann);
-    sh.relay.insert(entry);
 }
 
 fn ids(entries: impl IntoIterator<Item = Entry>) -> Vec<ContentId> {
@@ -85,9 +53,9 @@ fn old_checkpoints_are_deleted_and_what_a_window_uses_is_kept() {
     let (rt, node) = start(&cfg);
     for i in 1..=8u8 {
         let base = (i != 1 && i != 4).then(|| i - 1);
-        publish(&node, i, base, u64::from(i), u64::from(i) + 1);
+        store_publication(&node.shared, i, base, u64::from(i), u64::from(i) + 1);
     }
-    publish(&node, 9, Some(8), 10, 11);
+    store_publication(&node.shared, 9, Some(8), 10, 11);
     let sh = node.shared.clone();
     let now = sh.core().schedule().opens_at(9) + 1_000;
     assert_eq!(sh.core().current_window(now), Some(9));

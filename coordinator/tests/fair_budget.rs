@@ -4,33 +4,16 @@
 //! budget divided among the keys storing in this window or the previous one
 //! (never less than an even split among `max_window_miners`).
 
-use coordinator::core::{Candidate, Core, Shape};
+use coordinator::core::{Candidate, Core};
 use coordinator::node::{self, Config};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::wire::RejectReason;
 
-/// A rollout of 100 KB claimed by `m` in `window`, slot (`group`, `index`).
+/// A rollout of 100 KB claimed by `m` in `window` (open at `now`), slot (`group`, `index`).
 fn cand(core: &Core, now: u64, window: u64, m: PublicKey, group: u32, index: u32) -> Candidate {
-    let info = core.window_info(window, now).expect("window open");
-    Candidate {
-        window,
-        checkpoint: info.checkpoint,
-        env: info.env,
-        group,
-        index,
-        task_id: core.assigned_task(window, &m, group),
-        miner: m,
-        digest: *blake3::hash(&[window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
-        content: *blake3::hash(&[1, window as u8, m.0[0], group as u8, index as u8]).as_bytes(),
-        shape: Shape {
-            sampling: info.sampling,
-            prompt_len: 40,
-            completion_len: info.sampling.max_new_tokens,
-            max_token: 100,
-            bytes: 100_000,
-        },
-    }
+    core.window_info(window, now).expect("window open");
+    coordinator::testing::candidate(core, window, m, group, index, 100_000)
 }
 
 #[tokio::test]

@@ -226,15 +226,7 @@ async fn a_weights_document_is_read_back_whole_across_small_parts() {
         assert!(matches!(within(v.request(&Frame::PostVerdict(verdict))).await.unwrap(), Frame::VerdictAck(_)));
     }
     assert!(now() < schedule.opens_at(2), "the machine is too slow for {window_ms} ms windows");
-    let doc = within(async {
-        loop {
-            if let Some(d) = node.shared.store.weights_doc(0).unwrap() {
-                return d;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let doc = coordinator::testing::signed_weights(&node.shared, 0).await;
     assert_eq!(doc.body.weights.len(), 20);
     node.shared.set_list_answer_bytes(64);
     let mut bytes = Vec::new();

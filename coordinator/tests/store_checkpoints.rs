@@ -13,17 +13,12 @@ use coordinator::archive::{self, Archive, ArchiveError};
 use coordinator::node::{self, Config, ConfigError, Node};
 use coordinator::relay::{self, Entry};
 use coordinator::server::Shared;
+use coordinator::testing::{publication_id as id, store_publication};
 use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::wire::{
-    CheckpointBody, CheckpointKind, PublishCheckpoint, Role, WeightsDoc, store_key, store_weights_key,
-};
+use tributary_protocol::wire::{WeightsDoc, store_key, store_weights_key};
 
 const GENESIS: ContentId = ContentId([1; 32]);
 const URL: &str = "https://cdn.example/tributary";
-
-fn id(i: u8) -> ContentId {
-    ContentId([10 + i; 32])
-}
 
 fn config(dir: &Path) -> Config {
     let mut cfg = Config::dev(dir.join("data"));
@@ -39,32 +34,10 @@ fn objects(dir: &Path) -> std::path::PathBuf {
     dir.join("data/objects")
 }
 
-/// Publication `i` (full file of 4 KiB, with a base a delta of 100 bytes),
-/// stored and made visible as the coordinator does after an upload.
-fn publish(node: &Node, i: u8, base: Option<u8>, window: u64) -> Entry {
-    let sh = &node.shared;
-    let cid = id(i);
-    let full = sh.relay.full_path(&cid);
-    std::fs::write(&full, vec![i; 4096]).unwrap();
-    let (full_len, full_hash) = relay::hash_file(&full).unwrap();
-    let delta = base.map(|b| {
-        let bytes = vec![i ^ 0x55; 100];
-        std::fs::write(sh.relay.delta_path(&id(b), &cid), &bytes).unwrap();
-        (id(b), 100, *blake3::hash(&bytes).as_bytes())
-    });
-    let entry = Entry { id: cid, seq: u64::from(i), window, from_window: window + 1, full_len, full_hash, delta };
-    let (kind, len, payload_hash) = match delta {
-        Some((b, len, hash)) => (CheckpointKind::Delta { base: b }, len, hash),
-        None => (CheckpointKind::Full, full_len, full_hash),
-    };
-    let trainer = tributary_protocol::dev::key(Role::Trainer);
-    let body = CheckpointBody { id: cid, kind, len, payload_hash, window, trainer: trainer.public() };
-    let ann = PublishCheckpoint::sign(body, &trainer, &sh.network());
-    sh.store.put_checkpoint(window + 1, &ann, &entry).unwrap();
-    sh.core().restore_checkpoint(window + 1, cid);
-    sh.relay.set_announcement(ann);
-    sh.relay.insert(entry.clone());
-    entry
+/// Publication `i` for window `i`, in force from the next
+/// ([`store_publication`]: a full file of 4 KiB, with a base a delta of 100 bytes).
+fn publish(node: &Node, i: u8, base: Option<u8>) -> Entry {
+    store_publication(&node.shared, i, base, u64::from(i), u64::from(i) + 1)
 }
 
 async fn until(mut f: impl FnMut() -> bool) {
@@ -87,7 +60,7 @@ async fn checkpoints_deltas_and_weights_documents_reach_the_store() {
     let cfg = config(dir.path());
     let node = node::start(&cfg, GENESIS).await.unwrap();
     let sh: Arc<Shared> = node.shared.clone();
-    let entries = [publish(&node, 1, None, 1), publish(&node, 2, Some(1), 2), publish(&node, 3, Some(2), 3)];
+    let entries = [1, 2, 3].map(|i| publish(&node, i, (i > 1).then(|| i - 1)));
     // A signed weights document, as the signer stores it.
     let doc = WeightsDoc::sign(sh.core().weights(3, sh.key.public()), &sh.key, &sh.network());
     assert!(sh.store.put_weights_doc(&doc).unwrap());
@@ -174,7 +147,7 @@ async fn relay_retention_deletes_only_what_the_store_holds() {
     let node = node::start(&cfg, GENESIS).await.unwrap();
     let sh = node.shared.clone();
     for i in 1..=5u8 {
-        publish(&node, i, (i > 1).then(|| i - 1), u64::from(i));
+        publish(&node, i, (i > 1).then(|| i - 1));
     }
     let now = sh.core().schedule().opens_at(6) + 1_000;
     let sh2 = sh.clone();
@@ -236,7 +209,7 @@ fn a_restarted_coordinator_finds_what_the_store_holds_and_rewrites_nothing() {
         unreachable!()
     };
     let (rt, node) = start();
-    let entries: Vec<Entry> = (1..=3u8).map(|i| publish(&node, i, (i > 1).then(|| i - 1), u64::from(i))).collect();
+    let entries: Vec<Entry> = (1..=3u8).map(|i| publish(&node, i, (i > 1).then(|| i - 1))).collect();
     let sh = node.shared.clone();
     rt.block_on(until(|| entries.iter().all(|e| sh.relay.is_stored(&e.id))));
     let keys: Vec<String> = entries.iter().map(|e| store_key(&e.id, None, &e.full_hash)).collect();

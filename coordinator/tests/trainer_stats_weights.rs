@@ -138,15 +138,7 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     assert!(matches!(within(v.request(&Frame::PostVerdict(verdict))).await.unwrap(), Frame::VerdictAck(_)));
     assert!(now() < schedule.opens_at(2), "the machine is too slow for {window_ms} ms windows");
     // Window 0's document is signed once window 1 has ended.
-    let doc = within(async {
-        loop {
-            if let Some(d) = node.shared.store.weights_doc(0).unwrap() {
-                return d;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let doc = coordinator::testing::signed_weights(&node.shared, 0).await;
     assert!(now() >= schedule.opens_at(2));
     assert_eq!(doc.body.window, 0);
     assert_eq!(doc.body.weights, vec![(miner, 1.0)]);

@@ -1,0 +1,94 @@
+//! Test scaffolding (feature `test-utils`; always in this crate's unit
+//! tests): what several tests of the coordinator build the same way, so
+//! each is written once. Not for production code: the helpers panic on a
+//! failure, as a test would.
+
+use std::time::Duration;
+
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{CheckpointBody, CheckpointKind, PublishCheckpoint, Role, WeightsDoc};
+
+use crate::core::{Candidate, Core, Shape};
+use crate::relay::{self, Entry};
+use crate::server::Shared;
+
+/// A rollout's admission facts for slot (`group`, `index`) of `miner`'s
+/// assigned tasks in `window`, within `core`'s contract: the window's
+/// checkpoint, the core's environment and sampling, the assigned task, a
+/// prompt of 40 tokens and a completion of `max_new_tokens`, token ids
+/// below 1000, `bytes` bytes; digest and content distinct per (window,
+/// miner's first key byte, group, index).
+pub fn candidate(core: &Core, window: WindowId, miner: PublicKey, group: u32, index: u32, bytes: u32) -> Candidate {
+    let cfg = core.config();
+    let slot = [window as u8, miner.0[0], group as u8, index as u8];
+    Candidate {
+        window,
+        checkpoint: core.checkpoint_for(window),
+        env: cfg.env,
+        group,
+        index,
+        task_id: core.assigned_task(window, &miner, group),
+        miner,
+        digest: *blake3::hash(&slot).as_bytes(),
+        content: *blake3::hash(&[&[1u8][..], &slot].concat()).as_bytes(),
+        shape: Shape {
+            sampling: cfg.sampling,
+            prompt_len: 40,
+            completion_len: cfg.sampling.max_new_tokens,
+            max_token: 999,
+            bytes,
+        },
+    }
+}
+
+/// The content id of test publication `i` ([`store_publication`]).
+pub fn publication_id(i: u8) -> ContentId {
+    ContentId([10 + i; 32])
+}
+
+/// Publication `i` (id [`publication_id`]) for `window`, in force from
+/// `from`: a full file of 4 KiB (every byte `i`) and, with a base, a delta
+/// of 100 bytes (every byte `i ^ 0x55`), announced by the `--dev` trainer;
+/// stored, restored into the core and made visible as the coordinator does
+/// after an upload.
+pub fn store_publication(sh: &Shared, i: u8, base: Option<u8>, window: WindowId, from: WindowId) -> Entry {
+    let cid = publication_id(i);
+    let full = sh.relay.full_path(&cid);
+    std::fs::write(&full, vec![i; 4096]).expect("writing a full file");
+    let (full_len, full_hash) = relay::hash_file(&full).expect("hashing a full file");
+    let delta = base.map(|b| {
+        let bytes = vec![i ^ 0x55; 100];
+        std::fs::write(sh.relay.delta_path(&publication_id(b), &cid), &bytes).expect("writing a delta");
+        (publication_id(b), 100, *blake3::hash(&bytes).as_bytes())
+    });
+    let entry = Entry { id: cid, seq: u64::from(i), window, from_window: from, full_len, full_hash, delta };
+    let (kind, len, payload_hash) = match delta {
+        Some((b, len, hash)) => (CheckpointKind::Delta { base: b }, len, hash),
+        None => (CheckpointKind::Full, full_len, full_hash),
+    };
+    let trainer = tributary_protocol::dev::key(Role::Trainer);
+    let body = CheckpointBody { id: cid, kind, len, payload_hash, window, trainer: trainer.public() };
+    let ann = PublishCheckpoint::sign(body, &trainer, &sh.network());
+    sh.store.put_checkpoint(from, &ann, &entry).expect("storing a checkpoint");
+    sh.core().restore_checkpoint(from, cid);
+    sh.relay.set_announcement(ann);
+    sh.relay.insert(entry.clone());
+    entry
+}
+
+/// Window `window`'s signed weights document, once the coordinator has
+/// signed and stored it (polled every 50 ms, for at most 30 s).
+pub async fn signed_weights(sh: &Shared, window: WindowId) -> WeightsDoc {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(d) = sh.store.weights_doc(window).expect("reading a weights document") {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the weights document within 30 s")
+}

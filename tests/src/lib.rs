@@ -336,6 +336,21 @@ pub struct MeshConfig {
     pub validator: bool,
 }
 
+impl MeshConfig {
+    /// Honest miners `names`, 8-token completions, 4 s windows of two
+    /// groups of two, committees of one and one validator key besides the
+    /// dev one, no validator started: the network in which two validators
+    /// split the miners ([`Mesh::assigned_validators`]).
+    pub fn committees_of_one(names: &[&str], trainer: bool) -> MeshConfig {
+        MeshConfig {
+            net: NetConfig { max_new_tokens: 8, extra_validators: 1, committee: 1, ..NetConfig::new(4_000, 600, 2, 2) },
+            miners: names.iter().map(|n| MinerSpec::honest(n)).collect(),
+            trainer,
+            validator: false,
+        }
+    }
+}
+
 /// What the mesh's validator reports.
 #[derive(Debug)]
 pub enum ValidatorEvent {
@@ -650,6 +665,17 @@ impl Mesh {
             TrainerHandle::spawn(t)
         });
         Mesh { net, miners, names, trainer, validator }
+    }
+
+    /// Two validators from the current window, each proving only what the
+    /// window's assignment gives it ([`validator::service::SampleConfig::ASSIGNED`]):
+    /// the dev validator and the first extra one
+    /// ([`MeshConfig::committees_of_one`]).
+    pub fn assigned_validators(&self) -> [ValidatorHandle; 2] {
+        let start = self.net.window();
+        let mut dev = validator_config(&self.net, start);
+        dev.sample = validator::service::SampleConfig::ASSIGNED;
+        [ValidatorHandle::spawn(dev), ValidatorHandle::spawn(extra_validator_config(&self.net, start, 0))]
     }
 
     /// The validator (panics if the mesh has none).

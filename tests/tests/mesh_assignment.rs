@@ -8,23 +8,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use tributary_protocol::identity::PublicKey;
-use tributary_tests::{Mesh, MeshConfig, MinerSpec, NetConfig, ValidatorHandle, extra_validator_config};
-use validator::service::{SampleConfig, WindowReport};
+use tributary_tests::{Mesh, MeshConfig};
+use validator::service::WindowReport;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_validators_split_the_miners_and_cover_them_all() {
-    let mesh = Mesh::start(MeshConfig {
-        net: NetConfig { max_new_tokens: 8, extra_validators: 1, committee: 1, ..NetConfig::new(4_000, 600, 2, 2) },
-        miners: ["a", "b", "c", "d"].into_iter().map(MinerSpec::honest).collect(),
-        trainer: false,
-        validator: false,
-    })
-    .await;
-    let start = mesh.net.window();
-    let mut dev = tributary_tests::validator_config(&mesh.net, start);
-    dev.sample = SampleConfig::ASSIGNED;
-    let mut validators =
-        [ValidatorHandle::spawn(dev), ValidatorHandle::spawn(extra_validator_config(&mesh.net, start, 0))];
+    let mesh = Mesh::start(MeshConfig::committees_of_one(&["a", "b", "c", "d"], false)).await;
+    let mut validators = mesh.assigned_validators();
     let keys: Vec<PublicKey> = validators.iter().map(|v| v.config.key.public()).collect();
     let miners: BTreeSet<PublicKey> = mesh.miners.iter().map(|m| m.key.public()).collect();
     let mut seen: [BTreeMap<u64, WindowReport>; 2] = [BTreeMap::new(), BTreeMap::new()];

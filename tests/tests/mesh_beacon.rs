@@ -14,23 +14,13 @@ use tributary_protocol::assign::Assignment;
 use tributary_protocol::beacon;
 use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::wire::{Frame, GetReveal, GetWindow, Role};
-use tributary_tests::{Mesh, MeshConfig, MinerSpec, NetConfig, ValidatorHandle, extra_validator_config, within};
-use validator::service::{SampleConfig, WindowReport};
+use tributary_tests::{Mesh, MeshConfig, within};
+use validator::service::WindowReport;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validators_and_the_trainer_mix_the_challenge_anyone_recomputes() {
-    let mesh = Mesh::start(MeshConfig {
-        net: NetConfig { max_new_tokens: 8, extra_validators: 1, committee: 1, ..NetConfig::new(4_000, 600, 2, 2) },
-        miners: ["a", "b", "c"].into_iter().map(MinerSpec::honest).collect(),
-        trainer: true,
-        validator: false,
-    })
-    .await;
-    let start = mesh.net.window();
-    let mut dev = tributary_tests::validator_config(&mesh.net, start);
-    dev.sample = SampleConfig::ASSIGNED;
-    let mut validators =
-        [ValidatorHandle::spawn(dev), ValidatorHandle::spawn(extra_validator_config(&mesh.net, start, 0))];
+    let mesh = Mesh::start(MeshConfig::committees_of_one(&["a", "b", "c"], true)).await;
+    let mut validators = mesh.assigned_validators();
     let keys: Vec<PublicKey> = validators.iter().map(|v| v.config.key.public()).collect();
     let trainer = mesh.trainer.as_ref().expect("trainer").config.key.public();
     let parties: BTreeSet<PublicKey> = keys.iter().copied().chain([trainer]).collect();

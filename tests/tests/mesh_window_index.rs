@@ -7,23 +7,13 @@
 use std::collections::BTreeSet;
 
 use tributary_protocol::identity::PublicKey;
-use tributary_tests::{Mesh, MeshConfig, MinerSpec, NetConfig, ValidatorHandle, extra_validator_config};
-use validator::service::{SampleConfig, WindowReport};
+use tributary_tests::{Mesh, MeshConfig};
+use validator::service::WindowReport;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_validator_fetches_only_the_miners_it_judges() {
-    let mesh = Mesh::start(MeshConfig {
-        net: NetConfig { max_new_tokens: 8, extra_validators: 1, committee: 1, ..NetConfig::new(4_000, 600, 2, 2) },
-        miners: ["a", "b", "c", "d"].into_iter().map(MinerSpec::honest).collect(),
-        trainer: false,
-        validator: false,
-    })
-    .await;
-    let start = mesh.net.window();
-    let mut dev = tributary_tests::validator_config(&mesh.net, start);
-    dev.sample = SampleConfig::ASSIGNED;
-    let mut validators =
-        [ValidatorHandle::spawn(dev), ValidatorHandle::spawn(extra_validator_config(&mesh.net, start, 0))];
+    let mesh = Mesh::start(MeshConfig::committees_of_one(&["a", "b", "c", "d"], false)).await;
+    let mut validators = mesh.assigned_validators();
     let miners: BTreeSet<PublicKey> = mesh.miners.iter().map(|m| m.key.public()).collect();
     let mut checked = 0;
     for _ in 0..12 {

@@ -115,3 +115,14 @@ if [ "$(readlink "$root/.cache" 2>/dev/null)" != "$cache" ]; then
     ln -sfn "$cache" "$root/.cache"
   fi
 fi
+
+# 5. Opt-in (TRIBUTARY_GARAGE=1): Garage 2.5.0, the S3-compatible object
+#    store the store_garage test runs the coordinator's archive on
+#    (scripts/garage.sh starts a single node). Not in the default install:
+#    `cargo install garage` with only what a single node needs (bundled-libs,
+#    lmdb) took 17-21 min on 2 shared cores (measured), a quarter of CI's
+#    budget. scripts/test.sh runs store_garage when the binary is there.
+if [ "${TRIBUTARY_GARAGE:-0}" = 1 ] && [ ! -x "$cache/garage/bin/garage" ]; then
+  say "installing garage 2.5.0 into $cache/garage (S3 store for the store_garage test, ~20 min)"
+  cargo install garage@2.5.0 --locked --no-default-features --features bundled-libs,lmdb --root "$cache/garage"
+fi

@@ -61,4 +61,16 @@ stamp "tests"
 # One test at a time: the network tests run real windows of a few seconds,
 # and on 2 cores parallel tests would starve each other's clocks.
 cargo test --workspace --locked --no-fail-fast "${features[@]}" -- --test-threads=1
+
+# The archive on a real S3 store (Garage), built with the coordinator's s3
+# feature: only where a garage binary is installed (TRIBUTARY_GARAGE=1
+# scripts/setup.sh; or GARAGE_BIN, or garage on PATH).
+garage_bin="${GARAGE_BIN:-$(command -v garage || echo "${TRIBUTARY_CACHE:-$HOME/.cache/tributary}/garage/bin/garage")}"
+if [ -x "$garage_bin" ]; then
+  stamp "tests: store_garage (the archive on Garage, --features garage)"
+  GARAGE_BIN="$garage_bin" cargo test -p tributary-tests --locked "${features[@]}" --features garage \
+    --test store_garage -- --test-threads=1
+else
+  stamp "tests: store_garage NOT RUN: no garage binary (TRIBUTARY_GARAGE=1 scripts/setup.sh installs it)"
+fi
 stamp "done"

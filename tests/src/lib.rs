@@ -12,6 +12,8 @@
 //! These are test helpers: they panic with a message when something the test
 //! relies on fails.
 
+pub mod garage;
+
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -746,6 +748,12 @@ impl CoordinatorProcess {
     /// Starts `exe` (the `mesh-coordinator` binary) on `data`; `quic` port 0 picks one.
     /// The master secret is seeded on the first start.
     pub fn spawn(exe: &Path, data: &Path, cfg: &NetConfig, quic_port: u16) -> Self {
+        Self::spawn_with_env(exe, data, cfg, quic_port, &[])
+    }
+
+    /// [`CoordinatorProcess::spawn`] with environment variables set for the
+    /// child (`MESH_ARCHIVE`, `MESH_STORE_URL`: see `mesh-coordinator`).
+    pub fn spawn_with_env(exe: &Path, data: &Path, cfg: &NetConfig, quic_port: u16, env: &[(&str, &str)]) -> Self {
         if !data.join("coordinator.redb").exists() {
             seed_master_secret(data, cfg.seed);
         }
@@ -761,6 +769,7 @@ impl CoordinatorProcess {
                 cfg.difficulty.to_string(),
                 quic_port.to_string(),
             ])
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -2,6 +2,7 @@
 //! fault tests can `kill -9`:
 //! `mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC MAX_NEW_TOKENS DIFFICULTY QUIC_PORT`.
 //! Prints `quic=`, `http=`, `fingerprint=`, `checkpoint=` lines, then serves until killed.
+//! With `MESH_ARCHIVE` (and `MESH_STORE_URL`) set, those are its `archive` and `store_url`.
 
 use std::io::Write;
 
@@ -25,6 +26,8 @@ async fn main() -> anyhow::Result<()> {
     cfg.max_new_tokens = tokens.parse().context("MAX_NEW_TOKENS")?;
     cfg.difficulty = difficulty.parse().context("DIFFICULTY")?;
     cfg.listen = ([127, 0, 0, 1], port.parse::<u16>().context("QUIC_PORT")?).into();
+    cfg.archive = std::env::var("MESH_ARCHIVE").ok();
+    cfg.store_url = std::env::var("MESH_STORE_URL").ok();
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
     {

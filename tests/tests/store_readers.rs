@@ -1,0 +1,214 @@
+//! Readers of closed windows go to the object store (issue 21): a
+//! coordinator process archives each closed window to its store (a local
+//! folder) and names the store's public URL; a real HTTP server serves that
+//! folder. A validator's client (`tributary_net::Client` with the
+//! `StoreSource`) asks the coordinator for a closed window's signed
+//! manifest, downloads the segments of the miners it reads and gets exactly
+//! the rollouts the coordinator serves; a tampered segment sends it back to
+//! the coordinator. Then the coordinator is killed mid-window (`kill -9`)
+//! and the client keeps reading the closed window's miners from the store.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use edge_miner::run::RunEvent;
+use edge_miner::uplink::UplinkConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tributary_net::store_read::StoreSource;
+use tributary_net::{Client, ClientConfig, Session};
+use tributary_protocol::env::PRACTICE_LEVEL;
+use tributary_protocol::rollout::{Rollout, RolloutLimits};
+use tributary_protocol::wire::{FetchRollouts, Frame, Role};
+use tributary_tests::{CoordinatorProcess, Miner, NetConfig, miner_config, seeded_key, within};
+
+/// A static HTTP/1.1 server over a folder: `GET /KEY` answers the file (200)
+/// or 404 and closes. Counts the body bytes it served.
+async fn serve(root: PathBuf) -> (SocketAddr, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicU64::new(0));
+    let s2 = served.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else { return };
+            let (root, served) = (root.clone(), s2.clone());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head);
+                let key = head.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_owned();
+                let body = if key.contains("..") { None } else { tokio::fs::read(root.join(&key)).await.ok() };
+                let reply = match body {
+                    Some(b) => {
+                        served.fetch_add(b.len() as u64, Ordering::SeqCst);
+                        let mut r =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", b.len())
+                                .into_bytes();
+                        r.extend_from_slice(&b);
+                        r
+                    }
+                    None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
+                };
+                let _ = conn.write_all(&reply).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    (addr, served)
+}
+
+fn client(quic: SocketAddr, fingerprint: &str, source: &StoreSource) -> Client {
+    let key = tributary_protocol::dev::key(Role::Validator);
+    let mut cfg = ClientConfig::new(quic, fingerprint, key, Role::Validator);
+    cfg.request.attempts = 2;
+    cfg.connect.attempts = 2;
+    let mut c = Client::new(cfg);
+    c.add_window_source(Box::new(source.clone()));
+    c
+}
+
+/// The segments of `window` in the store folder.
+fn segments(objects: &Path, window: u64) -> Vec<PathBuf> {
+    let dir = objects.join(format!("windows/{window:020}"));
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "bin")).collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_read_closed_windows_from_the_store_and_keep_reading_when_the_coordinator_dies() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let exe = Path::new(env!("CARGO_BIN_EXE_mesh-coordinator"));
+    let dir = tempfile::tempdir().expect("temporary folder");
+    let data = dir.path().join("coordinator");
+    let objects = data.join("objects");
+    let (http, served) = serve(objects.clone()).await;
+    let url = format!("http://{http}/");
+    let cfg = NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(3_000, 500, 2, 2) };
+    let coord = CoordinatorProcess::spawn_with_env(
+        exe,
+        &data,
+        &cfg,
+        0,
+        &[("MESH_ARCHIVE", "objects"), ("MESH_STORE_URL", url.as_str())],
+    );
+    let (quic, fingerprint) = (coord.quic, coord.fingerprint.clone());
+    let genesis_bytes = coordinator::node::dev_tiny_bytes().expect("tiny model");
+
+    // Two miners store rollouts in one window W.
+    let mut miners: Vec<Miner> = ["m0", "m1"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let key = seeded_key(i as u64, name);
+            let up = UplinkConfig::new(quic, fingerprint.clone());
+            Miner::spawn(miner_config(dir.path(), up, name, key, Some(&genesis_bytes)))
+        })
+        .collect();
+    let w = match miners[0].wait_for(120, |e| matches!(e, RunEvent::Submitted { stored, .. } if *stored > 0)).await {
+        RunEvent::Submitted { window, .. } => window,
+        _ => unreachable!(),
+    };
+    miners[1]
+        .wait_for(120, |e| matches!(e, RunEvent::Submitted { window, stored, .. } if *window >= w && *stored > 0))
+        .await;
+    // W closes and is archived (segments, then its manifest).
+    let w = w + 1;
+    let manifest = objects.join(format!("windows/{w:020}/manifest.json"));
+    within(120, async {
+        while !manifest.exists() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(!segments(&objects, w).is_empty(), "window {w} has no segments");
+
+    // The coordinator's own answer, miner by miner, for comparison.
+    let mut direct = within(
+        30,
+        Session::connect(quic, &fingerprint, &tributary_protocol::dev::key(Role::Validator), Role::Validator),
+    )
+    .await
+    .expect("validator connects");
+    let source = StoreSource::new();
+    let mut c = client(quic, &fingerprint, &source);
+    let index = within(30, c.window_index(w)).await.expect("window index");
+    assert!(index.len() >= 2, "both miners stored in window {w}: {index:?}");
+    let first = index[0].miner;
+    let mut want = Vec::new();
+    let mut after = None;
+    loop {
+        let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: Some(first), after, limit: 256 });
+        match direct.request(&req).await.expect("fetch") {
+            Frame::Rollouts(r) => {
+                want.extend(r.items.into_iter().map(|b| b.0));
+                match r.next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+            f => panic!("{f:?}"),
+        }
+    }
+    let got = within(30, c.miner_rollouts(w, &first)).await.expect("rollouts of the first miner");
+    assert_eq!(got, want, "the store's rollouts are the coordinator's");
+    let read = source.stats();
+    assert!(read.segments >= 1 && read.bytes > 0, "nothing came from the store: {read:?}");
+    assert!(served.load(Ordering::SeqCst) >= read.bytes);
+
+    // A tampered segment: a fresh reader refuses it and gets the
+    // coordinator's rollouts instead.
+    let seg = segments(&objects, w)[0].clone();
+    let original = std::fs::read(&seg).unwrap();
+    let mut bad = original.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x40;
+    std::fs::write(&seg, &bad).unwrap();
+    let fresh = StoreSource::new();
+    let mut c2 = client(quic, &fingerprint, &fresh);
+    let again = within(30, c2.miner_rollouts(w, &first)).await.expect("rollouts by the fallback");
+    assert_eq!(again, want, "the fallback gives the coordinator's rollouts");
+    assert_eq!(fresh.stats().segments, 0, "a tampered segment was accepted");
+    std::fs::write(&seg, &original).unwrap();
+
+    // Mid-window: kill the coordinator. The first client holds W's manifest
+    // and reads every other miner of W from the store.
+    assert!(source.holds(w));
+    coord.kill9();
+    let before = served.load(Ordering::SeqCst);
+    let mut total = got.len();
+    for m in &index[1..] {
+        let rs = within(60, c.miner_rollouts(w, &m.miner)).await.expect("rollouts with the coordinator down");
+        assert_eq!(rs.len() as u32, m.rollouts, "miner {}: every stored rollout", m.miner);
+        assert_eq!(rs.iter().map(|r| r.len() as u64).sum::<u64>(), m.bytes, "miner {}: the stored bytes", m.miner);
+        for r in &rs {
+            let r = Rollout::decode(r, &RolloutLimits::DEFAULT).expect("a rollout decodes");
+            assert_eq!(r.miner, m.miner.0);
+            r.verify_signature().expect("the miner's signature");
+            assert_eq!(r.window, w);
+        }
+        total += rs.len();
+    }
+    assert_eq!(total as u64, index.iter().map(|m| u64::from(m.rollouts)).sum::<u64>());
+    assert!(served.load(Ordering::SeqCst) >= before, "the store served the reads after the kill");
+    assert!(source.stats().segments >= 1);
+    for m in miners {
+        m.abort().await;
+    }
+}

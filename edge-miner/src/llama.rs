@@ -23,7 +23,13 @@
 //! llama.cpp's default F16 per cell; sharing the prompt and one rounding
 //! instead of G is what keeps the miner's peak memory near raw llama.cpp's
 //! (`docs/benchmarks.md` §4). The attention kernel skips the cells of other
-//! sequences (masked), so what it computes is unchanged.
+//! sequences (masked), so what it computes is unchanged. With layers
+//! offloaded to a GPU the cache stays one per sequence: there attention runs
+//! without flash attention, and a group's decode step would become one
+//! matmul of G query rows over every cell — above 8 rows, ggml-vulkan's
+//! tiled kernel, which rounds a non-contiguous F32 cache view to f16
+//! (`docs/gpu-backends.md` §1), where a cache per sequence keeps one row per
+//! matmul.
 //!
 //! Numerics: the computation is plain f32, like the validator's libtorch
 //! reference and the wgpu backend (measured: honest |Δ logprob| ≤ 3.5e-5,
@@ -262,10 +268,18 @@ impl LlamaCppBackend {
     }
 
     /// A context for `n_seq` sequences sharing a prompt of `prompt` tokens,
-    /// each followed by at most `new` more ([`kv_cells`]).
+    /// each followed by at most `new` more: on the CPU one unified cache of
+    /// [`kv_cells`], with layers offloaded one cache per sequence (module
+    /// docs).
     fn new_context(&self, n_seq: usize, prompt: usize, new: usize) -> Result<LlamaContext<'_>, BackendError> {
         let backend = llama_backend()?;
-        let n_ctx = kv_cells(n_seq, prompt, new)
+        let unified = !self.offloaded;
+        let cells = if unified {
+            kv_cells(n_seq, prompt, new)
+        } else {
+            prompt.checked_add(new).and_then(|p| p.checked_mul(n_seq))
+        };
+        let n_ctx = cells
             .and_then(|c| u32::try_from(c).ok())
             .and_then(NonZeroU32::new)
             .ok_or_else(|| BackendError::InvalidRequest(format!("context of {n_seq} × ({prompt} + {new}) tokens")))?;
@@ -276,7 +290,7 @@ impl LlamaCppBackend {
             .with_n_batch(n_batch)
             .with_n_ubatch(N_UBATCH)
             .with_n_seq_max(n_seq as u32)
-            .with_kv_unified(true)
+            .with_kv_unified(unified)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads)
             .with_embeddings(true)

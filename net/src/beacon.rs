@@ -12,8 +12,6 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tributary_protocol::beacon;
@@ -21,6 +19,7 @@ use tributary_protocol::identity::Keypair;
 use tributary_protocol::window::{Schedule, WindowId};
 use tributary_protocol::wire::{BeaconReveal, ErrorCode, Frame, Role};
 
+use crate::shutdown::CancellationToken;
 use crate::{Backoff, ConnectFailure, KeyPin, NetError, Session, now_ms};
 
 /// Where and as whom a [`Contributor`] connects.
@@ -43,14 +42,14 @@ pub struct ContributorConfig {
 /// The running contribution task; stopped when dropped.
 #[derive(Debug)]
 pub struct Contributor {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     handle: tokio::task::JoinHandle<()>,
 }
 
 impl Contributor {
     /// Starts the task (on the current tokio runtime).
     pub fn spawn(cfg: ContributorConfig) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let s = stop.clone();
         let handle = tokio::spawn(async move { run(cfg, s).await });
         Self { stop, handle }
@@ -59,7 +58,7 @@ impl Contributor {
 
 impl Drop for Contributor {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         self.handle.abort();
     }
 }
@@ -68,11 +67,11 @@ impl Drop for Contributor {
 /// may find its last commitment unrevealed).
 const REVEAL_BEHIND: u64 = 2;
 
-async fn run(cfg: ContributorConfig, stop: Arc<AtomicBool>) {
+async fn run(cfg: ContributorConfig, stop: CancellationToken) {
     let backoff = Backoff { min: Duration::from_millis(200), max: Duration::from_secs(10), attempts: u32::MAX };
     let mut committed: BTreeSet<WindowId> = BTreeSet::new();
     let mut revealed: BTreeSet<WindowId> = BTreeSet::new();
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.is_cancelled() {
         let session = Session::connect_with_backoff(
             cfg.coordinator,
             &cfg.fingerprint,
@@ -95,12 +94,12 @@ async fn run(cfg: ContributorConfig, stop: Arc<AtomicBool>) {
             }
         };
         let schedule = session.welcome.schedule;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_cancelled() {
             if let Err(e) = duties(&mut session, &cfg.key, &schedule, &mut committed, &mut revealed).await {
                 tracing::warn!(error = %e, "challenge contributions: connection lost, reconnecting");
                 break;
             }
-            tokio::time::sleep(cfg.poll).await;
+            let _ = stop.run_until_cancelled(tokio::time::sleep(cfg.poll)).await;
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod beacon;
 pub mod cli;
 pub mod client;
 pub mod logging;
+pub mod shutdown;
 pub mod store_read;
 pub use client::{Client, ClientConfig, ClientError, DownloadError, Page, Paged, WindowSource};
 pub use logging::{init_tracing, now_ms};

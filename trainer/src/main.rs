@@ -340,12 +340,7 @@ fn run(args: RunArgs) -> Result<()> {
         }
         println!("trainer={}", cfg.key.public());
         let mut s = Service::open_with(cfg, proof).await?;
-        let stop = tokio_util::sync::CancellationToken::new();
-        let on_ctrl_c = stop.clone();
-        tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            on_ctrl_c.cancel();
-        });
+        let stop = tributary_net::shutdown::on_ctrl_c();
         s.run(stop).await?;
         anyhow::Ok(())
     })

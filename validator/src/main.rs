@@ -232,12 +232,7 @@ fn run(args: RunArgs) -> Result<()> {
                 tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics=http://{bound}/metrics");
         }
-        let stop = tokio_util::sync::CancellationToken::new();
-        let on_ctrl_c = stop.clone();
-        tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            on_ctrl_c.cancel();
-        });
+        let stop = tributary_net::shutdown::on_ctrl_c();
         let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
         // One line per verified window on stdout, for scripts.
         let line = |r: &validator::service::WindowReport| {

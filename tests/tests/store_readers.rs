@@ -1,7 +1,8 @@
 //! Readers of closed windows go to the object store (issue 21): a
 //! coordinator process archives each closed window to its store (a local
 //! folder) and names the store's public URL; a real HTTP server serves that
-//! folder. A validator's client (`tributary_net::Client` with the
+//! folder. The validator service judges a closed window reading its
+//! rollouts from the store. A validator's client (`tributary_net::Client` with the
 //! `StoreSource`) asks the coordinator for a closed window's signed
 //! manifest, downloads the segments of the miners it reads and gets exactly
 //! the rollouts the coordinator serves; a tampered segment sends it back to
@@ -22,7 +23,7 @@ use tributary_net::{Client, ClientConfig, Session};
 use tributary_protocol::env::PRACTICE_LEVEL;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::wire::{FetchRollouts, Frame, Role};
-use tributary_tests::{CoordinatorProcess, Miner, NetConfig, miner_config, seeded_key, within};
+use tributary_tests::{CoordinatorProcess, Miner, NetConfig, ValidatorHandle, miner_config, seeded_key, within};
 
 /// A static HTTP/1.1 server over a folder: `GET /KEY` answers the file (200)
 /// or 404 and closes. Counts the body bytes it served.
@@ -138,6 +139,26 @@ async fn readers_read_closed_windows_from_the_store_and_keep_reading_when_the_co
     })
     .await;
     assert!(!segments(&objects, w).is_empty(), "window {w} has no segments");
+
+    // The validator service reads the archived window from the store: every
+    // segment of W comes over HTTP while it judges W (it fetches every miner).
+    let seg_bytes: u64 = segments(&objects, w).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
+    let before_validator = served.load(Ordering::SeqCst);
+    let mut vcfg = validator::service::ServiceConfig::new(
+        quic,
+        fingerprint.clone(),
+        tributary_protocol::dev::key(Role::Validator),
+        dir.path().join("validator"),
+    );
+    vcfg.sample = validator::service::SampleConfig::ALL;
+    vcfg.poll = Duration::from_millis(100);
+    vcfg.start_window = Some(w);
+    let mut validator = ValidatorHandle::spawn(vcfg);
+    let report = validator.until(120, |r| r.window == w).await;
+    assert!(report.fetched > 0, "the validator fetched nothing of window {w}");
+    let by_validator = served.load(Ordering::SeqCst) - before_validator;
+    assert!(by_validator >= seg_bytes, "the validator read {by_validator} bytes from the store, W has {seg_bytes}");
+    validator.kill().await;
 
     // The coordinator's own answer, miner by miner, for comparison.
     let mut direct = within(

@@ -225,6 +225,9 @@ impl Service {
     /// checkpoints to keep loaded).
     pub async fn open_with(cfg: ServiceConfig, proof: ProofConfig) -> Result<Self, ServiceError> {
         let mut client = Client::new(cfg.client_config());
+        // Closed windows from the object store when the coordinator hands
+        // out their manifests (issue 21), else from the coordinator.
+        client.add_window_source(Box::new(tributary_net::store_read::StoreSource::new()));
         let schedule = client.welcome().await?.schedule;
         let network = client.network().await?;
         std::fs::create_dir_all(&cfg.dir)?;

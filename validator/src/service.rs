@@ -278,6 +278,9 @@ impl Service {
     pub async fn open(cfg: ServiceConfig) -> Result<Self, ServiceError> {
         std::fs::create_dir_all(cfg.dir.join("models"))?;
         let mut client = Client::new(cfg.client_config());
+        // Closed windows from the object store when the coordinator hands
+        // out their manifests (issue 21), else from the coordinator.
+        client.add_window_source(Box::new(tributary_net::store_read::StoreSource::new()));
         let schedule = client.welcome().await?.schedule;
         let (next_window, posted) = match Progress::load(&cfg.dir)? {
             Some(p) if p.coordinator.eq_ignore_ascii_case(cfg.fingerprint.trim()) => (p.next_window, p.posted),

@@ -10,6 +10,16 @@
 //!
 //! `cargo run -p tributary-tests --bin archive-bench -- [K] [KEEP_WINDOWS] [MINERS] [WINDOW_MS]`
 //! (defaults 12 2 2 3000)
+//!
+//! Measured (2 shared cores, `archive-bench 12 2 2 3000`; tiny-model
+//! rollouts of 16 tokens, about 490 bytes each, 16 a window): after 16
+//! windows redb held the rollouts of windows 13-15 only (36 rollouts,
+//! 17,605 bytes: the two closed windows `keep_windows` keeps and the open
+//! one), the store every closed window archived so far, 0-12 (13 windows,
+//! 101,412 bytes of segments and 6,581 of manifests, 107,993 in all;
+//! 13 and 14 were archived within the next 5 s pass). The redb file stayed
+//! at 2,641,920 bytes (pages are reused, never returned). A segment is the
+//! rollouts' bytes plus about 34 bytes of framing.
 
 use std::path::Path;
 use std::time::Duration;

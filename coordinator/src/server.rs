@@ -660,8 +660,10 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
 }
 
 /// Records the coordinator's own hard verdict on `miner`'s `window` when a
-/// refusal is one only that miner can have caused ([`Core::door_penalty`]).
-fn penalise(sh: &Shared, now: u64, window: u64, miner: &PublicKey, reason: RejectReason) {
+/// refusal is one only that miner can have caused ([`Core::door_penalty`]),
+/// and logs it at warn with its figures (the checkpoint the rollout named,
+/// if it decoded, and the one its window uses) and the ban it starts.
+fn penalise(sh: &Shared, now: u64, window: u64, miner: &PublicKey, reason: RejectReason, named: Option<ContentId>) {
     let body = sh.core().door_penalty(now, window, miner, reason, sh.key.public());
     let Some(body) = body else { return };
     // Each penalty is a signature and an fsync'd write: fresh keys must not
@@ -681,9 +683,21 @@ fn penalise(sh: &Shared, now: u64, window: u64, miner: &PublicKey, reason: Rejec
     let v = wire::Verdict::sign(body, &sh.key, &sh.network());
     match sh.store.put_verdict(&v) {
         Ok(()) => {
-            sh.core().apply_verdict(&v.body);
+            let mut core = sh.core();
+            core.apply_verdict(&v.body);
+            let banned_through = core.miners().get(miner).and_then(|m| m.banned_through);
+            let window_checkpoint = core.checkpoint_for(window);
+            drop(core);
             metrics::counter!("tributary_door_penalties_total", "reason" => reason.as_str()).increment(1);
-            tracing::warn!(miner = %miner.short(), window, reason = reason.as_str(), "miner failed at the door");
+            tracing::warn!(
+                miner = %miner.short(),
+                window,
+                reason = reason.as_str(),
+                named_checkpoint = ?named.map(|c| c.to_string()),
+                %window_checkpoint,
+                ?banned_through,
+                "miner failed at the door"
+            );
         }
         Err(e) => tracing::error!(error = %e, "storing a door penalty"),
     }
@@ -1520,7 +1534,7 @@ async fn ingest(
                     core.count_rejection(Some(&peer), refusal.reason);
                     // Signed over the peer's own key yet not verifying: only the peer can have sent that.
                     if let Some((window, _)) = refusal.signer.filter(|(_, s)| *s == peer) {
-                        penalty = Some(window);
+                        penalty = Some((window, None));
                     }
                     refusal.reason
                 }
@@ -1531,7 +1545,7 @@ async fn ingest(
                         continue;
                     }
                     Err(reason) => {
-                        penalty = Some(candidate.window);
+                        penalty = Some((candidate.window, Some(candidate.checkpoint)));
                         if reason == RejectReason::RateLimited {
                             let (bytes, miners) = core.window_usage(candidate.window);
                             let cfg = core.config();
@@ -1568,10 +1582,10 @@ async fn ingest(
             count_reject(reason);
             sh.warn_refusal(reason.as_str(), || format!("rollout from {} refused: {}", peer.short(), reason.as_str()));
             outcomes[i] = Outcome::Refused(reason);
-            if let Some(window) = penalty {
+            if let Some((window, named)) = penalty {
                 // In force before the next rollout is admitted, as for a stream of single submissions.
                 drop(core);
-                penalise(sh, now, window, &peer, reason);
+                penalise(sh, now, window, &peer, reason, named);
                 core = sh.core();
             }
         }

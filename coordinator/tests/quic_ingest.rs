@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{other_checkpoint, rollout, within};
+use common::{Logs, other_checkpoint, rollout, within};
 use coordinator::net::{NetError, Session};
 use coordinator::node::{self, Config, Node};
 use tributary_protocol::checkpoint::ContentId;
@@ -38,6 +38,7 @@ fn refused(f: Frame) -> RejectReason {
 
 #[tokio::test]
 async fn stream_ack_and_refuse_bad_input() {
+    let logs = Logs::install();
     let dir = tempfile::tempdir().unwrap();
     let validator = Keypair::from_seed([200; 32]);
     let node = start(dir.path(), &validator).await;
@@ -108,7 +109,9 @@ async fn stream_ack_and_refuse_bad_input() {
 
     // A bad signature over the submitter's own key, and a stale checkpoint id,
     // are refused and penalised at the door: the miner is banned, so what it
-    // sends next is refused as banned. One fresh miner for each.
+    // sends next is refused as banned. One fresh miner for each. The
+    // coordinator, which decides the penalty, logs it at warn with the
+    // reason, its figures and the ban (issue 19 item 4).
     for (seed, reason) in [(6u8, RejectReason::BadSignature), (7, RejectReason::StaleCheckpoint)] {
         let k = Keypair::from_seed([seed; 32]);
         let mut p = within(Session::connect(node.quic, &node.fingerprint, &k, Role::Miner)).await.unwrap();
@@ -120,6 +123,12 @@ async fn stream_ack_and_refuse_bad_input() {
             r.sign(&k);
         }
         assert_eq!(refused(submit(&mut p, 1, r.encode()).await), reason);
+        let line = logs.line(&["WARN", "miner failed at the door", &k.public().short()]).expect("the penalty logged");
+        assert!(line.contains(reason.as_str()) && line.contains("banned_through=Some("), "{line}");
+        assert!(line.contains(&format!("window_checkpoint={}", info.checkpoint)), "{line}");
+        if reason == RejectReason::StaleCheckpoint {
+            assert!(line.contains(&other_checkpoint().to_string()), "the checkpoint the rollout named: {line}");
+        }
         let next = rollout(&info, &k, 2, 0, 64);
         assert_eq!(refused(submit(&mut p, 2, next.encode()).await), RejectReason::Banned);
         let core = node.shared.core();

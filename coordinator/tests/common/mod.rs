@@ -112,3 +112,47 @@ pub(crate) fn spawn(data: &std::path::Path) -> Proc {
     let _data = get("data=");
     Proc { child, quic, fingerprint }
 }
+
+/// Everything logged at warn and above in this test process, as text
+/// ([`Logs::install`]): what an operator reading the coordinator's log sees.
+#[derive(Clone, Default)]
+pub(crate) struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Installs the process's subscriber writing into the returned buffer.
+    pub(crate) fn install() -> Logs {
+        let logs = Logs::default();
+        tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .try_init()
+            .expect("the first subscriber of this test process");
+        logs
+    }
+
+    /// The first line holding every one of `parts`.
+    pub(crate) fn line(&self, parts: &[&str]) -> Option<String> {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+        text.lines().find(|l| parts.iter().all(|p| l.contains(p))).map(str::to_string)
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}

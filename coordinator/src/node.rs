@@ -84,19 +84,42 @@ fn open_archive(data_dir: &Path, url: &str) -> anyhow::Result<crate::archive::Ar
 }
 
 /// Archives closed windows ([`crate::archive::archive_closed_windows`]) now
-/// and every 5 seconds while the coordinator runs; from now on retention
-/// waits for the archive.
+/// and then as each window's submissions close (a pass at every close, so
+/// validators and the trainer, who read a window after its reveal, find it
+/// in the store), retrying every 5 seconds after a failure; from now on
+/// retention waits for the archive.
 fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
     shared.set_archiving();
     let weak = Arc::downgrade(shared);
     tokio::spawn(async move {
         loop {
             let Some(sh) = weak.upgrade() else { break };
-            if let Err(e) = crate::archive::archive_closed_windows(&sh, &archive, server::now_ms()).await {
-                tracing::error!(error = %e, store = archive.url(), "archiving a closed window failed (retried)");
-            }
+            let now = server::now_ms();
+            let ok = match crate::archive::archive_closed_windows(&sh, &archive, now).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::error!(error = %e, store = archive.url(), "archiving a closed window failed (retried)");
+                    false
+                }
+            };
+            let now = server::now_ms();
+            let next_close = {
+                let core = sh.core();
+                let current = core.current_window(now).unwrap_or(0);
+                [current.saturating_sub(1), current]
+                    .into_iter()
+                    .map(|w| core.schedule().closes_at(w))
+                    .filter(|&c| c > now)
+                    .min()
+            };
             drop(sh);
-            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            // Just past the next close (the pass waits for a commit in
+            // progress itself), and at least every 5 s.
+            let wait = match next_close {
+                Some(c) if ok => (c - now + 20).min(5_000),
+                _ => 5_000,
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         }
     });
 }

@@ -84,7 +84,7 @@ pub enum StoreReadError {
 
 /// How long an answer without a manifest (not archived yet) is believed
 /// before the coordinator is asked again.
-const NO_MANIFEST_FOR: Duration = Duration::from_secs(10);
+const NO_MANIFEST_FOR: Duration = Duration::from_secs(2);
 
 /// Windows whose manifests are held at once.
 const HELD_WINDOWS: usize = 4;

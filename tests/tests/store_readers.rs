@@ -129,20 +129,10 @@ async fn readers_read_closed_windows_from_the_store_and_keep_reading_when_the_co
     miners[1]
         .wait_for(120, |e| matches!(e, RunEvent::Submitted { window, stored, .. } if *window >= w && *stored > 0))
         .await;
-    // W closes and is archived (segments, then its manifest).
+    // W closes and is archived (segments, then its manifest) at its close:
+    // the validator service, judging W right after its reveal, reads every
+    // segment of W from the store (it fetches every miner).
     let w = w + 1;
-    let manifest = objects.join(format!("windows/{w:020}/manifest.json"));
-    within(120, async {
-        while !manifest.exists() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(!segments(&objects, w).is_empty(), "window {w} has no segments");
-
-    // The validator service reads the archived window from the store: every
-    // segment of W comes over HTTP while it judges W (it fetches every miner).
-    let seg_bytes: u64 = segments(&objects, w).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
     let before_validator = served.load(Ordering::SeqCst);
     let mut vcfg = validator::service::ServiceConfig::new(
         quic,
@@ -154,6 +144,16 @@ async fn readers_read_closed_windows_from_the_store_and_keep_reading_when_the_co
     vcfg.poll = Duration::from_millis(100);
     vcfg.start_window = Some(w);
     let mut validator = ValidatorHandle::spawn(vcfg);
+    let manifest = objects.join(format!("windows/{w:020}/manifest.json"));
+    within(120, async {
+        while !manifest.exists() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(!segments(&objects, w).is_empty(), "window {w} has no segments");
+
+    let seg_bytes: u64 = segments(&objects, w).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum();
     let report = validator.until(120, |r| r.window == w).await;
     assert!(report.fetched > 0, "the validator fetched nothing of window {w}");
     let by_validator = served.load(Ordering::SeqCst) - before_validator;

@@ -17,6 +17,20 @@ bash scripts/setup.sh
 # The wgpu miner backend is tested on Mesa's lavapipe (software Vulkan), so
 # the one build enables it.
 features=(--features edge-miner/wgpu)
+
+# The archive on a real S3 store (Garage; the test store_garage, feature
+# tributary-tests/garage = the coordinator's s3): where a garage binary is
+# installed (TRIBUTARY_GARAGE=1 scripts/setup.sh, which .ci/run asks for; or
+# GARAGE_BIN, or garage on PATH) the one build below includes the feature, so
+# the test runs in the same pass and nothing is compiled twice.
+garage_bin="${GARAGE_BIN:-$(command -v garage || echo "${TRIBUTARY_CACHE:-$HOME/.cache/tributary}/garage/bin/garage")}"
+if [ -x "$garage_bin" ]; then
+  export GARAGE_BIN="$garage_bin"
+  features+=(--features tributary-tests/garage)
+  stamp "garage: $GARAGE_BIN (store_garage runs with the other tests)"
+else
+  stamp "garage: none installed, store_garage NOT RUN (TRIBUTARY_GARAGE=1 scripts/setup.sh installs it)"
+fi
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 
 # GSM8K (MIT) is not downloadable here: the project's checkouts keep it in
@@ -62,15 +76,4 @@ stamp "tests"
 # and on 2 cores parallel tests would starve each other's clocks.
 cargo test --workspace --locked --no-fail-fast "${features[@]}" -- --test-threads=1
 
-# The archive on a real S3 store (Garage), built with the coordinator's s3
-# feature: only where a garage binary is installed (TRIBUTARY_GARAGE=1
-# scripts/setup.sh; or GARAGE_BIN, or garage on PATH).
-garage_bin="${GARAGE_BIN:-$(command -v garage || echo "${TRIBUTARY_CACHE:-$HOME/.cache/tributary}/garage/bin/garage")}"
-if [ -x "$garage_bin" ]; then
-  stamp "tests: store_garage (the archive on Garage, --features garage)"
-  GARAGE_BIN="$garage_bin" cargo test -p tributary-tests --locked "${features[@]}" --features garage \
-    --test store_garage -- --test-threads=1
-else
-  stamp "tests: store_garage NOT RUN: no garage binary (TRIBUTARY_GARAGE=1 scripts/setup.sh installs it)"
-fi
 stamp "done"

@@ -319,12 +319,9 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            let _ = stop_tx.send(true);
-        });
-        let s = mine::run(cfg, stop_rx, None).await?;
+        // SIGINT or SIGTERM: the group in progress is finished and submitted, then the miner exits 0.
+        let stop = tributary_net::shutdown::on_stop_signal();
+        let s = mine::run(cfg, stop, None).await?;
         eprintln!("{} windows, {} rollouts stored, {} refused", s.windows, s.stored, s.refused);
         Ok(())
     })

@@ -19,11 +19,11 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tributary_net::now_ms;
+use tributary_net::shutdown::CancellationToken;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::{EnvSpec, Environment, completion_reward, task_seed};
 use tributary_protocol::identity::Keypair;
@@ -200,7 +200,9 @@ enum GenOut {
 struct Job {
     info: WindowInfo,
     groups: Vec<u32>,
-    cancel: Arc<AtomicBool>,
+    /// Cancelled when the window closes, the miner stops or a submission
+    /// fails: the generator ends the job after the group in progress.
+    cancel: CancellationToken,
     out: mpsc::Sender<GenOut>,
 }
 
@@ -291,7 +293,7 @@ impl Generator {
             Err(e) => return GenOut::Failed(e.to_string()),
         };
         for &g in &job.groups {
-            if job.cancel.load(Ordering::Relaxed) {
+            if job.cancel.is_cancelled() {
                 break;
             }
             match self.ensure_model(job.info.checkpoint) {
@@ -395,10 +397,12 @@ impl Generator {
     }
 }
 
-/// Mines until `stop` turns true (or a fatal error).
+/// Mines until `stop` is cancelled (or a fatal error). A stop waits for the
+/// group being generated, submits it and returns; a wait between windows
+/// ends at once.
 pub async fn run(
     cfg: RunConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     events: Option<mpsc::UnboundedSender<RunEvent>>,
 ) -> Result<RunSummary, RunError> {
     let models = Models::open(&cfg.models_dir)?;
@@ -466,19 +470,19 @@ pub async fn run(
         }
     };
     let result = loop {
-        if *stop.borrow() {
+        if stop.is_cancelled() {
             break Ok(());
         }
         let info = match uplink.window().await {
             Ok(i) => i,
             Err(UplinkError::NoWindow) => {
-                idle(&mut stop, cfg.poll).await;
+                idle(&stop, cfg.poll).await;
                 continue;
             }
             Err(e) => break Err(e.into()),
         };
         if finished.contains(&info.window) || now_ms() >= info.closes_at_ms {
-            idle(&mut stop, cfg.poll).await;
+            idle(&stop, cfg.poll).await;
             continue;
         }
         let stored = match uplink.progress(info.window).await {
@@ -495,7 +499,8 @@ pub async fn run(
             continue;
         }
         let (out_tx, mut out_rx) = mpsc::channel(2);
-        let cancel = Arc::new(AtomicBool::new(false));
+        // A child of `stop`: cancelled with it, or alone at the window's close.
+        let cancel = stop.child_token();
         if job_tx.send(Job { info: info.clone(), groups, cancel: cancel.clone(), out: out_tx }).is_err() {
             break Err(RunError::Generate("generator thread ended".into()));
         }
@@ -506,8 +511,8 @@ pub async fn run(
         loop {
             let out = tokio::select! {
                 o = out_rx.recv() => o,
-                _ = tokio::time::sleep_until(deadline) => { cancel.store(true, Ordering::Relaxed); out_rx.recv().await }
-                _ = stop.changed() => { cancel.store(true, Ordering::Relaxed); out_rx.recv().await }
+                _ = tokio::time::sleep_until(deadline) => { cancel.cancel(); out_rx.recv().await }
+                _ = cancel.cancelled() => out_rx.recv().await,
             };
             match out {
                 Some(GenOut::Group(rs)) => {
@@ -528,7 +533,7 @@ pub async fn run(
                             });
                         }
                         Err(e) => {
-                            cancel.store(true, Ordering::Relaxed);
+                            cancel.cancel();
                             fatal.get_or_insert(RunError::from(e));
                         }
                     }
@@ -544,7 +549,7 @@ pub async fn run(
             break Err(e);
         }
         if need_model {
-            idle(&mut stop, cfg.poll).await;
+            idle(&stop, cfg.poll).await;
         }
     };
     drop(job_tx);
@@ -553,9 +558,9 @@ pub async fn run(
     result.map(|()| summary)
 }
 
-async fn idle(stop: &mut watch::Receiver<bool>, d: Duration) {
+async fn idle(stop: &CancellationToken, d: Duration) {
     tokio::select! {
         _ = tokio::time::sleep(d) => {}
-        _ = stop.changed() => {}
+        _ = stop.cancelled() => {}
     }
 }

@@ -412,13 +412,17 @@ fn load_warm(loader: &Loader, file: &Path) -> Result<LoadedBackend, BackendError
 pub const SYNC_RETRY_MIN: Duration = Duration::from_millis(250);
 
 /// The sync task: polls for the latest (or needed) checkpoint and stages it.
-/// Runs until `stop` turns true.
+/// Runs until `stop` is cancelled. (A token has no sender to drop: the
+/// `watch::Receiver` it replaced returned from `changed()` at once, forever,
+/// once its sender was gone, and this loop then asked for the checkpoint path
+/// thousands of times a second: 3,734 rounds in fault_miner_drop, which the
+/// coordinator's request budget refused.)
 pub async fn run_sync(
     mut uplink: Uplink,
     models: Arc<Models>,
     cfg: SyncConfig,
     events: Option<tokio::sync::mpsc::UnboundedSender<SyncEvent>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tributary_net::shutdown::CancellationToken,
 ) {
     let emit = |e: SyncEvent| {
         if let Some(tx) = &events {
@@ -427,7 +431,7 @@ pub async fn run_sync(
     };
     let mut backoff = Duration::ZERO;
     loop {
-        if *stop.borrow() {
+        if stop.is_cancelled() {
             return;
         }
         if let Err(e) = sync_once(&mut uplink, &models, &cfg, &emit).await {
@@ -440,7 +444,7 @@ pub async fn run_sync(
             tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "checkpoint sync failed; retrying");
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
-                _ = stopped(&mut stop) => {}
+                _ = stop.cancelled() => {}
             }
             continue;
         }
@@ -448,19 +452,8 @@ pub async fn run_sync(
         tokio::select! {
             _ = tokio::time::sleep(cfg.poll) => {}
             _ = models.wake.notified() => {}
-            _ = stopped(&mut stop) => {}
+            _ = stop.cancelled() => {}
         }
-    }
-}
-
-/// Resolves when `stop` changes. A dropped sender can never stop the task, so
-/// this then never resolves: `changed()` alone returns at once, forever, and
-/// the sync loop asked for the checkpoint path thousands of times a second
-/// (3,734 rounds in fault_miner_drop, which the coordinator's request budget
-/// then refused).
-async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
-    if stop.changed().await.is_err() {
-        std::future::pending::<()>().await;
     }
 }
 

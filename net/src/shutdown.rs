@@ -1,21 +1,75 @@
-//! One shutdown idiom for the client roles: a [`CancellationToken`] that a
-//! role's `run` watches (it stops at once while it waits, after the unit of
-//! work in progress otherwise); the binaries cancel it on ctrl-c
-//! ([`on_ctrl_c`]), and the owner of a background task cancels it when it
-//! drops the task ([`crate::beacon::Contributor`]).
+//! One shutdown idiom for every role: a [`CancellationToken`] that a role's
+//! `run` watches (it stops at once while it waits, after the unit of work in
+//! progress otherwise); the binaries cancel it on SIGINT (ctrl-c) or SIGTERM
+//! (what systemd and `docker stop` send) with [`on_stop_signal`], and the
+//! owner of a background task cancels it when it drops the task
+//! ([`crate::beacon::Contributor`]).
+//!
+//! A token, unlike the `watch::Receiver<bool>` it replaced in the miner, has
+//! no sender that can be dropped: `cancelled()` resolves only once someone
+//! called `cancel()` (there, a dropped sender made `changed()` return at once,
+//! forever, and a loop waiting on it spun).
 
 pub use tokio_util::sync::CancellationToken;
 
-/// A token cancelled on the first ctrl-c (SIGINT), by a listener spawned on
-/// the current tokio runtime. Where no handler can be installed the token
-/// is never cancelled (the process is stopped by other means).
-pub fn on_ctrl_c() -> CancellationToken {
+/// A token cancelled on the first SIGINT or SIGTERM (on unix; ctrl-c
+/// elsewhere). The handlers are installed before this returns, so a signal
+/// that arrives any time after the call stops the role in order instead of
+/// killing the process; the listener runs on the current tokio runtime (call
+/// it from within one). Where no handler can be installed the token is never
+/// cancelled (the process is stopped by other means) and a warning is logged.
+pub fn on_stop_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            cancel.cancel();
+    match StopSignals::install() {
+        Ok(mut s) => {
+            tokio::spawn(async move {
+                let name = s.recv().await;
+                tracing::info!(signal = name, "stopping");
+                cancel.cancel();
+            });
         }
-    });
+        Err(e) => tracing::warn!(error = %e, "no stop-signal handler; the process stops only when killed"),
+    }
     token
+}
+
+/// The stop signals' streams, registered with the OS.
+struct StopSignals {
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self { int: signal(SignalKind::interrupt())?, term: signal(SignalKind::terminate())? })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Self {})
+        }
+    }
+
+    /// The name of the first signal received.
+    async fn recv(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.int.recv() => "SIGINT",
+                _ = self.term.recv() => "SIGTERM",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            "ctrl-c"
+        }
+    }
 }

@@ -28,8 +28,9 @@ use edge_miner::run::{self, RunConfig, RunEvent, RunSummary, Tamper};
 use edge_miner::sync::Loader;
 use edge_miner::uplink::UplinkConfig;
 use tempfile::TempDir;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tributary_net::Session;
+use tributary_net::shutdown::CancellationToken;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId, content_id_of};
 use tributary_protocol::gguf::{self, GgmlType};
 use tributary_protocol::identity::{Keypair, PublicKey};
@@ -230,7 +231,7 @@ pub struct Miner {
     pub events: mpsc::UnboundedReceiver<RunEvent>,
     /// Rollouts acknowledged in the `Submitted` events read so far.
     pub acked: u64,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<RunSummary, run::RunError>>,
 }
 
@@ -238,9 +239,9 @@ impl Miner {
     /// Starts mining.
     pub fn spawn(cfg: RunConfig) -> Miner {
         let key = cfg.key.clone();
-        let (stop, rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let (tx, events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run::run(cfg, rx, Some(tx)));
+        let task = tokio::spawn(run::run(cfg, stop.clone(), Some(tx)));
         Miner { key, events, acked: 0, stop, task }
     }
 
@@ -276,7 +277,7 @@ impl Miner {
 
     /// Stops and returns the summary.
     pub async fn stop(self) -> RunSummary {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         within(60, self.task).await.expect("miner task panicked").expect("miner failed")
     }
 
@@ -791,6 +792,24 @@ impl CoordinatorProcess {
     pub fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// `kill -TERM` (what systemd sends to stop a service), then waits up to
+    /// `secs` seconds for the process to exit: its exit status. Panics if it
+    /// is still running by then.
+    pub async fn terminate(mut self, secs: u64) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        within(secs, async {
+            loop {
+                if let Some(status) = self.child.try_wait().expect("waiting for the coordinator") {
+                    return status;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
     }
 }
 

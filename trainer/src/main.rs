@@ -340,7 +340,7 @@ fn run(args: RunArgs) -> Result<()> {
         }
         println!("trainer={}", cfg.key.public());
         let mut s = Service::open_with(cfg, proof).await?;
-        let stop = tributary_net::shutdown::on_ctrl_c();
+        let stop = tributary_net::shutdown::on_stop_signal();
         s.run(stop).await?;
         anyhow::Ok(())
     })

@@ -232,7 +232,7 @@ fn run(args: RunArgs) -> Result<()> {
                 tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics=http://{bound}/metrics");
         }
-        let stop = tributary_net::shutdown::on_ctrl_c();
+        let stop = tributary_net::shutdown::on_stop_signal();
         let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
         // One line per verified window on stdout, for scripts.
         let line = |r: &validator::service::WindowReport| {

@@ -152,7 +152,7 @@ async fn run(n: usize, with_store: bool) -> Result<(u64, u64, Transfer, Transfer
     }
     let loader: Loader = Arc::new(|_| Ok(Box::new(Stub)));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tributary_net::shutdown::CancellationToken::new();
     let started = Instant::now();
     for i in 0..n {
         let models = Models::open(&dir.path().join(format!("m{i}")))?;
@@ -177,7 +177,7 @@ async fn run(n: usize, with_store: bool) -> Result<(u64, u64, Transfer, Transfer
                 }
             }
         });
-        tokio::spawn(run_sync(uplink, models, sync, Some(etx), stop_rx.clone()));
+        tokio::spawn(run_sync(uplink, models, sync, Some(etx), stop.clone()));
     }
     all_staged(&mut rx, n, genesis).await?;
     let join = Transfer { relay: relay.bytes_served(), store: http_served(), secs: started.elapsed().as_secs_f64() };
@@ -199,7 +199,7 @@ async fn run(n: usize, with_store: bool) -> Result<(u64, u64, Transfer, Transfer
         store: http_served() - http0,
         secs: started.elapsed().as_secs_f64(),
     };
-    let _ = stop_tx.send(true);
+    stop.cancel();
     Ok((genesis_bytes.len() as u64, d.len() as u64, join, update))
 }
 

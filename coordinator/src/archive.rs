@@ -34,11 +34,10 @@ use std::sync::Arc;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use tokio::io::AsyncReadExt;
-use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{
-    ManifestBody, ManifestSegment, NetworkId, SegmentObject, SignedManifest, WeightsDoc, store_key, store_segment_key,
+    ManifestBody, ManifestSegment, NetworkId, SegmentObject, SignedManifest, WeightsDoc, store_segment_key,
     store_weights_key,
 };
 
@@ -627,81 +626,6 @@ pub fn archived_upto(store: &crate::store::Store) -> Result<Option<WindowId>, cr
     Ok(store.meta(ARCHIVED_UPTO)?.and_then(|v| v.try_into().ok()).map(u64::from_le_bytes))
 }
 
-/// Archives every window whose submissions have closed and that is not
-/// archived yet, oldest first, then records how far it got; returns the
-/// windows archived. The first run starts `keep_windows` before the current
-/// window (older windows may already be pruned; 0 keeps all: window 0) and
-/// records that start. A failure stops the pass;
-/// the next one retries from the same window.
-pub async fn archive_closed_windows(
-    sh: &std::sync::Arc<crate::server::Shared>,
-    archive: &Archive,
-    now_ms: u64,
-) -> Result<Vec<WindowId>, ArchiveError> {
-    let (current, keep) = (sh.core().current_window(now_ms), sh.limits().keep_windows);
-    let Some(current) = current else { return Ok(Vec::new()) };
-    let store_err =
-        |e: crate::store::StoreError| ArchiveError::Malformed { window: current, what: format!("store: {e}") };
-    let mut next = match archived_upto(&sh.store).map_err(store_err)? {
-        Some(upto) => upto,
-        None => {
-            // Where archiving starts, recorded at once so that later passes
-            // go on from it whatever the clock says then.
-            let start = if keep == 0 { 0 } else { current.saturating_sub(keep) };
-            sh.store.put_meta(ARCHIVED_UPTO, &start.to_le_bytes()).map_err(store_err)?;
-            start
-        }
-    };
-    let mut done = Vec::new();
-    while next < current && sh.core().closed(next, now_ms) {
-        let window = next;
-        let sh2 = sh.clone();
-        let rollouts = tokio::task::spawn_blocking(move || {
-            // A commit that began before the close may still add to the
-            // window: wait for it, as a fetch does.
-            drop(sh2.hold_commits());
-            // Miner by miner (key order), each miner's in digest order.
-            let mut all = Vec::new();
-            let mut after_miner = None;
-            loop {
-                let (miners, next) = sh2.store.window_index(window, after_miner.as_ref(), 256 << 10, |_| true)?;
-                for w in miners {
-                    let mut after = None;
-                    loop {
-                        let (items, more) = sh2.store.rollouts(window, Some(&w.miner), after, 256)?;
-                        all.extend(items.into_iter().map(|r| (w.miner, r)));
-                        match more {
-                            Some(d) => after = Some(d),
-                            None => break,
-                        }
-                    }
-                }
-                match next {
-                    Some(m) if Some(m) != after_miner => after_miner = Some(m),
-                    _ => break,
-                }
-            }
-            Ok::<_, crate::store::StoreError>(all)
-        })
-        .await
-        .map_err(|e| ArchiveError::Malformed { window, what: format!("reader task: {e}") })?
-        .map_err(|e| ArchiveError::Malformed { window, what: format!("store: {e}") })?;
-        let m = archive.put_window(window, rollouts).await?;
-        sh.store.put_meta(ARCHIVED_UPTO, &(window + 1).to_le_bytes()).map_err(store_err)?;
-        tracing::info!(
-            window,
-            rollouts = m.rollouts,
-            segments = m.segments.len(),
-            store = archive.url(),
-            "window archived"
-        );
-        metrics::counter!("tributary_windows_archived_total").increment(1);
-        done.push(window);
-        next = window + 1;
-    }
-    Ok(done)
-}
-
 /// The store's meta key holding the first window whose weights document is
 /// not stored yet (8 bytes LE).
 pub const WEIGHTS_STORED_UPTO: &str = "weights_stored_upto";
@@ -709,81 +633,6 @@ pub const WEIGHTS_STORED_UPTO: &str = "weights_stored_upto";
 /// Weights documents written to the store per pass at most (older ones on a
 /// first pass stay in redb only).
 pub const WEIGHTS_PER_PASS: usize = 64;
-
-/// Writes every relayed checkpoint the store does not hold yet (its full
-/// file, then its delta, each content-addressed) and marks it stored in the
-/// relay, so that relay retention may delete the local copy and paths to it
-/// carry the store's URL; then the signed weights documents not written yet.
-/// Returns the checkpoints newly marked stored. A failure stops the pass; the
-/// next one retries (what was written is found by its key and skipped).
-pub async fn store_checkpoints(
-    sh: &std::sync::Arc<crate::server::Shared>,
-    archive: &Archive,
-) -> Result<Vec<ContentId>, ArchiveError> {
-    let relay = &sh.relay;
-    let mut done = Vec::new();
-    for e in relay.entries() {
-        if relay.is_stored(&e.id) {
-            continue;
-        }
-        let mut files = vec![(store_key(&e.id, None, &e.full_hash), relay.full_path(&e.id), e.full_len, e.full_hash)];
-        files.extend(e.delta.map(|(base, len, hash)| {
-            (store_key(&e.id, Some(&base), &hash), relay.delta_path(&base, &e.id), len, hash)
-        }));
-        let mut wrote = 0u64;
-        for (key, file, len, hash) in files {
-            match archive.put_file(&key, &file, len, &hash).await {
-                Ok(true) => wrote += len,
-                Ok(false) => {}
-                // Deleted by retention meanwhile (it was stored before a restart): nothing to do.
-                Err(ArchiveError::Io { .. }) if relay.entry(&e.id).is_none() => break,
-                Err(err) => return Err(err),
-            }
-        }
-        if relay.entry(&e.id).is_none() {
-            continue;
-        }
-        relay.mark_stored(e.id);
-        if wrote > 0 {
-            tracing::info!(id = %e.id, bytes = wrote, store = archive.url(), "checkpoint stored");
-            metrics::counter!("tributary_checkpoints_stored_total").increment(1);
-        }
-        done.push(e.id);
-    }
-    store_weights(sh, archive).await?;
-    Ok(done)
-}
-
-/// Writes the signed weights documents not in the store yet (at most
-/// [`WEIGHTS_PER_PASS`], the newest), then records how far it got.
-async fn store_weights(sh: &std::sync::Arc<crate::server::Shared>, archive: &Archive) -> Result<(), ArchiveError> {
-    let store_err = |e: crate::store::StoreError| ArchiveError::Malformed { window: 0, what: format!("store: {e}") };
-    let sh2 = sh.clone();
-    let docs = tokio::task::spawn_blocking(move || {
-        let next = sh2.store.meta(WEIGHTS_STORED_UPTO)?.and_then(|v| v.try_into().ok()).map(u64::from_le_bytes);
-        let Some(latest) = sh2.store.weights_docs(WindowId::MAX, 1)?.pop().map(|d| d.body.window) else {
-            return Ok(Vec::new());
-        };
-        let from = next.unwrap_or(0);
-        if latest < from {
-            return Ok(Vec::new());
-        }
-        let n = usize::try_from(latest - from + 1).unwrap_or(usize::MAX).min(WEIGHTS_PER_PASS);
-        let mut docs = sh2.store.weights_docs(WindowId::MAX, n)?;
-        docs.retain(|d| d.body.window >= from);
-        docs.reverse();
-        Ok::<_, crate::store::StoreError>(docs)
-    })
-    .await
-    .map_err(|e| ArchiveError::Malformed { window: 0, what: format!("reader task: {e}") })?
-    .map_err(store_err)?;
-    for d in docs {
-        archive.put_weights(&d).await?;
-        sh.store.put_meta(WEIGHTS_STORED_UPTO, &(d.body.window + 1).to_le_bytes()).map_err(store_err)?;
-        tracing::debug!(interval = d.body.window, store = archive.url(), "weights document stored");
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {

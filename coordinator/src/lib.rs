@@ -21,4 +21,5 @@ pub mod sim;
 pub mod store;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;
+pub mod upkeep;
 pub mod weights;

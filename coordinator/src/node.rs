@@ -83,7 +83,7 @@ fn open_archive(data_dir: &Path, url: &str) -> anyhow::Result<crate::archive::Ar
     Ok(archive)
 }
 
-/// Archives closed windows ([`crate::archive::archive_closed_windows`]) now
+/// Archives closed windows ([`crate::upkeep::archive_closed_windows`]) now
 /// and then as each window's submissions close (a pass at every close, so
 /// validators and the trainer, who read a window after its reveal, find it
 /// in the store), retrying every 5 seconds after a failure; from now on
@@ -95,7 +95,7 @@ fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
         loop {
             let Some(sh) = weak.upgrade() else { break };
             let now = server::now_ms();
-            let ok = match crate::archive::archive_closed_windows(&sh, &archive, now).await {
+            let ok = match crate::upkeep::archive_closed_windows(&sh, &archive, now).await {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::error!(error = %e, store = archive.url(), "archiving a closed window failed (retried)");
@@ -125,7 +125,7 @@ fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
 }
 
 /// Writes checkpoints, deltas and weights documents to the object store
-/// ([`crate::archive::store_checkpoints`]) at once, on every new checkpoint
+/// ([`crate::upkeep::store_checkpoints`]) at once, on every new checkpoint
 /// and every 5 seconds while the coordinator runs; from now on relay
 /// retention deletes only what the store holds, and paths the store holds
 /// carry `url`.
@@ -135,7 +135,7 @@ fn spawn_checkpoint_store(shared: &Arc<Shared>, archive: crate::archive::Archive
     tokio::spawn(async move {
         loop {
             let Some(sh) = weak.upgrade() else { break };
-            if let Err(e) = crate::archive::store_checkpoints(&sh, &archive).await {
+            if let Err(e) = crate::upkeep::store_checkpoints(&sh, &archive).await {
                 tracing::error!(error = %e, store = archive.url(), "storing checkpoints failed (retried)");
             }
             let relay = sh.relay.clone();
@@ -148,7 +148,7 @@ fn spawn_checkpoint_store(shared: &Arc<Shared>, archive: crate::archive::Archive
     });
 }
 
-/// Applies the checkpoint retention ([`crate::relay::apply_retention`])
+/// Applies the checkpoint retention ([`crate::upkeep::apply_retention`])
 /// now and every 30 seconds while the coordinator runs.
 fn spawn_checkpoint_retention(shared: &Arc<Shared>, keep: u64) {
     if keep == 0 {
@@ -158,7 +158,7 @@ fn spawn_checkpoint_retention(shared: &Arc<Shared>, keep: u64) {
     tokio::spawn(async move {
         loop {
             let Some(sh) = weak.upgrade() else { break };
-            let pass = tokio::task::spawn_blocking(move || crate::relay::apply_retention(&sh, keep, server::now_ms()));
+            let pass = tokio::task::spawn_blocking(move || crate::upkeep::apply_retention(&sh, keep, server::now_ms()));
             if let Ok(Err(e)) = pass.await {
                 tracing::error!(error = %e, "checkpoint retention failed");
             }

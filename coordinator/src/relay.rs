@@ -130,7 +130,7 @@ pub enum Payload {
 }
 
 /// What the object store holds of the relay's checkpoints, when one is
-/// configured ([`crate::archive::store_checkpoints`] writes them).
+/// configured ([`crate::upkeep::store_checkpoints`] writes them).
 #[derive(Debug, Default)]
 struct StoreView {
     /// The public base URL miners download from, if one is configured.
@@ -556,58 +556,6 @@ impl Relay {
     pub fn peers(&self) -> HashMap<PublicKey, PeerCheckpoint> {
         lock(&self.peers).clone()
     }
-}
-
-/// Retention failures.
-#[derive(Debug, thiserror::Error)]
-pub enum RetentionError {
-    /// The store refused the deletion.
-    #[error("{0}")]
-    Store(#[from] crate::store::StoreError),
-    /// A payload file could not be deleted.
-    #[error("{0}")]
-    Relay(#[from] RelayError),
-}
-
-/// Deletes the checkpoints past the retention: every entry but the `keep`
-/// most recent publications (0 keeps all), the genesis checkpoint (every
-/// start reads it) and the checkpoints of the window open at `now_ms`, of
-/// the one before (validators verify it now), and of any later window
-/// already announced. Their relay records go first, durably, then their
-/// files (a crash between leaves files that the next start deletes,
-/// [`Relay::remove_orphans`]). The window → checkpoint announcements stay:
-/// they are small and keep every window's checkpoint id exact. Each kept
-/// checkpoint keeps its full file and its own delta, so nothing older is
-/// needed to serve it, and a miner holding the base of the oldest kept
-/// delta still gets a delta chain. Returns the ids deleted.
-///
-/// Blocking (writes the store, deletes files).
-pub fn apply_retention(
-    shared: &crate::server::Shared,
-    keep: u64,
-    now_ms: u64,
-) -> Result<Vec<ContentId>, RetentionError> {
-    if keep == 0 {
-        return Ok(vec![]);
-    }
-    let in_use: HashSet<ContentId> = {
-        let core = shared.core();
-        let mut ids = HashSet::from([core.config().genesis_checkpoint]);
-        if let Some(w) = core.current_window(now_ms) {
-            ids.extend((w.saturating_sub(1)..=w.saturating_add(1)).map(|w| core.checkpoint_for(w)));
-        }
-        ids
-    };
-    let after = shared.core().current_window(now_ms).unwrap_or(0);
-    let doomed = shared.relay.past_retention(usize::try_from(keep).unwrap_or(usize::MAX), &in_use, after);
-    if doomed.is_empty() {
-        return Ok(doomed);
-    }
-    shared.store.delete_relay_entries(&doomed)?;
-    let freed = shared.relay.remove(&doomed)?;
-    metrics::counter!("tributary_checkpoints_deleted_total").increment(doomed.len() as u64);
-    tracing::info!(checkpoints = doomed.len(), mib = freed >> 20, "old checkpoints deleted (retention)");
-    Ok(doomed)
 }
 
 /// Path of a checkpoint's full file in the relay folder `dir`.

@@ -256,7 +256,7 @@ impl Shared {
     }
 
     /// From now on retention deletes only windows already archived
-    /// ([`crate::archive::archive_closed_windows`] runs).
+    /// ([`crate::upkeep::archive_closed_windows`] runs).
     pub fn set_archiving(&self) {
         self.archiving.store(true, std::sync::atomic::Ordering::Relaxed);
     }
@@ -1725,7 +1725,7 @@ fn standing_page(sh: &Arc<Shared>, g: &wire::GetStanding) -> Frame {
 fn weights_part(sh: &Arc<Shared>, g: &wire::GetWeights) -> Frame {
     let doc = match g.window {
         Some(w) => sh.store.weights_doc(w),
-        None => crate::weights::latest(sh),
+        None => sh.store.latest_weights_doc(),
     };
     let doc = match doc {
         Ok(Some(d)) => d,

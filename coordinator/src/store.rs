@@ -989,6 +989,11 @@ impl Store {
             .transpose()
     }
 
+    /// The latest weights document (of the newest interval signed), if any.
+    pub fn latest_weights_doc(&self) -> Result<Option<WeightsDoc>, StoreError> {
+        Ok(self.weights_docs(WindowId::MAX, 1)?.pop())
+    }
+
     /// Up to `limit` weights documents of intervals ≤ `upto`, newest first.
     pub fn weights_docs(&self, upto: WindowId, limit: usize) -> Result<Vec<WeightsDoc>, StoreError> {
         let tx = self.db.begin_read()?;

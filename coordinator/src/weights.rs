@@ -105,5 +105,5 @@ pub fn spawn_signer(shared: &Arc<Shared>) -> tokio::task::JoinHandle<()> {
 
 /// The latest stored document.
 pub fn latest(shared: &Shared) -> Result<Option<WeightsDoc>, StoreError> {
-    Ok(shared.store.weights_docs(WindowId::MAX, 1)?.pop())
+    shared.store.latest_weights_doc()
 }

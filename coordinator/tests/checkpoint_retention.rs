@@ -8,8 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use coordinator::node::{self, Config, Node};
-use coordinator::relay::{self, Entry, Payload};
+use coordinator::relay::{Entry, Payload};
 use coordinator::testing::{publication_id as id, store_publication};
+use coordinator::upkeep;
 use tributary_protocol::checkpoint::ContentId;
 
 const GENESIS: ContentId = ContentId([1; 32]);
@@ -61,10 +62,10 @@ fn old_checkpoints_are_deleted_and_what_a_window_uses_is_kept() {
     assert_eq!(sh.core().current_window(now), Some(9));
 
     // 0 keeps everything.
-    assert!(relay::apply_retention(&sh, 0, now).unwrap().is_empty());
+    assert!(upkeep::apply_retention(&sh, 0, now).unwrap().is_empty());
     assert_eq!(sh.relay.entries().len(), 9);
 
-    let gone = relay::apply_retention(&sh, 1, now).unwrap();
+    let gone = upkeep::apply_retention(&sh, 1, now).unwrap();
     let mut gone_sorted = gone.clone();
     gone_sorted.sort();
     assert_eq!(gone_sorted, (1..=6).map(id).collect::<Vec<_>>());
@@ -92,7 +93,7 @@ fn old_checkpoints_are_deleted_and_what_a_window_uses_is_kept() {
     assert_eq!(p.steps.iter().map(|s| (s.id, s.base)).collect::<Vec<_>>(), vec![(id(9), None)]);
     assert!(sh.relay.read(Payload::Full(id(3)), 0).is_err());
     // Nothing more to delete.
-    assert!(relay::apply_retention(&sh, 1, now).unwrap().is_empty());
+    assert!(upkeep::apply_retention(&sh, 1, now).unwrap().is_empty());
 
     // A crash between the records' deletion and the files': a file left behind.
     let orphan = sh.relay.full_path(&id(5));

@@ -9,11 +9,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coordinator::archive::{self, Archive, ArchiveError};
+use coordinator::archive::{Archive, ArchiveError};
 use coordinator::node::{self, Config, ConfigError, Node};
 use coordinator::relay::{self, Entry};
 use coordinator::server::Shared;
 use coordinator::testing::{publication_id as id, store_publication};
+use coordinator::upkeep;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::wire::{WeightsDoc, store_key, store_weights_key};
 
@@ -104,7 +105,7 @@ async fn checkpoints_deltas_and_weights_documents_reach_the_store() {
     // Idempotent: a second pass writes nothing, and a writer that does not
     // know what is stored (a restarted coordinator) finds each object by its
     // key and size and leaves it.
-    assert!(archive::store_checkpoints(&sh, &a).await.unwrap().is_empty());
+    assert!(upkeep::store_checkpoints(&sh, &a).await.unwrap().is_empty());
     let key = store_key(&id(3), None, &entries[2].full_hash);
     let mtime = || std::fs::metadata(objects(dir.path()).join(&key)).unwrap().modified().unwrap();
     let before = mtime();
@@ -151,7 +152,7 @@ async fn relay_retention_deletes_only_what_the_store_holds() {
     }
     let now = sh.core().schedule().opens_at(6) + 1_000;
     let sh2 = sh.clone();
-    let retention = move || relay::apply_retention(&sh2, 1, now).unwrap();
+    let retention = move || upkeep::apply_retention(&sh2, 1, now).unwrap();
     // Give the store task time to try (and fail) on every entry.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!sh.relay.is_stored(&id(1)));
@@ -238,7 +239,7 @@ fn a_restarted_coordinator_finds_what_the_store_holds_and_rewrites_nothing() {
     assert_eq!((p.steps.len(), p.store_url), (2, None));
     let now = sh.core().schedule().opens_at(5) + 1_000;
     // 1 (a full file, found) may go; 2, whose delta the store does not show, stays.
-    assert_eq!(relay::apply_retention(&sh, 1, now).unwrap(), vec![id(1)]);
+    assert_eq!(upkeep::apply_retention(&sh, 1, now).unwrap(), vec![id(1)]);
     assert!(sh.relay.full_path(&id(2)).is_file());
 
     // Reachable again: found by key and size, not rewritten.

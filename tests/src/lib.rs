@@ -13,6 +13,7 @@
 //! relies on fails.
 
 pub mod garage;
+pub mod http;
 
 use std::future::Future;
 use std::io::{BufRead, BufReader};

@@ -7,83 +7,17 @@
 //! tampered bytes, or is gone, the miner fetches from the QUIC relay and
 //! still runs exactly the trainer's checkpoint.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use coordinator::node::{self, Config};
 use edge_miner::run::RunEvent;
 use edge_miner::sync::SyncEvent;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::delta;
 use tributary_protocol::wire::Frame;
+use tributary_tests::http::StaticServer;
 use tributary_tests::{Miner, Net, NetConfig, id_of, perturbed, publish, trainer_session, within};
-
-/// A static HTTP/1.1 server over a folder: `GET /KEY` answers the file's
-/// bytes (200) or 404, then closes the connection. Counts the body bytes it
-/// served; with `tamper` on, flips one byte of every body.
-struct StoreServer {
-    addr: SocketAddr,
-    served: Arc<AtomicU64>,
-    tamper: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl StoreServer {
-    async fn start(root: PathBuf) -> StoreServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (served, tamper) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-        let (s2, t2) = (served.clone(), tamper.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((conn, _)) = listener.accept().await else { return };
-                tokio::spawn(answer(conn, root.clone(), s2.clone(), t2.clone()));
-            }
-        });
-        StoreServer { addr, served, tamper, task }
-    }
-
-    fn served(&self) -> u64 {
-        self.served.load(Ordering::SeqCst)
-    }
-}
-
-async fn answer(mut conn: tokio::net::TcpStream, root: PathBuf, served: Arc<AtomicU64>, tamper: Arc<AtomicBool>) {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
-        match conn.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    let head = String::from_utf8_lossy(&head);
-    let key = head.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_owned();
-    let file = (!key.contains("..")).then(|| root.join(&key));
-    let body = match file {
-        Some(f) => tokio::fs::read(&f).await.ok(),
-        None => None,
-    };
-    let reply = match body {
-        Some(mut b) => {
-            if tamper.load(Ordering::SeqCst) && !b.is_empty() {
-                let mid = b.len() / 2;
-                b[mid] ^= 0x40;
-            }
-            served.fetch_add(b.len() as u64, Ordering::SeqCst);
-            let mut r =
-                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", b.len()).into_bytes();
-            r.extend_from_slice(&b);
-            r
-        }
-        None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
-    };
-    let _ = conn.write_all(&reply).await;
-    let _ = conn.shutdown().await;
-}
 
 /// A `--dev` network whose coordinator stores checkpoints in `objects/`
 /// under its data folder and names `url` as the store's public URL.
@@ -123,7 +57,7 @@ fn slot_holding(models: &Path, id: ContentId) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_miner_follows_checkpoints_from_the_store_and_falls_back_to_the_relay() {
     let dir = tempfile::tempdir().unwrap();
-    let server = StoreServer::start(dir.path().join("coordinator/objects")).await;
+    let server = StaticServer::start(dir.path().join("coordinator/objects")).await.unwrap();
     let net = network(dir, &format!("http://{}/", server.addr)).await;
     let relay = net.node.shared.relay.clone();
     within(30, async {
@@ -151,7 +85,7 @@ async fn a_miner_follows_checkpoints_from_the_store_and_falls_back_to_the_relay(
     for (k, case) in ["store", "tampered", "gone"].into_iter().enumerate() {
         match case {
             "tampered" => server.tamper.store(true, Ordering::SeqCst),
-            "gone" => server.task.abort(),
+            "gone" => server.stop(),
             _ => {}
         }
         let next = perturbed(&prev, k as u32 + 1, 300);

@@ -11,61 +11,18 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use edge_miner::run::RunEvent;
 use edge_miner::uplink::UplinkConfig;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tributary_net::store_read::StoreSource;
 use tributary_net::{Client, ClientConfig, Session};
 use tributary_protocol::env::PRACTICE_LEVEL;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
 use tributary_protocol::wire::{FetchRollouts, Frame, Role};
+use tributary_tests::http::StaticServer;
 use tributary_tests::{CoordinatorProcess, Miner, NetConfig, ValidatorHandle, miner_config, seeded_key, within};
-
-/// A static HTTP/1.1 server over a folder: `GET /KEY` answers the file (200)
-/// or 404 and closes. Counts the body bytes it served.
-async fn serve(root: PathBuf) -> (SocketAddr, Arc<AtomicU64>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let served = Arc::new(AtomicU64::new(0));
-    let s2 = served.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else { return };
-            let (root, served) = (root.clone(), s2.clone());
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&head);
-                let key = head.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_owned();
-                let body = if key.contains("..") { None } else { tokio::fs::read(root.join(&key)).await.ok() };
-                let reply = match body {
-                    Some(b) => {
-                        served.fetch_add(b.len() as u64, Ordering::SeqCst);
-                        let mut r =
-                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", b.len())
-                                .into_bytes();
-                        r.extend_from_slice(&b);
-                        r
-                    }
-                    None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
-                };
-                let _ = conn.write_all(&reply).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    (addr, served)
-}
 
 fn client(quic: SocketAddr, fingerprint: &str, source: &StoreSource) -> Client {
     let key = tributary_protocol::dev::key(Role::Validator);
@@ -99,7 +56,8 @@ async fn readers_read_closed_windows_from_the_store_and_keep_reading_when_the_co
     let dir = tempfile::tempdir().expect("temporary folder");
     let data = dir.path().join("coordinator");
     let objects = data.join("objects");
-    let (http, served) = serve(objects.clone()).await;
+    let http_server = StaticServer::start(objects.clone()).await.unwrap();
+    let (http, served) = (http_server.addr, http_server.counter());
     let url = format!("http://{http}/");
     let cfg = NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(3_000, 500, 2, 2) };
     let coord = CoordinatorProcess::spawn_with_env(

@@ -16,10 +16,8 @@
 //!
 //! `cargo run --release -p tributary-tests --features edge-miner/wgpu --bin store-bench -- [N...]` (default 1 10 50)
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -27,12 +25,12 @@ use coordinator::node::{self, Config};
 use edge_miner::backend::{Backend, BackendError, GeneratedSeq, GroupRequest};
 use edge_miner::sync::{Loader, Models, SyncConfig, SyncEvent, run_sync};
 use edge_miner::uplink::{Uplink, UplinkConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tributary_net::Session;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::delta;
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::wire::{Frame, Role};
+use tributary_tests::http::StaticServer;
 use tributary_tests::{id_of, perturbed, publish, within};
 
 /// BF16 elements the published update changes (the delta's size).
@@ -52,46 +50,6 @@ impl Backend for Stub {
     fn vocab_size(&self) -> usize {
         256
     }
-}
-
-/// A static HTTP/1.1 server over a folder (`GET /KEY`: the file or 404), counting body bytes.
-async fn serve(root: PathBuf) -> Result<(SocketAddr, Arc<AtomicU64>)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let served = Arc::new(AtomicU64::new(0));
-    let s2 = served.clone();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let (root, served) = (root.clone(), s2.clone());
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
-                    match conn.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&head);
-                let key = head.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_owned();
-                let body = if key.contains("..") { None } else { tokio::fs::read(root.join(&key)).await.ok() };
-                let reply = match body {
-                    Some(b) => {
-                        served.fetch_add(b.len() as u64, Ordering::Relaxed);
-                        let mut r =
-                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", b.len())
-                                .into_bytes();
-                        r.extend_from_slice(&b);
-                        r
-                    }
-                    None => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
-                };
-                let _ = conn.write_all(&reply).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    Ok((addr, served))
 }
 
 /// One measured transfer: relay payload bytes, store bytes, time to all staged.
@@ -130,7 +88,8 @@ async fn run(n: usize, with_store: bool) -> Result<(u64, u64, Transfer, Transfer
     cfg.max_connections_per_address = (n as u32 + 8).max(64);
     cfg.connections_per_sec = (n as u32 * 4).max(20);
     let http = if with_store {
-        let (addr, served) = serve(data.join("objects")).await?;
+        let server = StaticServer::start(data.join("objects")).await?;
+        let (addr, served) = (server.addr, server.counter());
         cfg.archive = Some("objects".into());
         cfg.store_url = Some(format!("http://{addr}"));
         Some(served)

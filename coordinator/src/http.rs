@@ -38,8 +38,14 @@ struct AppState {
     history: Arc<crate::dashboard::History>,
 }
 
-/// Binds the HTTP listener and serves it in the background; returns the bound address.
-pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<SocketAddr> {
+/// Binds the HTTP listener and serves it in the background until `stop` is
+/// cancelled (then it takes no new request, and its task ends once those in
+/// flight are answered); returns the bound address and the task.
+pub async fn start(
+    listen: SocketAddr,
+    shared: Arc<Shared>,
+    stop: tributary_net::shutdown::CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let state = AppState { shared, prom: prometheus(), history: Arc::default() };
     let app = axum::Router::new()
         .route("/", get(status))
@@ -55,12 +61,12 @@ pub async fn start(listen: SocketAddr, shared: Arc<Shared>) -> std::io::Result<S
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
             tracing::error!(error = %e, "http listener failed");
         }
     });
-    Ok(addr)
+    Ok((addr, task))
 }
 
 async fn metrics_page(State(s): State<AppState>) -> String {

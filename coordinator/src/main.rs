@@ -103,6 +103,9 @@ async fn main() -> anyhow::Result<()> {
     if !dev {
         node::refuse_dev_keys(&cfg)?;
     }
+    // Installed before anything is served: a SIGTERM (systemd's stop) or
+    // ctrl-c from here on drains the node in order (`Node::shutdown`) and exits 0.
+    let stop = tributary_net::shutdown::on_stop_signal();
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
     // Live `coordinator ban`/`unban` (docs/runbook.md); without it they need the coordinator stopped.
@@ -130,7 +133,10 @@ async fn main() -> anyhow::Result<()> {
         out.flush()?;
     }
     tracing::info!(quic = %n.quic, http = %n.http, "coordinator running");
-    tokio::signal::ctrl_c().await?;
-    n.server.endpoint.close(0u32.into(), b"shutdown");
+    stop.cancelled().await;
+    // No live ban/unban while draining.
+    #[cfg(unix)]
+    drop(_admin);
+    n.shutdown().await;
     Ok(())
 }

@@ -5,8 +5,11 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
+use tokio::task::JoinHandle;
+use tributary_net::shutdown::CancellationToken;
 use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::{Keypair, PublicKey};
@@ -40,6 +43,60 @@ pub struct Node {
     pub server: Server,
     /// Shared state.
     pub shared: Arc<Shared>,
+    /// Cancelled by [`Node::shutdown`]: the HTTP listener stops.
+    stop: CancellationToken,
+    /// The HTTP listener's task.
+    http_task: JoinHandle<()>,
+    /// The background tasks (weights signer, retention, object store).
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The most [`Node::shutdown`] waits at each of its three steps: the
+/// submissions already received committed, the QUIC endpoint idle, the HTTP
+/// requests in flight answered (15 s in all at worst, inside the 30 s
+/// `TimeoutStopSec` of installers/systemd/tributary-coordinator.service).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Node {
+    /// Stops in order (`coordinator run` on SIGINT or SIGTERM): new
+    /// connections are refused; every submission already handed to the
+    /// group-commit writer is committed and its answer queued on its
+    /// still-open connection; then every connection is closed (reason
+    /// `shutdown`: a client reconnects to the next coordinator and re-sends
+    /// what it had no answer for) and the endpoint waited on until idle, so
+    /// the peers learn of the close; then the HTTP listener stops (requests in
+    /// flight answered) and the background tasks (weights signer, retention,
+    /// object store) are aborted at their next await: a pass cut short is
+    /// retried from where its records stand at the next start, and one on a
+    /// blocking thread finishes before the runtime exits. Each wait is bounded
+    /// by [`DRAIN_TIMEOUT`] and logged at warn when it runs out. An
+    /// acknowledged rollout was durable before its acknowledgement, so none is
+    /// lost whichever wait runs out.
+    pub async fn shutdown(self) {
+        let Node { server, shared, stop, http_task, tasks, .. } = self;
+        server.endpoint.set_server_config(None);
+        if tokio::time::timeout(DRAIN_TIMEOUT, shared.flush_commits()).await.is_err() {
+            tracing::warn!(
+                timeout_s = DRAIN_TIMEOUT.as_secs(),
+                "shutdown: the commit in progress did not finish in time"
+            );
+        }
+        server.endpoint.close(0u32.into(), b"shutdown");
+        if tokio::time::timeout(DRAIN_TIMEOUT, server.endpoint.wait_idle()).await.is_err() {
+            tracing::warn!(timeout_s = DRAIN_TIMEOUT.as_secs(), "shutdown: connections still closing; exiting anyway");
+        }
+        stop.cancel();
+        if tokio::time::timeout(DRAIN_TIMEOUT, http_task).await.is_err() {
+            tracing::warn!(
+                timeout_s = DRAIN_TIMEOUT.as_secs(),
+                "shutdown: HTTP requests still in flight; exiting anyway"
+            );
+        }
+        for t in tasks {
+            t.abort();
+        }
+        tracing::info!("coordinator stopped");
+    }
 }
 
 fn keys(list: &[String]) -> anyhow::Result<HashSet<PublicKey>> {
@@ -88,7 +145,7 @@ fn open_archive(data_dir: &Path, url: &str) -> anyhow::Result<crate::archive::Ar
 /// validators and the trainer, who read a window after its reveal, find it
 /// in the store), retrying every 5 seconds after a failure; from now on
 /// retention waits for the archive.
-fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
+fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) -> JoinHandle<()> {
     shared.set_archiving();
     let weak = Arc::downgrade(shared);
     tokio::spawn(async move {
@@ -121,7 +178,7 @@ fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
             };
             tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
         }
-    });
+    })
 }
 
 /// Writes checkpoints, deltas and weights documents to the object store
@@ -129,7 +186,11 @@ fn spawn_archiver(shared: &Arc<Shared>, archive: crate::archive::Archive) {
 /// and every 5 seconds while the coordinator runs; from now on relay
 /// retention deletes only what the store holds, and paths the store holds
 /// carry `url`.
-fn spawn_checkpoint_store(shared: &Arc<Shared>, archive: crate::archive::Archive, url: Option<String>) {
+fn spawn_checkpoint_store(
+    shared: &Arc<Shared>,
+    archive: crate::archive::Archive,
+    url: Option<String>,
+) -> JoinHandle<()> {
     shared.relay.use_store(url);
     let weak = Arc::downgrade(shared);
     tokio::spawn(async move {
@@ -145,17 +206,17 @@ fn spawn_checkpoint_store(shared: &Arc<Shared>, archive: crate::archive::Archive
                 _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
             }
         }
-    });
+    })
 }
 
 /// Applies the checkpoint retention ([`crate::upkeep::apply_retention`])
 /// now and every 30 seconds while the coordinator runs.
-fn spawn_checkpoint_retention(shared: &Arc<Shared>, keep: u64) {
+fn spawn_checkpoint_retention(shared: &Arc<Shared>, keep: u64) -> Option<JoinHandle<()>> {
     if keep == 0 {
-        return;
+        return None;
     }
     let weak = Arc::downgrade(shared);
-    tokio::spawn(async move {
+    Some(tokio::spawn(async move {
         loop {
             let Some(sh) = weak.upgrade() else { break };
             let pass = tokio::task::spawn_blocking(move || crate::upkeep::apply_retention(&sh, keep, server::now_ms()));
@@ -164,7 +225,7 @@ fn spawn_checkpoint_retention(shared: &Arc<Shared>, keep: u64) {
             }
             tokio::time::sleep(std::time::Duration::from_secs(30)).await;
         }
-    });
+    }))
 }
 
 pub use crate::store::GENESIS_ANNOUNCEMENT;
@@ -354,18 +415,20 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     let shared = server::shared(core, store, key, limits, relay)?;
     crate::admin::apply_overrides(&cfg.data_dir, &mut shared.core())?;
     let archive = cfg.archive.as_deref().map(|url| open_archive(&cfg.data_dir, url)).transpose()?;
+    let mut tasks = Vec::new();
     if let Some(archive) = &archive {
         // Before retention's first pass: nothing leaves the relay before it is stored.
-        spawn_checkpoint_store(&shared, archive.clone(), cfg.store_url.clone());
+        tasks.push(spawn_checkpoint_store(&shared, archive.clone(), cfg.store_url.clone()));
         shared.set_readers(crate::archive::Readers::new(archive.clone(), cfg.store_url.clone()));
     }
     let fingerprint = crate::net::fingerprint(&cert);
     let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;
-    let http = crate::http::start(cfg.http, shared.clone()).await?;
-    crate::weights::spawn_signer(&shared);
-    spawn_checkpoint_retention(&shared, cfg.keep_checkpoints);
+    let stop = CancellationToken::new();
+    let (http, http_task) = crate::http::start(cfg.http, shared.clone(), stop.clone()).await?;
+    tasks.push(crate::weights::spawn_signer(&shared));
+    tasks.extend(spawn_checkpoint_retention(&shared, cfg.keep_checkpoints));
     if let Some(archive) = archive {
-        spawn_archiver(&shared, archive);
+        tasks.push(spawn_archiver(&shared, archive));
     }
-    Ok(Node { quic: server.addr, http, fingerprint, server, shared })
+    Ok(Node { quic: server.addr, http, fingerprint, server, shared, stop, http_task, tasks })
 }

@@ -248,6 +248,16 @@ impl Shared {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Resolves once every submission handed to the group-commit writer
+    /// before the call is committed (or refused) and answered: an empty job
+    /// queued behind them ([`Node::shutdown`](crate::node::Node::shutdown)).
+    pub async fn flush_commits(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.writer.send(WriteJob { rollouts: Vec::new(), done }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
     /// Holds the commit of rollouts: while the guard lives no rollout becomes
     /// durable (the writer waits), and fetches of closed windows wait too.
     /// For tests and maintenance.

@@ -397,9 +397,15 @@ impl Generator {
     }
 }
 
+/// How long a stopping miner still tries to submit the group it finished
+/// (the coordinator answers in milliseconds when it is up; while it is down
+/// the uplink would retry for minutes).
+pub const STOP_SUBMIT_GRACE: Duration = Duration::from_secs(10);
+
 /// Mines until `stop` is cancelled (or a fatal error). A stop waits for the
-/// group being generated, submits it and returns; a wait between windows
-/// ends at once.
+/// group being generated, submits it (within [`STOP_SUBMIT_GRACE`]) and
+/// returns; a wait, or a request for the window or its progress (also one
+/// waiting to reconnect), ends at once.
 pub async fn run(
     cfg: RunConfig,
     stop: CancellationToken,
@@ -473,21 +479,25 @@ pub async fn run(
         if stop.is_cancelled() {
             break Ok(());
         }
-        let info = match uplink.window().await {
-            Ok(i) => i,
-            Err(UplinkError::NoWindow) => {
+        // Asking is no work in progress: a stop ends it, also while the
+        // uplink waits to reconnect to a coordinator that is down.
+        let info = match until_stopped(&stop, uplink.window()).await {
+            None => break Ok(()),
+            Some(Ok(i)) => i,
+            Some(Err(UplinkError::NoWindow)) => {
                 idle(&stop, cfg.poll).await;
                 continue;
             }
-            Err(e) => break Err(e.into()),
+            Some(Err(e)) => break Err(e.into()),
         };
         if finished.contains(&info.window) || now_ms() >= info.closes_at_ms {
             idle(&stop, cfg.poll).await;
             continue;
         }
-        let stored = match uplink.progress(info.window).await {
-            Ok(s) => s,
-            Err(e) => break Err(e.into()),
+        let stored = match until_stopped(&stop, uplink.progress(info.window)).await {
+            None => break Ok(()),
+            Some(Ok(s)) => s,
+            Some(Err(e)) => break Err(e.into()),
         };
         let groups: Vec<u32> = (0..cfg.max_groups.map_or(info.groups_per_miner, |m| m.min(info.groups_per_miner)))
             .filter(|g| (0..info.group_size).any(|i| !stored.contains(&(*g, i))))
@@ -508,6 +518,9 @@ pub async fn run(
         let deadline = tokio::time::Instant::now() + closes;
         let mut fatal = None;
         let mut need_model = false;
+        // Set once a stopping miner gave up on a submission: the groups
+        // still queued are not tried.
+        let mut abandon = false;
         loop {
             let out = tokio::select! {
                 o = out_rx.recv() => o,
@@ -517,8 +530,29 @@ pub async fn run(
             match out {
                 Some(GenOut::Group(rs)) => {
                     let checkpoint = rs.first().map(|r| r.checkpoint).unwrap_or(info.checkpoint);
-                    match uplink.submit(&rs).await {
-                        Ok(rep) => {
+                    // The group in progress is submitted after a stop, given
+                    // STOP_SUBMIT_GRACE when the coordinator does not answer.
+                    let submitted = if abandon {
+                        None
+                    } else {
+                        tokio::select! {
+                            r = uplink.submit(&rs) => Some(r),
+                            _ = async {
+                                stop.cancelled().await;
+                                tokio::time::sleep(STOP_SUBMIT_GRACE).await;
+                            } => None,
+                        }
+                    };
+                    match submitted {
+                        None => {
+                            abandon = true;
+                            tracing::warn!(
+                                window = info.window,
+                                rollouts = rs.len(),
+                                "stopping: the coordinator did not answer; group abandoned"
+                            );
+                        }
+                        Some(Ok(rep)) => {
                             summary.stored += rep.stored.len() as u64;
                             summary.refused += rep.refused.len() as u64;
                             if !rep.refused.is_empty() {
@@ -532,7 +566,7 @@ pub async fn run(
                                 refused,
                             });
                         }
-                        Err(e) => {
+                        Some(Err(e)) => {
                             cancel.cancel();
                             fatal.get_or_insert(RunError::from(e));
                         }
@@ -556,6 +590,14 @@ pub async fn run(
     sync_task.abort();
     let _ = tokio::task::spawn_blocking(move || gen_thread.join()).await;
     result.map(|()| summary)
+}
+
+/// `fut`'s output, or `None` once `stop` is cancelled first.
+async fn until_stopped<T>(stop: &CancellationToken, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        r = fut => Some(r),
+        _ = stop.cancelled() => None,
+    }
 }
 
 async fn idle(stop: &CancellationToken, d: Duration) {

@@ -1,7 +1,9 @@
 //! A `--dev` coordinator with a test network's settings, as a process the
 //! fault tests can `kill -9`:
 //! `mesh-coordinator DATA WINDOW_MS GRACE_MS GROUPS GROUP_SIZE ROLLOUTS_PER_SEC MAX_NEW_TOKENS DIFFICULTY QUIC_PORT`.
-//! Prints `quic=`, `http=`, `fingerprint=`, `checkpoint=` lines, then serves until killed.
+//! Prints `quic=`, `http=`, `fingerprint=`, `checkpoint=` lines, then serves
+//! until killed, or until SIGINT/SIGTERM, which drain it as `coordinator run`
+//! does (`Node::shutdown`; exit 0).
 //! With `MESH_ARCHIVE` (and `MESH_STORE_URL`) set, those are its `archive` and `store_url`.
 
 use std::io::Write;
@@ -28,6 +30,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.listen = ([127, 0, 0, 1], port.parse::<u16>().context("QUIC_PORT")?).into();
     cfg.archive = std::env::var("MESH_ARCHIVE").ok();
     cfg.store_url = std::env::var("MESH_STORE_URL").ok();
+    let stop = tributary_net::shutdown::on_stop_signal();
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
     {
@@ -38,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
         writeln!(out, "checkpoint={genesis}")?;
         out.flush()?;
     }
-    std::future::pending::<()>().await;
+    stop.cancelled().await;
+    n.shutdown().await;
     Ok(())
 }

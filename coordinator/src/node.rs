@@ -51,9 +51,9 @@ pub struct Node {
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// The most [`Node::shutdown`] waits at each of its three steps: the
+/// The most [`Node::shutdown`] waits at each of its four steps: the
 /// submissions already received committed, the QUIC endpoint idle, the HTTP
-/// requests in flight answered (15 s in all at worst, inside the 30 s
+/// requests in flight answered, the database closed (20 s in all at worst, inside the 30 s
 /// `TimeoutStopSec` of installers/systemd/tributary-coordinator.service).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -71,7 +71,9 @@ impl Node {
     /// blocking thread finishes before the runtime exits. Each wait is bounded
     /// by [`DRAIN_TIMEOUT`] and logged at warn when it runs out. An
     /// acknowledged rollout was durable before its acknowledgement, so none is
-    /// lost whichever wait runs out.
+    /// lost whichever wait runs out. Last, the database is closed once the
+    /// writer thread lets it go (bounded too), so the next start needs no
+    /// redb repair.
     pub async fn shutdown(self) {
         let Node { server, shared, stop, http_task, tasks, .. } = self;
         server.endpoint.set_server_config(None);
@@ -92,9 +94,27 @@ impl Node {
                 "shutdown: HTTP requests still in flight; exiting anyway"
             );
         }
-        for t in tasks {
+        for t in &tasks {
             t.abort();
         }
+        for t in tasks {
+            let _ = t.await;
+        }
+        // The database closed, not left for redb to repair at the next open:
+        // once the last holder of the shared state is gone, the group-commit
+        // writer ends and drops its store, and ours is the last.
+        let store = shared.store.clone();
+        drop(shared);
+        drop(server);
+        let last = async {
+            while Arc::strong_count(&store) > 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        if tokio::time::timeout(DRAIN_TIMEOUT, last).await.is_err() {
+            tracing::warn!("shutdown: the database is still in use; redb repairs it at the next start");
+        }
+        drop(store);
         tracing::info!("coordinator stopped");
     }
 }

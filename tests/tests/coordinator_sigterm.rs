@@ -34,6 +34,15 @@ async fn sigterm_drains_the_coordinator_and_exits_0() {
     let status = first.terminate(20).await;
     eprintln!("SIGTERM to exit: {:?}", t.elapsed());
     assert!(status.success(), "SIGTERM: the coordinator ended with {status} (not an orderly exit 0)");
+    // The database was closed, not left for redb to repair at the next open.
+    let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = repaired.clone();
+    let db = redb::Builder::new()
+        .set_repair_callback(move |_| flag.store(true, std::sync::atomic::Ordering::Relaxed))
+        .create(data.join("coordinator.redb"))
+        .expect("opening the database");
+    drop(db);
+    assert!(!repaired.load(std::sync::atomic::Ordering::Relaxed), "the database needed a repair after SIGTERM");
     // Every acknowledgement the miner got came before the exit.
     miner.drain();
     let acked = miner.acked;

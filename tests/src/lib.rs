@@ -37,8 +37,30 @@ use tributary_protocol::gguf::{self, GgmlType};
 use tributary_protocol::identity::{Keypair, PublicKey};
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{
-    Blob, CheckpointBody, CheckpointChunk, CheckpointKind, Frame, MAX_CHUNK_LEN, PublishCheckpoint, RejectReason, Role,
+    Blob, CheckpointBody, CheckpointChunk, CheckpointKind, FetchRollouts, Frame, MAX_CHUNK_LEN, PublishCheckpoint,
+    RejectReason, Role,
 };
+
+/// Every rollout of `miner` in closed window `w`, read straight from the
+/// coordinator over `session`, page after page (what a store reader's
+/// answer is compared with).
+pub async fn coordinator_rollouts(session: &mut Session, w: WindowId, miner: PublicKey) -> Vec<Vec<u8>> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: Some(miner), after, limit: 256 });
+        match session.request(&req).await.expect("fetch rollouts") {
+            Frame::Rollouts(r) => {
+                all.extend(r.items.into_iter().map(|b| b.0));
+                match r.next {
+                    Some(n) => after = Some(n),
+                    None => return all,
+                }
+            }
+            f => panic!("unexpected answer to FetchRollouts: {f:?}"),
+        }
+    }
+}
 
 /// Every await in these tests is bounded: panics after `secs` seconds.
 pub async fn within<T>(secs: u64, f: impl Future<Output = T>) -> T {

@@ -20,10 +20,11 @@ use tributary_net::store_read::StoreSource;
 use tributary_net::{Client, ClientConfig, Session};
 use tributary_protocol::env::PRACTICE_LEVEL;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
-use tributary_protocol::wire::{FetchRollouts, Frame, GetWindowManifest, Role};
+use tributary_protocol::wire::{Frame, GetWindowManifest, Role};
 use tributary_tests::garage::Garage;
 use tributary_tests::{
-    CoordinatorProcess, Miner, NetConfig, TrainerHandle, miner_config, seeded_key, trainer_config, within,
+    CoordinatorProcess, Miner, NetConfig, TrainerHandle, coordinator_rollouts, miner_config, seeded_key,
+    trainer_config, within,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,21 +92,7 @@ async fn a_window_cycle_with_the_archive_on_garage() {
     let index = within(30, c.window_index(w)).await.expect("window index");
     assert!(!index.is_empty());
     let first = index[0].miner;
-    let mut want = Vec::new();
-    let mut after = None;
-    loop {
-        let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: Some(first), after, limit: 256 });
-        match direct.request(&req).await.expect("fetch") {
-            Frame::Rollouts(r) => {
-                want.extend(r.items.into_iter().map(|b| b.0));
-                match r.next {
-                    Some(n) => after = Some(n),
-                    None => break,
-                }
-            }
-            f => panic!("{f:?}"),
-        }
-    }
+    let want = coordinator_rollouts(&mut direct, w, first).await;
     let got = within(60, c.miner_rollouts(w, &first)).await.expect("rollouts from Garage");
     assert_eq!(got, want, "Garage's rollouts are the coordinator's");
     assert!(source.stats().segments >= 1, "nothing came from Garage: {:?}", source.stats());

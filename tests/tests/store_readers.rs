@@ -20,9 +20,11 @@ use tributary_net::store_read::StoreSource;
 use tributary_net::{Client, ClientConfig, Session};
 use tributary_protocol::env::PRACTICE_LEVEL;
 use tributary_protocol::rollout::{Rollout, RolloutLimits};
-use tributary_protocol::wire::{FetchRollouts, Frame, Role};
+use tributary_protocol::wire::Role;
 use tributary_tests::http::StaticServer;
-use tributary_tests::{CoordinatorProcess, Miner, NetConfig, ValidatorHandle, miner_config, seeded_key, within};
+use tributary_tests::{
+    CoordinatorProcess, Miner, NetConfig, ValidatorHandle, coordinator_rollouts, miner_config, seeded_key, within,
+};
 
 fn client(quic: SocketAddr, fingerprint: &str, source: &StoreSource) -> Client {
     let key = tributary_protocol::dev::key(Role::Validator);
@@ -130,21 +132,7 @@ async fn readers_read_closed_windows_from_the_store_and_keep_reading_when_the_co
     let index = within(30, c.window_index(w)).await.expect("window index");
     assert!(index.len() >= 2, "both miners stored in window {w}: {index:?}");
     let first = index[0].miner;
-    let mut want = Vec::new();
-    let mut after = None;
-    loop {
-        let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: Some(first), after, limit: 256 });
-        match direct.request(&req).await.expect("fetch") {
-            Frame::Rollouts(r) => {
-                want.extend(r.items.into_iter().map(|b| b.0));
-                match r.next {
-                    Some(n) => after = Some(n),
-                    None => break,
-                }
-            }
-            f => panic!("{f:?}"),
-        }
-    }
+    let want = coordinator_rollouts(&mut direct, w, first).await;
     let got = within(30, c.miner_rollouts(w, &first)).await.expect("rollouts of the first miner");
     assert_eq!(got, want, "the store's rollouts are the coordinator's");
     let read = source.stats();

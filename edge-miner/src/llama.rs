@@ -117,6 +117,38 @@ pub fn with_exact_numerics(params: LlamaContextParams, offloaded: bool) -> Llama
         .with_op_offload(offloaded)
 }
 
+/// The ggml-vulkan switches that keep every matmul input f32 when layers are
+/// offloaded (docs/gpu-backends.md §1): the `_fp32` shader variants, no
+/// matrix cores, and (with the vendored change 3, vendor/README.md) the
+/// prefill attention's K/V views staged as F32. ggml reads them once, when it
+/// initialises a device.
+pub const EXACT_VULKAN_ENV: [&str; 3] = ["GGML_VK_DISABLE_F16", "GGML_VK_DISABLE_COOPMAT", "GGML_VK_DISABLE_COOPMAT2"];
+
+/// Sets [`EXACT_VULKAN_ENV`] in a miner built with Vulkan (nothing in other
+/// builds) and returns the variables it set, so the miner's offloaded forward
+/// is the calibrated one whatever its operator's environment says. With no
+/// layer offloaded the switches change nothing: op offload is off
+/// ([`with_exact_numerics`]).
+///
+/// # Safety
+/// Writes the process environment: call it before any other thread starts
+/// (first thing in `main`).
+pub unsafe fn pin_exact_gpu_kernels() -> Vec<&'static str> {
+    if !cfg!(feature = "vulkan") {
+        return Vec::new();
+    }
+    let mut set = Vec::new();
+    for var in EXACT_VULKAN_ENV {
+        if std::env::var_os(var).is_none() {
+            // SAFETY: the caller guarantees no other thread reads or writes
+            // the environment.
+            unsafe { std::env::set_var(var, "1") };
+            set.push(var);
+        }
+    }
+    set
+}
+
 /// KV cells a group needs in the miner's unified cache: `n_seq` sequences
 /// sharing a `prompt`-token prefix, each adding at most `new` tokens
 /// (llama.cpp rounds the context up to a multiple of 256). `None` on

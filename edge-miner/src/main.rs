@@ -394,7 +394,12 @@ fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // SAFETY: first thing in main, before any thread exists.
+    let pinned = unsafe { edge_miner::llama::pin_exact_gpu_kernels() };
     tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
+    if !pinned.is_empty() {
+        tracing::info!(?pinned, "Vulkan build: f32 matmul inputs pinned for offloaded layers");
+    }
     match Cli::parse().command {
         Command::Init { data } => {
             let k = init(&data)?;

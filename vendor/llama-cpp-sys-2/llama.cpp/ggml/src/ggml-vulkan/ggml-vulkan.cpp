@@ -6315,8 +6315,14 @@ static void ggml_vk_mul_mat_q_f16(ggml_backend_vk_context * ctx, vk_context& sub
     // Reformat and convert to fp16 if non-contiguous, or for coopmat2 for better perf
     const bool x_non_contig = (ctx->device->coopmat2 && src0->type == GGML_TYPE_F32) ||
                               !ggml_vk_dim01_contiguous(src0);
+    // tributary: with f16 off (GGML_VK_DISABLE_F16) an F32 x F32 matmul stages
+    // its non-contiguous operands (the prefill attention's views of an F32 KV
+    // cache, the permuted Q) as F32 for the f32 kernels, where upstream rounds
+    // them to F16 in every setting (vendor/README.md, change 3).
+    const bool f32_staging = !ctx->device->fp16 && !ctx->device->coopmat2 &&
+                             src0->type == GGML_TYPE_F32 && src1->type == GGML_TYPE_F32;
     // If src0 is BF16, try to use a BF16 x BF16 multiply
-    ggml_type f16_type = src0->type == GGML_TYPE_BF16 ? GGML_TYPE_BF16 : GGML_TYPE_F16;
+    ggml_type f16_type = src0->type == GGML_TYPE_BF16 ? GGML_TYPE_BF16 : (f32_staging ? GGML_TYPE_F32 : GGML_TYPE_F16);
 
     // Prefer the int8 MMQ path (quantize src1 to q8_1) whenever a matching pipeline exists.
     // The pipeline lookup returns nullptr for types without a q8_1 pipeline (e.g. RDNA4-skipped
@@ -6378,8 +6384,8 @@ static void ggml_vk_mul_mat_q_f16(ggml_backend_vk_context * ctx, vk_context& sub
 
     const uint64_t qx_sz = ggml_type_size(src0->type) * x_ne / ggml_blck_size(src0->type);
     const uint64_t qy_sz = ggml_type_size(src1->type) * y_ne / ggml_blck_size(src1->type);
-    const uint64_t x_sz = !qx_needs_dequant ? qx_sz : sizeof(ggml_fp16_t) * x_ne;
-    const uint64_t y_sz = quantize_y ? (ggml_vk_align_size(y_ne, 128) * ggml_type_size(GGML_TYPE_Q8_1) / ggml_blck_size(GGML_TYPE_Q8_1)) : (y_f32_kernel ? sizeof(float) * y_ne : sizeof(ggml_fp16_t) * y_ne);
+    const uint64_t x_sz = !qx_needs_dequant ? qx_sz : (f32_staging ? sizeof(float) : sizeof(ggml_fp16_t)) * x_ne;  // tributary
+    const uint64_t y_sz = quantize_y ? (ggml_vk_align_size(y_ne, 128) * ggml_type_size(GGML_TYPE_Q8_1) / ggml_blck_size(GGML_TYPE_Q8_1)) : ((y_f32_kernel || f32_staging) ? sizeof(float) * y_ne : sizeof(ggml_fp16_t) * y_ne);  // tributary
     const uint64_t d_sz = sizeof(float) * d_ne;
 
     vk_pipeline to_fp16_vk_0 = nullptr;

@@ -143,8 +143,8 @@ fi
 
 # 3. The settings: a name, the kernel switches, extra calibrate flags.
 #    "exact" is every switch ggml offers toward f32 matmul inputs (on Vulkan
-#    necessary but not sufficient, docs/gpu-backends.md §1); it also gets the
-#    cheaters. (Each name is a column; keep them in sync with the doc.)
+#    the ones the miner sets itself; exact with vendored change 3,
+#    docs/gpu-backends.md §1); it also gets the cheaters. (Each name is a column; keep them in sync with the doc.)
 case "$backend" in
   vulkan)
     exact_env="GGML_VK_DISABLE_F16=1 GGML_VK_DISABLE_COOPMAT=1 GGML_VK_DISABLE_COOPMAT2=1"
@@ -245,7 +245,7 @@ done
   printf '%s\n' "${rows[@]}"
   echo
   echo "Settings: defaults = llama.cpp as built; exact = \`$exact_env\` (every switch ggml offers toward"
-  echo "f32 matmul inputs; docs/gpu-backends.md §1 says what they do not reach); exact-bf16-published = exact"
+  echo "f32 matmul inputs; what the miner runs with; docs/gpu-backends.md §1); exact-bf16-published = exact"
   echo "with the BF16 matrices kept BF16 on the GPU (the miner widens them to F32 when it offloads)."
   echo "The CPU column is the calibrated one (docs/calibration.md); a GPU column is calibrated when it"
   echo "accepts every honest rollout with no draw outside beyond ε and sketch d/τ well under 1."

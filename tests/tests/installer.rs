@@ -258,8 +258,8 @@ fn cpu_install_pinning_a_ca_ends_with_doctor_passing() {
 
     let out = install(&["--ca", ca.to_str().unwrap()]);
     let t = text(&out);
-    assert!(out.status.success(), "{t}");
-    assert!(t.contains("doctor: ready to mine"), "{t}");
+    assert!(out.status.success(), "{t}\ncoordinator log:\n{}", coord.log());
+    assert!(t.contains("doctor: ready to mine"), "{t}\ncoordinator log:\n{}", coord.log());
     let config = prefix.join("etc/tributary/miner.toml");
     let cfg = MinerConfig::load(&config).unwrap();
     let installed_ca = prefix.join("etc/tributary/coordinator-ca.pem");

@@ -923,3 +923,13 @@ pub async fn http_json(addr: SocketAddr, path: &str) -> serde_json::Value {
     let body = within(10, http_get(addr, path)).await;
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }
+
+/// Logs of the processes a test runs in-process, to the test's captured
+/// output, filtered by `RUST_LOG` (once per test binary; later calls do
+/// nothing).
+pub fn test_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}

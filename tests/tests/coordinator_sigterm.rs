@@ -12,10 +12,7 @@ use tributary_tests::{CoordinatorProcess, Miner, NetConfig, http_json, miner_con
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_the_coordinator_and_exits_0() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    tributary_tests::test_tracing();
     let exe = Path::new(env!("CARGO_BIN_EXE_mesh-coordinator"));
     let dir = tempfile::tempdir().expect("temporary folder");
     let data = dir.path().join("coordinator");

@@ -15,10 +15,7 @@ use tributary_tests::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_killed_mid_window_loses_nothing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    tributary_tests::test_tracing();
     let exe = Path::new(env!("CARGO_BIN_EXE_mesh-coordinator"));
     let dir = tempfile::tempdir().expect("temporary folder");
     let data = dir.path().join("coordinator");

@@ -29,10 +29,7 @@ use tributary_tests::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_cycle_with_the_archive_on_garage() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    tributary_tests::test_tracing();
     let garage = Garage::start().unwrap_or_else(|e| panic!("this test needs garage: {e}"));
     let exe = Path::new(env!("CARGO_BIN_EXE_mesh-coordinator"));
     let dir = tempfile::tempdir().expect("temporary folder");

@@ -50,10 +50,7 @@ fn segments(objects: &Path, window: u64) -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_read_closed_windows_from_the_store_and_keep_reading_when_the_coordinator_dies() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    tributary_tests::test_tracing();
     let exe = Path::new(env!("CARGO_BIN_EXE_mesh-coordinator"));
     let dir = tempfile::tempdir().expect("temporary folder");
     let data = dir.path().join("coordinator");

@@ -120,9 +120,12 @@ fi
 #    store the store_garage test runs the coordinator's archive on
 #    (scripts/garage.sh starts a single node). Not in the default install:
 #    `cargo install garage` with only what a single node needs (bundled-libs,
-#    lmdb) took 17-21 min on 2 shared cores (measured), a quarter of CI's
-#    budget. scripts/test.sh runs store_garage when the binary is there.
+#    lmdb), unoptimised and without debug info: a test's store moves a few
+#    hundred KB, and the optimised build took 17-21 min on 2 shared cores
+#    against 6 min for this one (both measured; store_garage 10 s with either).
+#    scripts/test.sh runs store_garage when the binary is there.
 if [ "${TRIBUTARY_GARAGE:-0}" = 1 ] && [ ! -x "$cache/garage/bin/garage" ]; then
-  say "installing garage 2.5.0 into $cache/garage (S3 store for the store_garage test, ~20 min)"
-  cargo install garage@2.5.0 --locked --no-default-features --features bundled-libs,lmdb --root "$cache/garage"
+  say "installing garage 2.5.0 into $cache/garage (S3 store for the store_garage test, ~6 min)"
+  CARGO_PROFILE_DEV_DEBUG=0 cargo install garage@2.5.0 --locked --debug --no-default-features \
+    --features bundled-libs,lmdb --root "$cache/garage"
 fi

@@ -27,9 +27,11 @@
 //! offloaded to a GPU the cache stays one per sequence: there attention runs
 //! without flash attention, and a group's decode step would become one
 //! matmul of G query rows over every cell — above 8 rows, ggml-vulkan's
-//! tiled kernel, which rounds a non-contiguous F32 cache view to f16
-//! (`docs/gpu-backends.md` §1), where a cache per sequence keeps one row per
-//! matmul.
+//! tiled kernel, which upstream feeds an f16 copy of the non-contiguous F32
+//! cache view (`docs/gpu-backends.md` §1; with the vendored change 3 and the
+//! switches of [`pin_exact_gpu_kernels`] the copy is F32, but a unified
+//! cache on a GPU has not been calibrated), where a cache per sequence keeps
+//! one row per matmul.
 //!
 //! Numerics: the computation is plain f32, like the validator's libtorch
 //! reference and the wgpu backend (measured: honest |Δ logprob| ≤ 3.5e-5,

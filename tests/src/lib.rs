@@ -45,19 +45,16 @@ use tributary_protocol::wire::{
 /// coordinator over `session`, page after page (what a store reader's
 /// answer is compared with).
 pub async fn coordinator_rollouts(session: &mut Session, w: WindowId, miner: PublicKey) -> Vec<Vec<u8>> {
-    let mut all = Vec::new();
-    let mut after = None;
+    use tributary_net::Paged;
+    let req = FetchRollouts { window: w, miner: Some(miner), after: None, limit: 256 };
+    let (mut all, mut after) = (Vec::new(), None);
     loop {
-        let req = Frame::FetchRollouts(FetchRollouts { window: w, miner: Some(miner), after, limit: 256 });
-        match session.request(&req).await.expect("fetch rollouts") {
-            Frame::Rollouts(r) => {
-                all.extend(r.items.into_iter().map(|b| b.0));
-                match r.next {
-                    Some(n) => after = Some(n),
-                    None => return all,
-                }
-            }
-            f => panic!("unexpected answer to FetchRollouts: {f:?}"),
+        let answer = session.request(&req.ask(after)).await.expect("fetch rollouts");
+        let page = req.page(answer).unwrap_or_else(|tag| panic!("unexpected answer to FetchRollouts: {tag:?}"));
+        all.extend(page.items.into_iter().map(|b| b.0));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => return all,
         }
     }
 }

@@ -23,7 +23,11 @@
 //! llama.cpp's default F16 per cell; sharing the prompt and one rounding
 //! instead of G is what keeps the miner's peak memory near raw llama.cpp's
 //! (`docs/benchmarks.md` §4). The attention kernel skips the cells of other
-//! sequences (masked), so what it computes is unchanged. With layers
+//! sequences (masked), so what it computes is unchanged; the vendored
+//! change 4 (`vendor/README.md`) gathers a query position's unmasked cells
+//! once for all its heads and takes those heads back to back, so the shared
+//! layout costs no speed either (test `unified_cache`: bit for bit what a
+//! cache per sequence computes). With layers
 //! offloaded to a GPU the cache stays one per sequence: there attention runs
 //! without flash attention, and a group's decode step would become one
 //! matmul of G query rows over every cell — above 8 rows, ggml-vulkan's

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <vector> // tributary
 
 // ggml_compute_forward_dup
 
@@ -8839,6 +8840,30 @@ void ggml_compute_forward_top_k(
     }
 }
 
+// tributary: the cells of one mask row that are not -inf, in increasing order
+// (an fp16 -inf is the one bit pattern 0xFC00, so four cells are tested at once)
+static void tributary_fa_unmasked_cells(const ggml_fp16_t * mp, int64_t ic0, int64_t ic1, std::vector<int32_t> & cells) {
+    cells.clear();
+    int64_t ic = ic0;
+    for (; ic + 4 <= ic1; ic += 4) {
+        uint64_t w;
+        memcpy(&w, mp + ic, sizeof(w));
+        if (w == 0xFC00FC00FC00FC00ull) {
+            continue;
+        }
+        for (int64_t j = ic; j < ic + 4; ++j) {
+            if (mp[j] != 0xFC00) {
+                cells.push_back((int32_t) j);
+            }
+        }
+    }
+    for (; ic < ic1; ++ic) {
+        if (mp[ic] != 0xFC00) {
+            cells.push_back((int32_t) ic);
+        }
+    }
+}
+
 static void ggml_compute_forward_flash_attn_ext_f16_one_chunk(
         const ggml_compute_params * params,
         ggml_tensor * dst,
@@ -8923,11 +8948,20 @@ static void ggml_compute_forward_flash_attn_ext_f16_one_chunk(
 
     int ith = params->ith;
 
+    // tributary: rows are taken heads first (upstream: query positions first),
+    // so the heads of one query position follow each other: they share a mask
+    // row, whose unmasked cells are gathered once, and the heads of a GQA group
+    // read the same K/V rows while they are in cache. Each row's arithmetic is
+    // upstream's: the same cells, in the same order. Without ALiBi only (slope 1).
+    const bool tributary_gather = mask != nullptr && max_bias == 0.0f;
+    thread_local std::vector<int32_t> tributary_cells;
+    const ggml_fp16_t * tributary_cells_row = nullptr;
+
     for (int ir = ir0; ir < ir1; ++ir) {
         // q indices
         const int iq3 = ir/(neq2*neq1);
-        const int iq2 = (ir - iq3*neq2*neq1)/neq1;
-        const int iq1 = (ir - iq3*neq2*neq1 - iq2*neq1);
+        const int iq1 = (ir - iq3*neq2*neq1)/neq2;
+        const int iq2 = (ir - iq3*neq2*neq1 - iq1*neq2);
 
         const uint32_t h = iq2; // head index
         const float slope = (max_bias > 0.0f) ? h < n_head_log2 ? powf(m0, h + 1) : powf(m1, 2*(h - n_head_log2) + 1) : 1.0f;
@@ -8963,7 +8997,14 @@ static void ggml_compute_forward_flash_attn_ext_f16_one_chunk(
         // loop over n_kv and n_head_kv
         // ref: https://arxiv.org/pdf/2112.05682.pdf
 
-        for (int64_t ic = ic_start; ic < ic_end; ++ic) {
+        if (tributary_gather && mp != tributary_cells_row) {
+            tributary_fa_unmasked_cells(mp, ic_start, ic_end, tributary_cells);
+            tributary_cells_row = mp;
+        }
+        const int64_t n_ic = tributary_gather ? (int64_t) tributary_cells.size() : ic_end - ic_start;
+
+        for (int64_t jc = 0; jc < n_ic; ++jc) {
+            const int64_t ic = tributary_gather ? (int64_t) tributary_cells[jc] : ic_start + jc;
             const float mv = mp ? slope*GGML_CPU_FP16_TO_FP32(mp[ic]) : 0.0f;
             if (mv == -INFINITY) {
                 continue;

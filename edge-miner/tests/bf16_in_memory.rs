@@ -10,14 +10,13 @@
 //! one-row dot product (a group of 1 decoding, a one-token micro-batch) and
 //! the tiled GEMM (prefill, groups of several sequences).
 
+mod common;
+
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{Bf16Weights, LlamaConfig, LlamaCppBackend, N_UBATCH};
-use tributary_assets as assets;
-use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::gguf::{GgmlType, parse_header};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
-use tributary_protocol::tiny;
 
 /// Every hidden state and logit of a teacher-forced pass, as bits.
 fn forward_bits(b: &LlamaCppBackend, tokens: &[u32]) -> Vec<u32> {
@@ -33,8 +32,7 @@ fn forward_bits(b: &LlamaCppBackend, tokens: &[u32]) -> Vec<u32> {
 #[test]
 fn bf16_in_memory_is_bit_identical_to_the_f32_widening() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    tiny::write_tiny(7, &Checkpoint::open(&assets::smollm2_q4_1()).unwrap(), &path).unwrap();
+    let path = common::write_tiny(dir.path(), 7);
     let header = parse_header(&std::fs::read(&path).unwrap()).unwrap();
     assert!(header.tensors.iter().any(|t| t.ty == GgmlType::BF16), "the tiny model has BF16 matrices");
 

@@ -2,22 +2,20 @@
 //! them (issue 19 item 7): the records carry the settings they were
 //! generated with, so the check needs only the model, the file and the seed.
 
+mod common;
+
 use std::io::BufWriter;
 
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
 use edge_miner::offline::{self, GenerateOptions, OfflineWindow, RolloutRecord};
-use tributary_assets as assets;
-use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::env::{ArithEnv, EnvId, Environment};
 use tributary_protocol::sketch::SketchParams;
-use tributary_protocol::tiny;
 use tributary_protocol::tokenizer::Tokenizer;
 
 #[test]
 fn check_reads_the_difficulty_the_rollouts_were_generated_at() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    tiny::write_tiny(7, &Checkpoint::open(&assets::smollm2_q4_1()).unwrap(), &model).unwrap();
+    let model = common::write_tiny(dir.path(), 7);
     let tokenizer = Tokenizer::from_gguf_file(&model).unwrap();
     let mut backend = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&model) }).unwrap();
     let seed = 11;

@@ -1,15 +1,14 @@
 //! Offline generation on the tiny random model (real llama.cpp, real GGUF):
 //! record shapes, determinism, and agreement with a teacher-forced pass.
 
+mod common;
+
 use edge_miner::backend::Backend;
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
 use edge_miner::offline::{self, GenerateOptions, OfflineWindow, RolloutRecord};
-use tributary_assets as assets;
-use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::env::{ArithEnv, Environment, SatEnv};
 use tributary_protocol::sampling;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
-use tributary_protocol::tiny;
 use tributary_protocol::tokenizer::Tokenizer;
 
 struct Fixture {
@@ -20,9 +19,7 @@ struct Fixture {
 
 fn tiny_fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    let source = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 file");
-    tiny::write_tiny(7, &source, &path).expect("write tiny model");
+    let path = common::write_tiny(dir.path(), 7);
     let tokenizer = Tokenizer::from_gguf_file(&path).unwrap();
     // one thread: the tiny model gains nothing from more, and tests run in parallel
     let backend = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&path) }).unwrap();

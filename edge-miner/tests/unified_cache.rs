@@ -15,6 +15,8 @@
 //! multiple of the gather's 4-cell words), a 39-token prompt prefilled in
 //! micro-batches (prefill rows share the cache too), and 80 steps decoded.
 
+mod common;
+
 use std::num::NonZeroU32;
 
 use edge_miner::llama::{N_UBATCH, llama_backend, with_exact_numerics};
@@ -23,9 +25,6 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::token::LlamaToken;
-use tributary_assets as assets;
-use tributary_protocol::checkpoint::Checkpoint;
-use tributary_protocol::tiny;
 
 const GROUP: usize = 5;
 const PROMPT: usize = 39;
@@ -70,8 +69,7 @@ fn decode_bits(model: &LlamaModel, unified: bool) -> Vec<Vec<u32>> {
 #[test]
 fn unified_cache_is_bit_identical_to_a_cache_per_sequence() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    tiny::write_tiny(7, &Checkpoint::open(&assets::smollm2_q4_1()).unwrap(), &path).unwrap();
+    let path = common::write_tiny(dir.path(), 7);
     let model = LlamaModel::load_from_file(llama_backend().unwrap(), &path, &LlamaModelParams::default()).unwrap();
 
     let (unified, per_seq) = (decode_bits(&model, true), decode_bits(&model, false));

@@ -5,8 +5,10 @@
 //! reference validator with sketch distances within half the tolerance.
 #![cfg(feature = "wgpu")]
 
+mod common;
+
 use std::io::BufWriter;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::offline::{self, GenerateOptions, Job, OfflineWindow, RolloutRecord};
@@ -16,15 +18,9 @@ use tributary_policy::ReferenceModel;
 use tributary_protocol::checkpoint::{Checkpoint, ModelConfig};
 use tributary_protocol::env::{ArithEnv, Environment};
 use tributary_protocol::sketch::{self, SketchKey, SketchParams};
-use tributary_protocol::tiny;
 use tributary_protocol::tokenizer::Tokenizer;
 
-fn write_tiny(dir: &Path, seed: u64) -> PathBuf {
-    let path = dir.join(format!("tiny-{seed}.gguf"));
-    let source = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 file");
-    tiny::write_tiny(seed, &source, &path).expect("write tiny model");
-    path
-}
+use common::write_tiny;
 
 fn backend(path: &Path) -> WgpuBackend {
     let b = WgpuBackend::load(&WgpuConfig::new(path))

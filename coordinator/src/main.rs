@@ -4,7 +4,6 @@
 //! stopped coordinator); `keygen`, `pubkey`, `fingerprint`, `install-cert`
 //! and `check-config`.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -123,15 +122,13 @@ async fn main() -> anyhow::Result<()> {
             None
         }
     };
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "quic={}", n.quic)?;
-        writeln!(out, "http=http://{}", n.http)?;
-        writeln!(out, "fingerprint={}", n.fingerprint)?;
-        writeln!(out, "checkpoint={genesis}")?;
-        writeln!(out, "data={}", cfg.data_dir.display())?;
-        out.flush()?;
-    }
+    tributary_net::announce(&format!(
+        "quic={}\nhttp=http://{}\nfingerprint={}\ncheckpoint={genesis}\ndata={}\n",
+        n.quic,
+        n.http,
+        n.fingerprint,
+        cfg.data_dir.display()
+    ));
     tracing::info!(quic = %n.quic, http = %n.http, "coordinator running");
     stop.cancelled().await;
     // No live ban/unban while draining.

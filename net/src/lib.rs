@@ -19,7 +19,7 @@ pub mod logging;
 pub mod shutdown;
 pub mod store_read;
 pub use client::{Client, ClientConfig, ClientError, DownloadError, Page, Paged, WindowSource};
-pub use logging::{init_tracing, now_ms};
+pub use logging::{announce, init_tracing, now_ms};
 
 use std::net::SocketAddr;
 use std::path::Path;

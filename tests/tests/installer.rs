@@ -49,11 +49,11 @@ impl DevCoordinator {
             .expect("spawn coordinator");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
+        // Reads to the end, also after `start` has what it needs: the
+        // coordinator's stdout stays open for its whole life.
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                let _ = tx.send(line);
             }
         });
         let (mut quic, mut fingerprint) = (None, None);
@@ -321,4 +321,42 @@ fn release_script_packages_binaries_with_checksums() {
     std::fs::write(stage.join("runbook.md"), "tampered").unwrap();
     let o = Command::new("sha256sum").args(["-c", "--quiet", "SHA256SUMS"]).current_dir(&stage).output().unwrap();
     assert!(!o.status.success());
+}
+
+/// A coordinator whose reader goes away (a script that read its address and
+/// quit, a closed terminal) keeps serving: its address lines are a courtesy,
+/// not a reason to exit (CI once lost a run to `Broken pipe` here).
+#[test]
+fn a_coordinator_whose_stdout_closes_keeps_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("coordinator");
+    let log = tmp.path().join("coordinator.log");
+    let mut child = Command::new(bin_dir().join("coordinator"))
+        .args(["run", "--dev", "--data"])
+        .arg(&data)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // Nobody will read it: the address lines meet a closed pipe.
+    drop(child.stdout.take());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let running = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("coordinator running") {
+            break true;
+        }
+        if child.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let alive = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(running && alive, "the coordinator stopped when its stdout closed:\n{text}");
+    assert!(text.contains("stdout"), "the lost address lines are not logged:\n{text}");
 }

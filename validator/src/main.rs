@@ -202,7 +202,7 @@ fn run(args: RunArgs) -> Result<()> {
     tributary_net::cli::refuse_dev_keys(args.common.dev, role, &key.public(), coordinator)?;
     let coordinator_key =
         tributary_net::KeyPin::resolve(conf.coordinator_key.as_deref(), Some(conf.data.as_path()), args.common.dev)?;
-    println!("validator={}", key.public());
+    tributary_net::announce(&format!("validator={}\n", key.public()));
     tributary_policy::init_threads(conf.threads);
     let mut cfg = ServiceConfig::new(coordinator, pin, key, conf.data.clone());
     cfg.coordinator_key = coordinator_key;
@@ -230,22 +230,22 @@ fn run(args: RunArgs) -> Result<()> {
         if let Some(addr) = metrics {
             let bound =
                 tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
-            println!("metrics=http://{bound}/metrics");
+            tributary_net::announce(&format!("metrics=http://{bound}/metrics\n"));
         }
         let stop = tributary_net::shutdown::on_stop_signal();
         let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
         // One line per verified window on stdout, for scripts.
         let line = |r: &validator::service::WindowReport| {
             let failed = r.miners.values().filter(|m| m.body.hard_failure).count();
-            println!(
-                "window={} miners={} failed={} rollouts={} proved={} seconds={:.2}",
+            tributary_net::announce(&format!(
+                "window={} miners={} failed={} rollouts={} proved={} seconds={:.2}\n",
                 r.window,
                 r.miners.len(),
                 failed,
                 r.fetched,
                 r.proved,
                 r.seconds
-            );
+            ));
         };
         service.run(stop, line).await.context("validator run")?;
         Ok(())

@@ -6,8 +6,6 @@
 //! does (`Node::shutdown`; exit 0).
 //! With `MESH_ARCHIVE` (and `MESH_STORE_URL`) set, those are its `archive` and `store_url`.
 
-use std::io::Write;
-
 use anyhow::Context;
 use coordinator::node::{self, Config};
 
@@ -33,14 +31,10 @@ async fn main() -> anyhow::Result<()> {
     let stop = tributary_net::shutdown::on_stop_signal();
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
-    {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "quic={}", n.quic)?;
-        writeln!(out, "http={}", n.http)?;
-        writeln!(out, "fingerprint={}", n.fingerprint)?;
-        writeln!(out, "checkpoint={genesis}")?;
-        out.flush()?;
-    }
+    tributary_net::announce(&format!(
+        "quic={}\nhttp={}\nfingerprint={}\ncheckpoint={genesis}\n",
+        n.quic, n.http, n.fingerprint
+    ));
     stop.cancelled().await;
     n.shutdown().await;
     Ok(())

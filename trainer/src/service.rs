@@ -723,7 +723,10 @@ impl Service {
                     connected = true;
                     backoff = RECONNECT_MIN;
                     if let Some((w, id)) = r.published {
-                        println!("published window={w} checkpoint={id} groups={} rollouts={}", r.groups, r.rollouts);
+                        tributary_net::announce(&format!(
+                            "published window={w} checkpoint={id} groups={} rollouts={}\n",
+                            r.groups, r.rollouts
+                        ));
                     }
                     let _ = stop.run_until_cancelled(tokio::time::sleep(self.cfg.poll)).await;
                 }

@@ -122,8 +122,8 @@ async fn main() -> anyhow::Result<()> {
             None
         }
     };
-    tributary_net::announce(&format!(
-        "quic={}\nhttp=http://{}\nfingerprint={}\ncheckpoint={genesis}\ndata={}\n",
+    tributary_net::announce(format_args!(
+        "quic={}\nhttp=http://{}\nfingerprint={}\ncheckpoint={genesis}\ndata={}",
         n.quic,
         n.http,
         n.fingerprint,

@@ -275,7 +275,7 @@ fn run(args: RunArgs) -> Result<()> {
     } else {
         Keypair::load(&path).with_context(|| format!("{} (run `edge-miner init`)", path.display()))?
     };
-    tributary_net::announce(&format!("miner={}\n", key.public()));
+    tributary_net::announce(format_args!("miner={}", key.public()));
     let threads = conf.threads.unwrap_or_else(default_threads);
     let mut uplink = UplinkConfig::new(addr, pin);
     uplink.coordinator_key =

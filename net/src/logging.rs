@@ -17,16 +17,17 @@ pub fn init_tracing(default: &str) {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
-/// Writes `text` (whole lines, `key=value` results for scripts) to stdout
-/// and flushes it. A reader that went away (a script that read the address
-/// and quit, a closed terminal) is logged once per call and otherwise
-/// ignored: a service keeps running without an audience, where `println!`
-/// would panic and `writeln!(..)?` would end the process.
-pub fn announce(text: &str) {
+/// Writes one result for scripts (a `key=value` line, or several) to stdout
+/// with its newline, and flushes it: `announce(format_args!("miner={key}"))`.
+/// A reader that went away (a script that read the address and quit, a
+/// closed terminal) is logged and otherwise ignored: a service keeps running
+/// without an audience, where `println!` would panic and `writeln!(..)?`
+/// would end the process.
+pub fn announce(lines: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        tracing::warn!("stdout is closed ({e}); the lines it missed: {}", text.trim_end().replace('\n', "; "));
+    if let Err(e) = writeln!(out, "{lines}").and_then(|()| out.flush()) {
+        tracing::warn!("stdout is closed ({e}); the lines it missed: {}", lines.to_string().replace('\n', "; "));
     }
 }
 

@@ -336,9 +336,9 @@ fn run(args: RunArgs) -> Result<()> {
     rt.block_on(async move {
         if let Some(addr) = metrics {
             let bound = serve_metrics(addr).await?;
-            tributary_net::announce(&format!("metrics=http://{bound}/metrics\n"));
+            tributary_net::announce(format_args!("metrics=http://{bound}/metrics"));
         }
-        tributary_net::announce(&format!("trainer={}\n", cfg.key.public()));
+        tributary_net::announce(format_args!("trainer={}", cfg.key.public()));
         let mut s = Service::open_with(cfg, proof).await?;
         let stop = tributary_net::shutdown::on_stop_signal();
         s.run(stop).await?;

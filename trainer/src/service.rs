@@ -723,8 +723,8 @@ impl Service {
                     connected = true;
                     backoff = RECONNECT_MIN;
                     if let Some((w, id)) = r.published {
-                        tributary_net::announce(&format!(
-                            "published window={w} checkpoint={id} groups={} rollouts={}\n",
+                        tributary_net::announce(format_args!(
+                            "published window={w} checkpoint={id} groups={} rollouts={}",
                             r.groups, r.rollouts
                         ));
                     }

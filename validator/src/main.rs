@@ -202,7 +202,7 @@ fn run(args: RunArgs) -> Result<()> {
     tributary_net::cli::refuse_dev_keys(args.common.dev, role, &key.public(), coordinator)?;
     let coordinator_key =
         tributary_net::KeyPin::resolve(conf.coordinator_key.as_deref(), Some(conf.data.as_path()), args.common.dev)?;
-    tributary_net::announce(&format!("validator={}\n", key.public()));
+    tributary_net::announce(format_args!("validator={}", key.public()));
     tributary_policy::init_threads(conf.threads);
     let mut cfg = ServiceConfig::new(coordinator, pin, key, conf.data.clone());
     cfg.coordinator_key = coordinator_key;
@@ -230,15 +230,15 @@ fn run(args: RunArgs) -> Result<()> {
         if let Some(addr) = metrics {
             let bound =
                 tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
-            tributary_net::announce(&format!("metrics=http://{bound}/metrics\n"));
+            tributary_net::announce(format_args!("metrics=http://{bound}/metrics"));
         }
         let stop = tributary_net::shutdown::on_stop_signal();
         let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
         // One line per verified window on stdout, for scripts.
         let line = |r: &validator::service::WindowReport| {
             let failed = r.miners.values().filter(|m| m.body.hard_failure).count();
-            tributary_net::announce(&format!(
-                "window={} miners={} failed={} rollouts={} proved={} seconds={:.2}\n",
+            tributary_net::announce(format_args!(
+                "window={} miners={} failed={} rollouts={} proved={} seconds={:.2}",
                 r.window,
                 r.miners.len(),
                 failed,

@@ -31,8 +31,8 @@ async fn main() -> anyhow::Result<()> {
     let stop = tributary_net::shutdown::on_stop_signal();
     let genesis = node::prepare_genesis(&cfg)?;
     let n = node::start(&cfg, genesis).await?;
-    tributary_net::announce(&format!(
-        "quic={}\nhttp={}\nfingerprint={}\ncheckpoint={genesis}\n",
+    tributary_net::announce(format_args!(
+        "quic={}\nhttp={}\nfingerprint={}\ncheckpoint={genesis}",
         n.quic, n.http, n.fingerprint
     ));
     stop.cancelled().await;

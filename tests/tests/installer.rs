@@ -36,17 +36,24 @@ struct DevCoordinator {
     log: PathBuf,
 }
 
+/// `coordinator run --dev --data DATA` with its stdout piped and its log in
+/// `DATA.log`: the child and the log's path.
+fn spawn_dev_coordinator(data: &Path) -> (Child, PathBuf) {
+    let log = data.with_extension("log");
+    let child = Command::new(bin_dir().join("coordinator"))
+        .args(["run", "--dev", "--data"])
+        .arg(data)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("coordinator log"))
+        .spawn()
+        .expect("spawn coordinator");
+    (child, log)
+}
+
 impl DevCoordinator {
     fn start(data: &Path) -> Self {
-        let log = data.with_extension("log");
-        let mut child = Command::new(bin_dir().join("coordinator"))
-            .args(["run", "--dev", "--data"])
-            .arg(data)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("coordinator log"))
-            .spawn()
-            .expect("spawn coordinator");
+        let (mut child, log) = spawn_dev_coordinator(data);
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         // Reads to the end, also after `start` has what it needs: the
@@ -329,16 +336,7 @@ fn release_script_packages_binaries_with_checksums() {
 #[test]
 fn a_coordinator_whose_stdout_closes_keeps_serving() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("coordinator");
-    let log = tmp.path().join("coordinator.log");
-    let mut child = Command::new(bin_dir().join("coordinator"))
-        .args(["run", "--dev", "--data"])
-        .arg(&data)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut child, log) = spawn_dev_coordinator(&tmp.path().join("coordinator"));
     // Nobody will read it: the address lines meet a closed pipe.
     drop(child.stdout.take());
     let deadline = std::time::Instant::now() + Duration::from_secs(120);

@@ -1,4 +1,5 @@
-//! The Llama-architecture transformer (SmolLM2 family) in libtorch.
+//! The transformer of the supported GGUF architectures (`llama`: SmolLM2 and
+//! Llama 3.x; `qwen2`; `qwen3`) in libtorch, reproducing llama.cpp's graphs.
 //!
 //! Parameters live in a [`tch::nn::VarStore`] under their GGUF names
 //! (`token_embd.weight`, `blk.7.attn_q.weight`, ...), as f32 by default, so
@@ -7,10 +8,16 @@
 //! Layout conventions (they reproduce llama.cpp's `llama` graph):
 //! - a GGUF matrix with `ne = [in, out]` is a row-major `[out, in]` tensor, so
 //!   `x.linear(w)` computes `x · wᵀ` directly on the file's data;
-//! - RoPE is llama.cpp's `LLAMA_ROPE_TYPE_NORM`: adjacent pairs
+//! - RoPE for `llama` is llama.cpp's `LLAMA_ROPE_TYPE_NORM`: adjacent pairs
 //!   `(x[2i], x[2i+1])` rotate by `pos · θ^(-2i/head_dim)`. GGUF files made by
 //!   `convert_hf_to_gguf.py` already carry Q/K rows permuted for that layout, so
 //!   no permutation is applied here (an HF export would need the inverse);
+//!   `qwen2`/`qwen3` use `LLAMA_ROPE_TYPE_NEOX`: `(x[i], x[i + hd/2])` rotate
+//!   (the converter does not permute them). With `rope_freqs.weight` (Llama 3
+//!   scaling) frequency i is divided by its factor, as ggml's `rope_ext` does;
+//! - `qwen2` adds the Q/K/V biases, `qwen3` RMS-normalises each query and key
+//!   head (`attn_q_norm`, `attn_k_norm`) before RoPE and its heads need not
+//!   tile the width (`attn_q` is `[n_head · head_dim, d]`);
 //! - the hidden state returned is the post-final-RMSNorm state
 //!   `rmsnorm(x) · output_norm.weight`, the LM head's input, like llama.cpp's
 //!   `result_norm` embeddings;
@@ -31,13 +38,13 @@ fn validate(c: &ModelConfig) -> Result<(), PolicyError> {
     if c.d_ff == 0 || c.vocab_size == 0 || c.context_length == 0 {
         return bad("zero feed-forward width, vocabulary or context");
     }
-    if !c.d_model.is_multiple_of(c.n_head) {
+    if c.key_length.is_none() && !c.d_model.is_multiple_of(c.n_head) {
         return bad("d_model is not a multiple of n_head");
     }
     if !c.n_head.is_multiple_of(c.n_head_kv) {
         return bad("n_head is not a multiple of n_head_kv");
     }
-    if !c.head_dim().is_multiple_of(2) {
+    if c.head_dim() == 0 || !c.head_dim().is_multiple_of(2) {
         return bad("head_dim is odd (RoPE rotates pairs)");
     }
     if !(c.rms_eps.is_finite() && c.rms_eps > 0.0) {
@@ -53,18 +60,20 @@ fn validate(c: &ModelConfig) -> Result<(), PolicyError> {
 }
 
 /// The GGUF tensor names the model reads, with their shapes in torch
-/// (row-major) order; `output.weight` is listed only when `untied`.
+/// (row-major) order; `output.weight` is listed only when `untied`. Biases
+/// (`qkv_bias`), q/k norms (`qwen3`) and `rope_freqs.weight` (Llama 3
+/// scaling; a constant, not trained) follow the config.
 pub fn tensor_shapes(c: &ModelConfig, untied: bool) -> Vec<(String, Vec<i64>)> {
     let (d, f, v) = (c.d_model as i64, c.d_ff as i64, c.vocab_size as i64);
-    let kv = (c.n_head_kv * c.head_dim()) as i64;
+    let (q, kv, hd) = (c.q_dim() as i64, c.kv_dim() as i64, c.head_dim() as i64);
     let mut out = vec![("token_embd.weight".to_owned(), vec![v, d])];
     for l in 0..c.n_layer {
         for (t, shape) in [
             ("attn_norm", vec![d]),
-            ("attn_q", vec![d, d]),
+            ("attn_q", vec![q, d]),
             ("attn_k", vec![kv, d]),
             ("attn_v", vec![kv, d]),
-            ("attn_output", vec![d, d]),
+            ("attn_output", vec![d, q]),
             ("ffn_norm", vec![d]),
             ("ffn_gate", vec![f, d]),
             ("ffn_up", vec![f, d]),
@@ -72,13 +81,29 @@ pub fn tensor_shapes(c: &ModelConfig, untied: bool) -> Vec<(String, Vec<i64>)> {
         ] {
             out.push((format!("blk.{l}.{t}.weight"), shape));
         }
+        if c.qkv_bias {
+            for (t, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                out.push((format!("blk.{l}.{t}.bias"), vec![n]));
+            }
+        }
+        if c.arch.qk_norm() {
+            for t in ["attn_q_norm", "attn_k_norm"] {
+                out.push((format!("blk.{l}.{t}.weight"), vec![hd]));
+            }
+        }
     }
     out.push(("output_norm.weight".to_owned(), vec![d]));
     if untied {
         out.push(("output.weight".to_owned(), vec![v, d]));
     }
+    if c.rope_freqs {
+        out.push((ROPE_FREQS.to_owned(), vec![hd / 2]));
+    }
     out
 }
+
+/// The Llama 3 RoPE frequency factors' tensor: read, never trained.
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// One transformer block's parameters (shallow handles into the VarStore).
 #[derive(Debug)]
@@ -92,6 +117,10 @@ struct Block {
     ffn_gate: Tensor,
     ffn_up: Tensor,
     ffn_down: Tensor,
+    /// Q, K, V biases (`qwen2`, or any file that has them).
+    qkv_bias: Option<[Tensor; 3]>,
+    /// Per-head RMSNorm weights of queries and keys (`qwen3`).
+    qk_norm: Option<[Tensor; 2]>,
 }
 
 /// Output of a teacher-forced forward pass.
@@ -113,6 +142,8 @@ pub struct ReferenceModel {
     output: Option<Tensor>,
     output_norm: Tensor,
     blocks: Vec<Block>,
+    /// Llama 3 RoPE frequency divisors, one per pair (`rope_freqs.weight`).
+    rope_factors: Option<Vec<f64>>,
 }
 
 impl ReferenceModel {
@@ -162,7 +193,7 @@ impl ReferenceModel {
             for p in parts {
                 path = path.sub(p);
             }
-            let _param = path.add(leaf, t, true);
+            let _param = path.add(leaf, t, name != ROPE_FREQS);
         }
         Self::from_var_store(vs, dims)
     }
@@ -197,10 +228,28 @@ impl ReferenceModel {
                     ffn_gate: g("ffn_gate")?,
                     ffn_up: g("ffn_up")?,
                     ffn_down: g("ffn_down")?,
+                    qkv_bias: if dims.qkv_bias {
+                        let b = |t: &str| get(&format!("blk.{l}.{t}.bias"));
+                        Some([b("attn_q")?, b("attn_k")?, b("attn_v")?])
+                    } else {
+                        None
+                    },
+                    qk_norm: if dims.arch.qk_norm() { Some([g("attn_q_norm")?, g("attn_k_norm")?]) } else { None },
                 })
             })
             .collect::<Result<Vec<_>, PolicyError>>()?;
+        let rope_factors = if dims.rope_freqs {
+            let t = get(ROPE_FREQS)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?;
+            let v: Vec<f64> = Vec::try_from(&t)?;
+            if v.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+                return Err(PolicyError::Config("rope_freqs must be finite and positive".into()));
+            }
+            Some(v)
+        } else {
+            None
+        };
         Ok(Self {
+            rope_factors,
             token_embd: get("token_embd.weight")?,
             output: if untied { Some(get("output.weight")?) } else { None },
             output_norm: get("output_norm.weight")?,
@@ -349,7 +398,8 @@ impl ReferenceModel {
     fn rope(&self, offset: i64, len: i64) -> Result<(Tensor, Tensor), PolicyError> {
         let hd = self.dims.head_dim() as i64;
         let theta = f64::from(self.dims.rope_theta);
-        let (cos, sin) = rope_tables(offset + len, hd, theta, self.token_embd.kind(), self.device())?;
+        let factors = self.rope_factors.as_deref();
+        let (cos, sin) = rope_tables(offset + len, hd, theta, factors, self.token_embd.kind(), self.device())?;
         Ok((cos.f_narrow(0, offset, len)?, sin.f_narrow(0, offset, len)?))
     }
 
@@ -381,9 +431,18 @@ impl ReferenceModel {
         // [B, L, H*hd] -> [B, H, L, hd]
         let heads =
             |t: Tensor, n: i64| -> Result<Tensor, PolicyError> { Ok(t.f_view([b, l, n, hd])?.f_transpose(1, 2)?) };
-        let q = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_q, None)?, nh)?, cos, sin)?;
-        let k = rope(&heads(h.f_linear::<&Tensor>(&blk.attn_k, None)?, nkv)?, cos, sin)?;
-        let v = heads(h.f_linear::<&Tensor>(&blk.attn_v, None)?, nkv)?;
+        let bias = |i: usize| blk.qkv_bias.as_ref().map(|b| &b[i]);
+        let (mut q, mut k) =
+            (heads(h.f_linear(&blk.attn_q, bias(0))?, nh)?, heads(h.f_linear(&blk.attn_k, bias(1))?, nkv)?);
+        if let Some([qn, kn]) = &blk.qk_norm {
+            let eps = f64::from(self.dims.rms_eps);
+            q = rms_norm(&q, qn, eps)?;
+            k = rms_norm(&k, kn, eps)?;
+        }
+        let rot = if self.dims.arch.rope_neox() { rope_neox } else { rope };
+        let q = rot(&q, cos, sin)?;
+        let k = rot(&k, cos, sin)?;
+        let v = heads(h.f_linear(&blk.attn_v, bias(2))?, nkv)?;
         let (k_all, v_all) = match past {
             Some((pk, pv, _)) => (Tensor::f_cat(&[pk, &k], 2)?, Tensor::f_cat(&[pv, &v], 2)?),
             None => (k.shallow_clone(), v.shallow_clone()),
@@ -441,14 +500,28 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor, PolicyError> {
     Ok(x.f_rms_norm([d], Some(w), eps)?)
 }
 
-/// cos/sin tables `[L, hd/2]` for adjacent-pair RoPE, computed in f64.
-fn rope_tables(l: i64, hd: i64, theta: f64, kind: Kind, device: Device) -> Result<(Tensor, Tensor), PolicyError> {
+/// cos/sin tables `[L, hd/2]` for RoPE, computed in f64; frequency i is
+/// divided by `factors[i]` when given (Llama 3 scaling).
+fn rope_tables(
+    l: i64,
+    hd: i64,
+    theta: f64,
+    factors: Option<&[f64]>,
+    kind: Kind,
+    device: Device,
+) -> Result<(Tensor, Tensor), PolicyError> {
     let half = hd / 2;
+    if factors.is_some_and(|f| f.len() as i64 != half) {
+        return Err(PolicyError::Config(format!("rope_freqs must have {half} entries")));
+    }
     let mut cos = Vec::with_capacity((l * half) as usize);
     let mut sin = Vec::with_capacity((l * half) as usize);
     for p in 0..l {
         for i in 0..half {
-            let freq = theta.powf(-2.0 * i as f64 / hd as f64);
+            let mut freq = theta.powf(-2.0 * i as f64 / hd as f64);
+            if let Some(f) = factors {
+                freq /= f[i as usize];
+            }
             let a = p as f64 * freq;
             cos.push(a.cos());
             sin.push(a.sin());
@@ -470,4 +543,15 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, PolicyError> {
     let r0 = x0.f_mul(cos)?.f_sub(&x1.f_mul(sin)?)?;
     let r1 = x0.f_mul(sin)?.f_add(&x1.f_mul(cos)?)?;
     Ok(Tensor::f_stack(&[r0, r1], -1)?.f_view([s[0], s[1], s[2], s[3]])?)
+}
+
+/// NEOX RoPE on `[B, H, L, hd]`: `(x[i], x[i + hd/2])` rotated by the angle of
+/// position × frequency i (llama.cpp's `LLAMA_ROPE_TYPE_NEOX`, HF's rotate-half).
+fn rope_neox(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, PolicyError> {
+    let half = x.size()[3] / 2;
+    let x0 = x.f_narrow(-1, 0, half)?;
+    let x1 = x.f_narrow(-1, half, half)?;
+    let r0 = x0.f_mul(cos)?.f_sub(&x1.f_mul(sin)?)?;
+    let r1 = x0.f_mul(sin)?.f_add(&x1.f_mul(cos)?)?;
+    Ok(Tensor::f_cat(&[r0, r1], -1)?)
 }

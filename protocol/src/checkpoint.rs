@@ -1,6 +1,7 @@
-//! Checkpoints: GGUF files of the `llama` architecture that llama.cpp loads
-//! natively, with BF16 weight matrices and F32 norms, carrying the tokenizer
-//! and chat template. This module opens and validates them, dequantizes
+//! Checkpoints: GGUF files of the `llama`, `qwen2` or `qwen3` architecture
+//! ([`Arch`], read from `general.architecture`) that llama.cpp loads natively,
+//! with BF16 (or F32) weight matrices and F32 norms and biases, carrying the
+//! tokenizer and chat template. This module opens and validates them, dequantizes
 //! tensors, computes the [`ContentId`] every role agrees on, and converts a
 //! quantized file into the BF16 base checkpoint.
 
@@ -32,12 +33,21 @@ pub enum CheckpointError {
     /// The GGUF container is malformed.
     #[error("GGUF: {0}")]
     Gguf(#[from] GgufError),
-    /// `general.architecture` is missing or not `llama`.
-    #[error("architecture {0:?} is not \"llama\"")]
-    NotLlama(Option<String>),
+    /// `general.architecture` is missing or names a family the project
+    /// does not run (see [`Arch`]).
+    #[error("architecture {0:?} is not supported (supported: llama, qwen2, qwen3)")]
+    UnknownArchitecture(Option<String>),
     /// A required metadata key is missing or has the wrong type.
     #[error("metadata key {0:?} missing or of the wrong type")]
-    MissingKey(&'static str),
+    MissingKey(String),
+    /// The file asks for something the project does not compute (a RoPE
+    /// scaling type, partial rotary, an attention scale, experts, ...).
+    #[error("unsupported model setting: {0}")]
+    Unsupported(String),
+    /// A tensor the architecture does not use (llama.cpp might, so running
+    /// without it would silently compute another model).
+    #[error("tensor {0:?} is not part of the architecture")]
+    UnexpectedTensor(String),
     /// Hyperparameters are inconsistent or out of range.
     #[error("invalid config: {0}")]
     BadConfig(String),
@@ -70,60 +80,176 @@ impl CheckpointError {
     }
 }
 
-/// Hyperparameters of a llama-architecture checkpoint.
+/// A model family the project runs, named by GGUF `general.architecture`.
+/// Every role reads it from the checkpoint; nothing assumes one family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// `llama`: SmolLM2, Llama 2/3.x. Adjacent-pair RoPE (Q/K rows permuted by
+    /// the converter), optional `rope_freqs` (Llama 3 frequency scaling).
+    #[default]
+    Llama,
+    /// `qwen2`: Qwen2/Qwen2.5. Q/K/V biases, NEOX (split-half) RoPE.
+    Qwen2,
+    /// `qwen3`: Qwen3 (dense). Per-head q/k RMSNorm, NEOX RoPE, a head size
+    /// (`key_length`) independent of the width.
+    Qwen3,
+}
+
+impl Arch {
+    /// Every architecture the project supports.
+    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3];
+
+    /// The `general.architecture` value (also the prefix of its metadata keys).
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The architecture named `name`, if supported.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether RoPE rotates the two halves of a head (`x[i]`, `x[i + hd/2]`),
+    /// llama.cpp's `LLAMA_ROPE_TYPE_NEOX` (qwen2, qwen3), rather than adjacent
+    /// pairs (`LLAMA_ROPE_TYPE_NORM`, llama).
+    pub fn rope_neox(self) -> bool {
+        matches!(self, Arch::Qwen2 | Arch::Qwen3)
+    }
+
+    /// Whether queries and keys are RMS-normalised per head before RoPE
+    /// (`attn_q_norm`, `attn_k_norm`).
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3)
+    }
+
+    /// Whether Q/K/V biases are required (qwen2); other families may carry
+    /// them (llama.cpp loads them when present) but need not.
+    pub fn requires_qkv_bias(self) -> bool {
+        matches!(self, Arch::Qwen2)
+    }
+
+    /// Whether a `rope_freqs.weight` tensor (per-pair frequency divisors) is
+    /// read: llama.cpp's `llama` graph uses it, the qwen graphs do not.
+    pub fn reads_rope_freqs(self) -> bool {
+        matches!(self, Arch::Llama)
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Arch {
+    type Err = CheckpointError;
+    fn from_str(s: &str) -> Result<Self, CheckpointError> {
+        Arch::from_name(s).ok_or_else(|| CheckpointError::UnknownArchitecture(Some(s.to_owned())))
+    }
+}
+
+/// Hyperparameters of a checkpoint, read from its GGUF metadata
+/// (`<arch>.*` keys) and tensor list.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
-    /// Number of transformer blocks (`llama.block_count`).
+    /// Number of transformer blocks (`<arch>.block_count`).
     pub n_layer: usize,
-    /// Residual width (`llama.embedding_length`).
+    /// Residual width (`<arch>.embedding_length`).
     pub d_model: usize,
-    /// Query heads (`llama.attention.head_count`).
+    /// Query heads (`<arch>.attention.head_count`).
     pub n_head: usize,
-    /// Key/value heads (`llama.attention.head_count_kv`, default `n_head`).
+    /// Key/value heads (`<arch>.attention.head_count_kv`, default `n_head`).
     pub n_head_kv: usize,
-    /// MLP hidden width (`llama.feed_forward_length`).
+    /// MLP hidden width (`<arch>.feed_forward_length`).
     pub d_ff: usize,
     /// Vocabulary size (rows of `token_embd.weight`).
     pub vocab_size: usize,
-    /// RMSNorm epsilon (`llama.attention.layer_norm_rms_epsilon`).
+    /// RMSNorm epsilon (`<arch>.attention.layer_norm_rms_epsilon`).
     pub rms_eps: f32,
-    /// RoPE base (`llama.rope.freq_base`, default 10000).
+    /// RoPE base (`<arch>.rope.freq_base`, default 10000).
     pub rope_theta: f32,
-    /// Training context length (`llama.context_length`).
+    /// Training context length (`<arch>.context_length`).
     pub context_length: usize,
+    /// The model family (`general.architecture`).
+    #[serde(default, skip_serializing_if = "is_llama")]
+    pub arch: Arch,
+    /// Per-head size when the file gives it (`<arch>.attention.key_length`);
+    /// otherwise `d_model / n_head`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_length: Option<usize>,
+    /// Whether the blocks carry Q/K/V biases (`blk.N.attn_{q,k,v}.bias`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qkv_bias: bool,
+    /// Whether RoPE frequencies are divided by the `rope_freqs.weight`
+    /// factors (Llama 3's frequency scaling, as llama.cpp's converter writes it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub rope_freqs: bool,
+}
+
+fn is_llama(a: &Arch) -> bool {
+    *a == Arch::Llama
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl ModelConfig {
-    /// Per-head width `d_model / n_head`.
+    /// Per-head width: `key_length` when given, else `d_model / n_head`.
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_head
+        self.key_length.unwrap_or(self.d_model / self.n_head.max(1))
     }
 
-    /// Read and check the config from a header (does not look at tensors).
+    /// Width of all query heads, `n_head · head_dim` (rows of `attn_q`).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim()
+    }
+
+    /// Width of all key (or value) heads, `n_head_kv · head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim()
+    }
+
+    /// Read and check the config from a header (looks at tensor names and
+    /// the embedding's shape, not at tensor data). An architecture outside
+    /// [`Arch::ALL`], a missing key, or a setting the project does not
+    /// compute (partial rotary, an attention scale, RoPE scaling types other
+    /// than Llama 3's `rope_freqs`, experts) is a typed error.
     pub fn from_header(h: &GgufHeader) -> Result<Self, CheckpointError> {
-        let arch = h.get_str("general.architecture");
-        if arch != Some("llama") {
-            return Err(CheckpointError::NotLlama(arch.map(str::to_owned)));
-        }
-        let req = |key: &'static str| -> Result<usize, CheckpointError> {
-            h.get_u64(key).and_then(|v| usize::try_from(v).ok()).ok_or(CheckpointError::MissingKey(key))
+        let arch_name = h.get_str("general.architecture");
+        let arch = arch_name
+            .and_then(Arch::from_name)
+            .ok_or_else(|| CheckpointError::UnknownArchitecture(arch_name.map(str::to_owned)))?;
+        let p = arch.name();
+        let key = |s: &str| format!("{p}.{s}");
+        let req = |k: String| -> Result<usize, CheckpointError> {
+            h.get_u64(&k).and_then(|v| usize::try_from(v).ok()).ok_or(CheckpointError::MissingKey(k))
         };
-        let n_layer = req("llama.block_count")?;
-        let d_model = req("llama.embedding_length")?;
-        let n_head = req("llama.attention.head_count")?;
-        let n_head_kv = match h.get("llama.attention.head_count_kv") {
-            None => n_head,
-            Some(_) => req("llama.attention.head_count_kv")?,
+        let opt = |k: String| -> Result<Option<usize>, CheckpointError> {
+            match h.get(&k) {
+                None => Ok(None),
+                Some(_) => req(k).map(Some),
+            }
         };
-        let d_ff = req("llama.feed_forward_length")?;
-        let context_length = req("llama.context_length")?;
-        let rms_eps = h
-            .get_f32("llama.attention.layer_norm_rms_epsilon")
-            .ok_or(CheckpointError::MissingKey("llama.attention.layer_norm_rms_epsilon"))?;
-        let rope_theta = match h.get("llama.rope.freq_base") {
+        let n_layer = req(key("block_count"))?;
+        let d_model = req(key("embedding_length"))?;
+        let n_head = req(key("attention.head_count"))?;
+        let n_head_kv = opt(key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let d_ff = req(key("feed_forward_length"))?;
+        let context_length = req(key("context_length"))?;
+        let eps_key = key("attention.layer_norm_rms_epsilon");
+        let rms_eps = h.get_f32(&eps_key).ok_or(CheckpointError::MissingKey(eps_key))?;
+        let theta_key = key("rope.freq_base");
+        let rope_theta = match h.get(&theta_key) {
             None => 10_000.0,
-            Some(v) => v.as_f32().ok_or(CheckpointError::MissingKey("llama.rope.freq_base"))?,
+            Some(v) => v.as_f32().ok_or(CheckpointError::MissingKey(theta_key))?,
         };
+        let key_length = opt(key("attention.key_length"))?;
         let emb =
             h.tensor("token_embd.weight").ok_or_else(|| CheckpointError::MissingTensor("token_embd.weight".into()))?;
         let vocab_size = match emb.dims.as_slice() {
@@ -142,27 +268,86 @@ impl ModelConfig {
                 "zero size in n_layer={n_layer} d_model={d_model} n_head={n_head} n_head_kv={n_head_kv} d_ff={d_ff} vocab={vocab_size}"
             ));
         }
-        if !d_model.is_multiple_of(n_head) || !n_head.is_multiple_of(n_head_kv) || !(d_model / n_head).is_multiple_of(2)
-        {
-            return bad(format!("heads do not divide: d_model={d_model} n_head={n_head} n_head_kv={n_head_kv}"));
+        let head_dim = match key_length {
+            Some(k) => k,
+            None if d_model.is_multiple_of(n_head) => d_model / n_head,
+            None => return bad(format!("heads do not divide: d_model={d_model} n_head={n_head}")),
+        };
+        if !n_head.is_multiple_of(n_head_kv) || head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return bad(format!("heads do not divide: n_head={n_head} n_head_kv={n_head_kv} head_dim={head_dim}"));
+        }
+        if n_head.checked_mul(head_dim).is_none_or(|q| q > 1 << 24) {
+            return bad(format!("n_head={n_head} x head_dim={head_dim} too large"));
         }
         let positive = |x: f32| x.is_finite() && x > 0.0;
         if !positive(rms_eps) || !positive(rope_theta) {
             return bad(format!("rms_eps={rms_eps} rope_theta={rope_theta}"));
         }
-        if let Some(v) = h.get_u64("llama.vocab_size")
+        if let Some(v) = h.get_u64(&key("vocab_size"))
             && v != vocab_size as u64
         {
-            return bad(format!("llama.vocab_size={v} but token_embd has {vocab_size} rows"));
+            return bad(format!("{p}.vocab_size={v} but token_embd has {vocab_size} rows"));
         }
-        Ok(ModelConfig { n_layer, d_model, n_head, n_head_kv, d_ff, vocab_size, rms_eps, rope_theta, context_length })
+        let unsupported = |m: String| Err(CheckpointError::Unsupported(m));
+        if let Some(v) = opt(key("attention.value_length"))?
+            && v != head_dim
+        {
+            return unsupported(format!("{p}.attention.value_length={v} differs from the head size {head_dim}"));
+        }
+        if let Some(n) = opt(key("rope.dimension_count"))?
+            && n != head_dim
+        {
+            return unsupported(format!("partial rotary: {p}.rope.dimension_count={n}, head size {head_dim}"));
+        }
+        if let Some(t) = h.get(&key("rope.scaling.type")) {
+            if t.as_str() != Some("none") {
+                return unsupported(format!(
+                    "{p}.rope.scaling.type={t:?} (only Llama 3's rope_freqs tensor is supported)"
+                ));
+            }
+        }
+        for k in ["rope.scaling.factor", "rope.scale_linear", "attention.scale", "logit_scale", "expert_count"] {
+            let k = key(k);
+            if let Some(v) = h.get(&k) {
+                let neutral = match k.rsplit('.').next() {
+                    Some("expert_count") => v.as_u64() == Some(0),
+                    Some("scale") if k.ends_with("attention.scale") => v.as_f32() == Some(0.0),
+                    _ => v.as_f32() == Some(1.0),
+                };
+                if !neutral {
+                    return unsupported(format!("{k}={v:?}"));
+                }
+            }
+        }
+        let qkv_bias = h.tensor("blk.0.attn_q.bias").is_some();
+        if arch.requires_qkv_bias() && !qkv_bias {
+            return Err(CheckpointError::MissingTensor("blk.0.attn_q.bias".into()));
+        }
+        let rope_freqs = arch.reads_rope_freqs() && h.tensor("rope_freqs.weight").is_some();
+        Ok(ModelConfig {
+            n_layer,
+            d_model,
+            n_head,
+            n_head_kv,
+            d_ff,
+            vocab_size,
+            rms_eps,
+            rope_theta,
+            context_length,
+            arch,
+            key_length,
+            qkv_bias,
+            rope_freqs,
+        })
     }
 
     /// Every tensor a checkpoint of this config must hold, with its dims in
     /// ggml order (`[in, out]` for matrices). `output.weight` is optional
-    /// (absent when the LM head is tied to the embedding) and not listed.
+    /// (absent when the LM head is tied to the embedding) and not listed;
+    /// a checkpoint holding any other tensor is refused.
     pub fn expected_tensors(&self) -> Vec<(String, Vec<u64>)> {
-        let (d, ff, kv) = (self.d_model as u64, self.d_ff as u64, (self.n_head_kv * self.head_dim()) as u64);
+        let (d, ff) = (self.d_model as u64, self.d_ff as u64);
+        let (q, kv, hd) = (self.q_dim() as u64, self.kv_dim() as u64, self.head_dim() as u64);
         let mut v = vec![
             ("token_embd.weight".to_owned(), vec![d, self.vocab_size as u64]),
             ("output_norm.weight".to_owned(), vec![d]),
@@ -170,14 +355,27 @@ impl ModelConfig {
         for i in 0..self.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
             v.push((p("attn_norm"), vec![d]));
-            v.push((p("attn_q"), vec![d, d]));
+            v.push((p("attn_q"), vec![d, q]));
             v.push((p("attn_k"), vec![d, kv]));
             v.push((p("attn_v"), vec![d, kv]));
-            v.push((p("attn_output"), vec![d, d]));
+            v.push((p("attn_output"), vec![q, d]));
             v.push((p("ffn_norm"), vec![d]));
             v.push((p("ffn_gate"), vec![d, ff]));
             v.push((p("ffn_up"), vec![d, ff]));
             v.push((p("ffn_down"), vec![ff, d]));
+            if self.qkv_bias {
+                let b = |s: &str| format!("blk.{i}.{s}.bias");
+                v.push((b("attn_q"), vec![q]));
+                v.push((b("attn_k"), vec![kv]));
+                v.push((b("attn_v"), vec![kv]));
+            }
+            if self.arch.qk_norm() {
+                v.push((p("attn_q_norm"), vec![hd]));
+                v.push((p("attn_k_norm"), vec![hd]));
+            }
+        }
+        if self.rope_freqs {
+            v.push(("rope_freqs.weight".to_owned(), vec![hd / 2]));
         }
         v
     }
@@ -200,7 +398,8 @@ impl ModelConfig {
 ///
 /// The metadata included is exactly the keys that change what the model
 /// computes or how text maps to tokens: `general.architecture`, every key
-/// starting with `llama.` and every key starting with `tokenizer.` (model, pre,
+/// starting with the architecture's name and a dot (`llama.`, `qwen2.`, ...)
+/// and every key starting with `tokenizer.` (model, pre,
 /// tokens, merges, token_type, bos/eos/unk/pad ids, add_bos flags, chat
 /// template, ...). Everything else (`general.name`, `general.file_type`,
 /// `general.alignment`, licences, ...) is ignored, as are metadata order,
@@ -234,9 +433,13 @@ impl FromStr for ContentId {
     }
 }
 
-/// Whether a metadata key takes part in the [`ContentId`].
-pub fn key_in_content_id(key: &str) -> bool {
-    key == "general.architecture" || key.starts_with("llama.") || key.starts_with("tokenizer.")
+/// Whether a metadata key takes part in the [`ContentId`] of a file whose
+/// `general.architecture` is `arch` (its `<arch>.` keys, `tokenizer.*` and the
+/// architecture itself).
+pub fn key_in_content_id(key: &str, arch: Option<&str>) -> bool {
+    key == "general.architecture"
+        || key.starts_with("tokenizer.")
+        || arch.and_then(|a| key.strip_prefix(a)).is_some_and(|rest| rest.starts_with('.'))
 }
 
 /// Content id of a GGUF file, memory-mapped rather than read into memory
@@ -262,7 +465,9 @@ pub fn content_id_of(header: &GgufHeader, bytes: &[u8]) -> ContentId {
     };
     put_str(&mut h, CONTENT_ID_DOMAIN);
 
-    let mut meta: Vec<&(String, MetaValue)> = header.metadata.iter().filter(|(k, _)| key_in_content_id(k)).collect();
+    let arch = header.get_str("general.architecture");
+    let mut meta: Vec<&(String, MetaValue)> =
+        header.metadata.iter().filter(|(k, _)| key_in_content_id(k, arch)).collect();
     meta.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     let mut buf = Vec::with_capacity(1 << 16);
     buf.extend_from_slice(&(meta.len() as u64).to_le_bytes());
@@ -343,10 +548,23 @@ impl Checkpoint {
     fn from_storage(storage: Storage) -> Result<Self, CheckpointError> {
         let header = gguf::parse_header(storage.bytes())?;
         let config = ModelConfig::from_header(&header)?;
-        for (name, dims) in config.expected_tensors() {
-            let t = header.tensor(&name).ok_or_else(|| CheckpointError::MissingTensor(name.clone()))?;
-            if t.dims != dims {
-                return Err(CheckpointError::BadShape { name, expected: dims, got: t.dims.clone() });
+        let expected = config.expected_tensors();
+        for (name, dims) in &expected {
+            let t = header.tensor(name).ok_or_else(|| CheckpointError::MissingTensor(name.clone()))?;
+            if t.dims != *dims {
+                return Err(CheckpointError::BadShape {
+                    name: name.clone(),
+                    expected: dims.clone(),
+                    got: t.dims.clone(),
+                });
+            }
+        }
+        if expected.len() + usize::from(header.tensor("output.weight").is_some()) != header.tensors.len() {
+            let known: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+            if let Some(t) =
+                header.tensors.iter().find(|t| t.name != "output.weight" && !known.contains(t.name.as_str()))
+            {
+                return Err(CheckpointError::UnexpectedTensor(t.name.clone()));
             }
         }
         if let Some(t) = header.tensor("output.weight") {

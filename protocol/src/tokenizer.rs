@@ -6,9 +6,15 @@
 //! unicode, whitespace and special-token cases, `edge-miner/tests/tokenizer_parity.rs`):
 //! - model: byte-level BPE from `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`
 //!   (GGUF `tokenizer.ggml.model = "gpt2"`);
-//! - pre-tokenizer for `tokenizer.ggml.pre = "smollm"`: single digits, then the
-//!   GPT-2 regex with byte-level mapping and no prefix space
-//!   (`Sequence[Digits(individual), ByteLevel(false, true, true)]`);
+//! - pre-tokenizer by `tokenizer.ggml.pre` ([`PreTokenizer`]):
+//!   - `smollm`: single digits, then the GPT-2 regex with byte-level mapping
+//!     and no prefix space (`Sequence[Digits(individual), ByteLevel(false, true, true)]`);
+//!   - `qwen2` (Qwen2/2.5/3): the Qwen2 regex (single digits) split with
+//!     `Isolated`, then byte-level mapping without the GPT-2 regex, as the
+//!     models' `tokenizer.json` does and llama.cpp's `LLAMA_VOCAB_PRE_TYPE_QWEN2`;
+//!   - `llama-bpe` / `llama3` (Llama 3.x): the same with digit runs of up to
+//!     three, and BPE that takes a whole pre-token found in the vocabulary
+//!     as one id (llama.cpp's `ignore_merges`, HF's `ignore_merges: true`);
 //! - every control token (`token_type` 3) is a special added token, matched
 //!   verbatim anywhere in the text (so the ChatML markers become single ids),
 //!   and every user-defined token (`token_type` 4) an ordinary added token;
@@ -26,7 +32,8 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
+use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer as HfTokenizer};
 
 /// GGUF `tokenizer.ggml.token_type` value of an ordinary token.
 pub const TOKEN_TYPE_NORMAL: i32 = 1;
@@ -53,6 +60,57 @@ const EOG_TEXTS: &[&str] = &[
     "<eos>",
 ];
 
+/// The Qwen2 pre-tokenizer regex, as the models' `tokenizer.json` writes it
+/// (llama.cpp's `LLAMA_VOCAB_PRE_TYPE_QWEN2` spells the case-insensitive
+/// contractions out; same matches).
+pub const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The Llama 3 pre-tokenizer regex (`tokenizer.json` of Llama 3.x; llama.cpp's
+/// `LLAMA_VOCAB_PRE_TYPE_LLAMA3`): as Qwen2's with digit runs of up to three.
+pub const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A pre-tokenizer this module reproduces, named by `tokenizer.ggml.pre`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// `smollm` (SmolLM/SmolLM2).
+    Smollm,
+    /// `qwen2` (Qwen2, Qwen2.5, Qwen3).
+    Qwen2,
+    /// `llama-bpe` or `llama3` (Llama 3.x).
+    Llama3,
+}
+
+impl PreTokenizer {
+    /// The pre-tokenizer `tokenizer.ggml.pre` names, if supported.
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        match name {
+            "smollm" => Some(Self::Smollm),
+            "qwen2" => Some(Self::Qwen2),
+            "llama-bpe" | "llama3" => Some(Self::Llama3),
+            _ => None,
+        }
+    }
+
+    /// The `tokenizers` pre-tokenizer (splitting plus byte-level mapping).
+    pub fn hf_pre_tokenizer(self) -> Result<PreTokenizerWrapper, TokenizerError> {
+        let split = |re: &str| -> Result<PreTokenizerWrapper, TokenizerError> {
+            let pattern = tokenizers::pre_tokenizers::split::SplitPattern::Regex(re.to_owned());
+            Ok(Split::new(pattern, SplitDelimiterBehavior::Isolated, false).map_err(hf_err)?.into())
+        };
+        Ok(PreTokenizerWrapper::Sequence(Sequence::new(match self {
+            Self::Smollm => vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()],
+            Self::Qwen2 => vec![split(QWEN2_REGEX)?, ByteLevel::new(false, false, false).into()],
+            Self::Llama3 => vec![split(LLAMA3_REGEX)?, ByteLevel::new(false, true, false).into()],
+        })))
+    }
+
+    /// Whether BPE emits a pre-token found whole in the vocabulary as one id.
+    pub fn ignore_merges(self) -> bool {
+        self == Self::Llama3
+    }
+}
+
 /// What can go wrong building or using a [`Tokenizer`].
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -60,7 +118,7 @@ pub enum TokenizerError {
     #[error("unsupported tokenizer model {0:?} (only byte-level BPE \"gpt2\" is supported)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this module cannot reproduce.
-    #[error("unsupported pre-tokenizer {0:?} (supported: \"smollm\")")]
+    #[error("unsupported pre-tokenizer {0:?} (supported: \"smollm\", \"qwen2\", \"llama-bpe\", \"llama3\")")]
     UnsupportedPreTokenizer(String),
     /// The vocabulary is empty or larger than [`MAX_VOCAB`].
     #[error("vocabulary size {0} out of range 1..={MAX_VOCAB}")]
@@ -105,7 +163,7 @@ pub enum TokenizerError {
 pub struct TokenizerSpec<'a> {
     /// `tokenizer.ggml.model` (must be `"gpt2"`).
     pub model: &'a str,
-    /// `tokenizer.ggml.pre` (must be `"smollm"`).
+    /// `tokenizer.ggml.pre` (see [`PreTokenizer::from_gguf_name`]).
     pub pre: &'a str,
     /// `tokenizer.ggml.tokens`, indexed by id (byte-level strings, `Ġ` for space).
     pub tokens: &'a [String],
@@ -149,9 +207,8 @@ impl Tokenizer {
         if spec.model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel(spec.model.to_owned()));
         }
-        if spec.pre != "smollm" {
-            return Err(TokenizerError::UnsupportedPreTokenizer(spec.pre.to_owned()));
-        }
+        let pre = PreTokenizer::from_gguf_name(spec.pre)
+            .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(spec.pre.to_owned()))?;
         let n = spec.tokens.len();
         if n == 0 || n > MAX_VOCAB {
             return Err(TokenizerError::VocabSize(n));
@@ -182,12 +239,13 @@ impl Tokenizer {
                 _ => return Err(TokenizerError::BadMerge { index, rule: rule.clone() }),
             }
         }
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(hf_err)?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(pre.ignore_merges())
+            .build()
+            .map_err(hf_err)?;
         let mut inner = HfTokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            Digits::new(true).into(),
-            ByteLevel::new(false, true, true).into(),
-        ]))));
+        inner.with_pre_tokenizer(Some(pre.hf_pre_tokenizer()?));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
 
         let mut special = HashSet::new();
@@ -341,7 +399,7 @@ pub(crate) mod tests {
     fn rejects_bad_metadata() {
         let (t, ty, m) = toy();
         assert!(matches!(
-            Tokenizer::from_spec(TokenizerSpec { pre: "llama3", ..spec(&t, &ty, &m) }),
+            Tokenizer::from_spec(TokenizerSpec { pre: "gpt-4o", ..spec(&t, &ty, &m) }),
             Err(TokenizerError::UnsupportedPreTokenizer(_))
         ));
         assert!(matches!(Tokenizer::from_spec(spec(&t, &ty[1..], &m)), Err(TokenizerError::TokenTypeCount { .. })));

@@ -251,7 +251,7 @@ fn checkpoint_refuses_non_llama_and_bad_shapes() {
     let arch = b"llama";
     let p = bad.windows(arch.len()).position(|w| w == arch).unwrap();
     bad[p] = b'L';
-    assert!(matches!(Checkpoint::from_bytes(bad), Err(CheckpointError::NotLlama(_))));
+    assert!(matches!(Checkpoint::from_bytes(bad), Err(CheckpointError::UnknownArchitecture(_))));
 }
 
 proptest! {

@@ -589,6 +589,10 @@ mod tests {
             rms_eps: 1e-5,
             rope_theta: 10000.0,
             context_length: 64,
+            arch: Default::default(),
+            key_length: None,
+            qkv_bias: false,
+            rope_freqs: false,
         };
         let shapes = tributary_policy::tensor_shapes(&dims, false);
         let mut x = seed | 1;

@@ -42,6 +42,12 @@ pub struct Config {
     /// GRPO has a signal; see `protocol::env::arith`). `--dev`: the practice
     /// level (`protocol::env::PRACTICE_LEVEL`), which the random tiny model earns.
     pub difficulty: u32,
+    /// How every role scores completions, announced with each window:
+    /// `strict` (default: only a well-formed final `Answer: N` with the right
+    /// `N` earns 1), `lenient` (the last number after a marker, else anywhere)
+    /// or `format` (a well-formed final `Answer:` line, correctness ignored:
+    /// a control). See `protocol::env::RewardRule`.
+    pub reward: tributary_protocol::env::RewardRule,
     /// The dataset file of the gsm8k environment (its blake3 is published
     /// with each window so miners and validators use the same file).
     pub dataset: Option<PathBuf>,
@@ -151,6 +157,7 @@ impl Default for Config {
             temperature: 0.7,
             max_new_tokens: 64,
             difficulty: 102,
+            reward: tributary_protocol::env::RewardRule::Strict,
             dataset: None,
             model: None,
             validators: vec![],

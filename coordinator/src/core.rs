@@ -107,6 +107,8 @@ pub struct CoreConfig {
     pub difficulty: u32,
     /// blake3 of the environment's dataset file (gsm8k), if any.
     pub dataset: Option<[u8; 32]>,
+    /// How every role scores completions (announced with each window).
+    pub reward: tributary_protocol::env::RewardRule,
     /// The checkpoint in force before any is published.
     pub genesis_checkpoint: ContentId,
     /// Who may do what.
@@ -453,6 +455,7 @@ impl Core {
             sampling: self.cfg.sampling,
             difficulty: self.cfg.difficulty,
             dataset: self.cfg.dataset,
+            reward: self.cfg.reward,
         })
     }
 
@@ -1489,6 +1492,7 @@ mod tests {
             max_window_miners: 1000,
             difficulty: 3,
             dataset: None,
+            reward: tributary_protocol::env::RewardRule::Strict,
             genesis_checkpoint: ContentId([1; 32]),
             access: Access { validators: [validator].into_iter().collect(), ..Access::default() },
             ban_windows: 3,

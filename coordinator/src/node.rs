@@ -382,6 +382,7 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         max_window_miners: cfg.max_window_miners,
         difficulty: cfg.difficulty,
         dataset,
+        reward: cfg.reward,
         genesis_checkpoint: genesis,
         access,
         ban_windows: cfg.ban_windows,

@@ -223,6 +223,7 @@ impl Sim {
             max_window_miners: u32::MAX,
             difficulty: 102,
             dataset: None,
+            reward: tributary_protocol::env::RewardRule::Strict,
             genesis_checkpoint: ContentId([1; 32]),
             access: Access {
                 validators: validators.iter().copied().collect(),

@@ -328,7 +328,7 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 fn environment(args: &GenerateArgs) -> Result<Environment> {
-    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None };
+    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None, reward: Default::default() };
     Ok(Environment::build(&spec, args.data.as_deref())?)
 }
 

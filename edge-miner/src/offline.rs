@@ -106,6 +106,7 @@ pub fn generate<B: Backend + ?Sized>(
         },
         data: data.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
         dataset: data.map(|p| std::fs::read(p).map(|b| *blake3::hash(&b).as_bytes())).transpose()?,
+        reward: env.reward_rule(),
         temperature: opts.temperature,
         max_new_tokens: u32::try_from(opts.max_new_tokens)
             .map_err(|_| OfflineError::Options(format!("max_new_tokens {}", opts.max_new_tokens)))?,

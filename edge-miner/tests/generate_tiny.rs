@@ -118,7 +118,7 @@ fn tiny_generation_is_consistent_and_deterministic() {
 #[test]
 fn generation_matches_teacher_forcing() {
     let mut f = tiny_fixture();
-    let env = Environment::Sat(SatEnv);
+    let env = Environment::Sat(SatEnv::default());
     let o = GenerateOptions { tasks: 2, group: 3, ..opts(0.8) };
     let seed = 5;
     let recs = run(&mut f, &env, seed, &o);

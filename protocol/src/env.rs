@@ -13,9 +13,14 @@
 //! validator all derive it ([`task_seed`]).
 //!
 //! **Answer format and reward.** Every environment asks the model to end with
-//! a line `Answer: ...`. The reward is binary and simple on purpose:
-//! `1.0` when the extracted answer is correct, `0.0` otherwise (no format
-//! credit). Extraction is lenient ([`extract_number`], [`TaskAnswer::reward`]).
+//! a line `Answer: ...`. The reward is binary and simple on purpose, read by
+//! the window's [`RewardRule`]: by default ([`RewardRule::Strict`]) `1.0` only
+//! when the last non-empty line is a well-formed `Answer: N` with the right
+//! `N` ([`final_answer_line`]), else `0.0`. The lenient reading
+//! ([`extract_number`], [`TaskAnswer::reward`]: the last number after a
+//! marker, else the last number anywhere) is kept as a metric and as the rule
+//! of older records; [`RewardRule::Format`] pays a well-formed answer line
+//! whatever its value (a control for format learning).
 
 use std::fmt;
 use std::str::FromStr;
@@ -31,8 +36,8 @@ mod arith;
 mod gsm8k;
 mod sat;
 
-pub use answer::{extract_number, normalize_number};
-pub use arith::{ArithEnv, BRIDGE_FIRST, BRIDGE_LEVELS, MAX_DIFFICULTY, PRACTICE_LEVEL};
+pub use answer::{RewardRule, UnknownRewardRule, extract_number, final_answer_line, normalize_number, strict_number};
+pub use arith::{ArithEnv, BRIDGE_FIRST, BRIDGE_LEVELS, COMMUTATIVE_SPLIT_FIRST, MAX_DIFFICULTY, PRACTICE_LEVEL};
 pub use gsm8k::{Gsm8kEnv, Gsm8kItem};
 pub use sat::{SatEnv, SatProblem};
 
@@ -131,7 +136,28 @@ pub enum TaskAnswer {
 }
 
 impl TaskAnswer {
-    /// Reward of a completion: `1.0` if its answer is correct, else `0.0`.
+    /// Reward of a completion under `rule`. The practice level ignores the
+    /// rule (its shaped reward is [`TaskAnswer::reward`]'s); otherwise
+    /// [`RewardRule::Lenient`] is [`TaskAnswer::reward`], [`RewardRule::Strict`]
+    /// pays `1.0` only for a well-formed final `Answer:` line
+    /// ([`strict_number`], [`SatProblem::parse_strict_assignment`]) holding a
+    /// correct answer, and [`RewardRule::Format`] pays `1.0` for any
+    /// well-formed final `Answer:` line.
+    pub fn score(&self, rule: RewardRule, completion: &str) -> f32 {
+        let ok = match (self, rule) {
+            (TaskAnswer::Practice(_), _) | (_, RewardRule::Lenient) => return self.reward(completion),
+            (TaskAnswer::Number(want), RewardRule::Strict) => strict_number(completion).is_some_and(|n| &n == want),
+            (TaskAnswer::Number(_), RewardRule::Format) => strict_number(completion).is_some(),
+            (TaskAnswer::Sat(p), RewardRule::Strict) => {
+                p.parse_strict_assignment(completion).is_some_and(|a| p.satisfied_by(&a))
+            }
+            (TaskAnswer::Sat(p), RewardRule::Format) => p.parse_strict_assignment(completion).is_some(),
+        };
+        if ok { 1.0 } else { 0.0 }
+    }
+
+    /// The lenient reward of a completion ([`RewardRule::Lenient`]): `1.0` if
+    /// its answer is correct, else `0.0`.
     /// Numbers: [`extract_number`] then exact comparison of normalized
     /// decimals. SAT: [`SatProblem::parse_assignment`], then every clause
     /// must be satisfied. Practice: as a number, but a wrong answer earns
@@ -241,6 +267,8 @@ pub struct EnvSpec {
     pub difficulty: u32,
     /// blake3 of the data file the environment draws from (gsm8k), when it is pinned.
     pub dataset: Option<[u8; 32]>,
+    /// How completions are scored.
+    pub reward: RewardRule,
 }
 
 impl Environment {
@@ -251,7 +279,7 @@ impl Environment {
     pub fn build(spec: &EnvSpec, data: Option<&std::path::Path>) -> Result<Self, EnvError> {
         Ok(match spec.env {
             EnvId::Arith => Environment::Arith(ArithEnv::new(spec.difficulty)),
-            EnvId::Sat => Environment::Sat(SatEnv),
+            EnvId::Sat => Environment::Sat(SatEnv::default()),
             EnvId::Gsm8k => {
                 let path = data.ok_or(EnvError::MissingData(EnvId::Gsm8k))?;
                 let text = std::fs::read_to_string(path)
@@ -268,7 +296,35 @@ impl Environment {
                 }
                 Environment::Gsm8k(Gsm8kEnv::from_jsonl(&text)?)
             }
-        })
+        }
+        .with_reward(spec.reward))
+    }
+
+    /// This environment scoring with `rule`.
+    pub fn with_reward(self, rule: RewardRule) -> Self {
+        match self {
+            Environment::Arith(e) => Environment::Arith(e.with_reward(rule)),
+            Environment::Sat(e) => Environment::Sat(e.with_reward(rule)),
+            Environment::Gsm8k(e) => Environment::Gsm8k(e.with_reward(rule)),
+        }
+    }
+
+    /// How this environment scores completions.
+    pub fn reward_rule(&self) -> RewardRule {
+        match self {
+            Environment::Arith(e) => e.reward_rule(),
+            Environment::Sat(e) => e.reward_rule(),
+            Environment::Gsm8k(e) => e.reward_rule(),
+        }
+    }
+
+    /// Which side of the split `task` (a problem of this environment) is on:
+    /// [`problem_split`] of its [split key](ArithEnv::split_key).
+    pub fn split_of(&self, task: &Task) -> Split {
+        match self {
+            Environment::Arith(e) => problem_split(task.env, &e.split_key(&task.prompt)),
+            _ => problem_split(task.env, &task.prompt),
+        }
     }
 
     /// The environment of a window: [`Environment::build`] with the settings
@@ -306,7 +362,7 @@ impl Environment {
         }
         let mut task = self.problem(task_seed);
         for k in 1..=MAX_REDRAWS {
-            if problem_split(task.env, &task.prompt) == Split::Train {
+            if self.split_of(&task) == Split::Train {
                 break;
             }
             let redraw = prf_u64(labels::ENV, &[b"train-redraw", &task_seed.to_le_bytes(), &k.to_le_bytes()]);
@@ -330,6 +386,21 @@ impl Environment {
     /// prompt once); for GSM8K, the first `n` items of the loaded file (load
     /// the test file to evaluate).
     pub fn test_problems(&self, n: usize) -> Vec<Task> {
+        self.problems_of(n, Some(Split::Test))
+    }
+
+    /// `n` distinct problems from either side of the split (fewer if the
+    /// environment has fewer), the same on every machine, in the order of
+    /// the same fixed seed stream as [`Environment::test_problems`]: for
+    /// evaluating on a level no window of the network assigns (an operand
+    /// band or an out-of-distribution level). Distinct means distinct split
+    /// keys, so `a + b` and `b + a` count once from
+    /// [`COMMUTATIVE_SPLIT_FIRST`] on. GSM8K: the first `n` items.
+    pub fn distinct_problems(&self, n: usize) -> Vec<Task> {
+        self.problems_of(n, None)
+    }
+
+    fn problems_of(&self, n: usize, split: Option<Split>) -> Vec<Task> {
         if let Environment::Gsm8k(e) = self {
             return (0..e.len().min(n)).map(|i| e.task_at(i)).collect();
         }
@@ -342,7 +413,11 @@ impl Environment {
             }
             let seed = prf_u64(labels::ENV, &[b"test-problem", &i.to_le_bytes()]);
             let task = self.problem(seed);
-            if problem_split(task.env, &task.prompt) == Split::Test && seen.insert(task.prompt.clone()) {
+            let key = match self {
+                Environment::Arith(e) => e.split_key(&task.prompt).into_owned(),
+                _ => task.prompt.clone(),
+            };
+            if split.is_none_or(|s| self.split_of(&task) == s) && seen.insert(key) {
                 out.push(task);
             }
         }
@@ -354,9 +429,10 @@ impl Environment {
         chatml_prompt(Some(self.system_prompt()), &task.prompt)
     }
 
-    /// Reward of `completion` for `task` ([`TaskAnswer::reward`]).
+    /// Reward of `completion` for `task` under this environment's rule
+    /// ([`TaskAnswer::score`]).
     pub fn reward(&self, task: &Task, completion: &str) -> f32 {
-        task.answer.reward(completion)
+        task.answer.score(self.reward_rule(), completion)
     }
 }
 
@@ -417,8 +493,128 @@ mod tests {
         assert!(text.starts_with("<|im_start|>system\nYou are a careful math assistant."));
         assert!(text.ends_with("<|im_start|>assistant\n"));
         let TaskAnswer::Number(n) = &t.answer else { panic!("arith answers are numbers") };
-        assert_eq!(env.reward(&t, &format!("so... Answer: {n}")), 1.0);
+        // Strict by default: only a final `Answer: N` line pays.
+        assert_eq!(env.reward_rule(), RewardRule::Strict);
+        assert_eq!(env.reward(&t, &format!("{} = {n}\nAnswer: {n}", t.prompt)), 1.0);
+        assert_eq!(env.reward(&t, &format!("so... Answer: {n}")), 0.0);
         assert_eq!(env.reward(&t, "Answer: 1.5e9"), 0.0);
+        let lenient = env.clone().with_reward(RewardRule::Lenient);
+        assert_eq!(lenient.reward(&t, &format!("so... Answer: {n}")), 1.0);
+    }
+
+    #[test]
+    fn strict_pays_only_a_well_formed_final_answer_and_format_ignores_correctness() {
+        let task = Task {
+            env: EnvId::Arith,
+            id: 0,
+            prompt: "Compute 35 - 48.".into(),
+            answer: TaskAnswer::Number("-13".into()),
+        };
+        // (completion, strict, lenient, format)
+        let cases = [
+            ("35 - 48 = -13\nAnswer: -13", 1.0, 1.0, 1.0),
+            ("Answer: -13", 1.0, 1.0, 1.0),
+            ("Answer: 13", 0.0, 0.0, 1.0),
+            ("35 - 48 = -13", 0.0, 1.0, 0.0),
+            ("The answer is -13.", 0.0, 1.0, 0.0),
+            ("Answer: -13\nI hope this helps.", 0.0, 1.0, 0.0),
+            ("Answer: -13 or maybe 13", 0.0, 1.0, 0.0),
+            ("answer: -13", 0.0, 1.0, 0.0),
+            ("", 0.0, 0.0, 0.0),
+        ];
+        for (text, strict, lenient, format) in cases {
+            assert_eq!(task.answer.score(RewardRule::Strict, text), strict, "strict {text:?}");
+            assert_eq!(task.answer.score(RewardRule::Lenient, text), lenient, "lenient {text:?}");
+            assert_eq!(task.answer.reward(text), lenient, "reward() is the lenient rule {text:?}");
+            assert_eq!(task.answer.score(RewardRule::Format, text), format, "format {text:?}");
+        }
+        // SAT: the final line holds exactly one 0/1 per variable.
+        let sat = Task {
+            env: EnvId::Sat,
+            id: 0,
+            prompt: String::new(),
+            answer: TaskAnswer::Sat(SatProblem { num_vars: 3, clauses: vec![[1, -2, 3]] }),
+        };
+        for (text, strict, lenient, format) in [
+            ("Answer: 1 0 1", 1.0, 1.0, 1.0),
+            ("Answer: 0 1 0", 0.0, 0.0, 1.0),
+            ("I pick\n[1, 0, 1]", 0.0, 1.0, 0.0),
+            ("Answer: 1 0 1\nDone.", 0.0, 1.0, 0.0),
+            ("Answer: 1 0", 0.0, 0.0, 0.0),
+        ] {
+            assert_eq!(sat.answer.score(RewardRule::Strict, text), strict, "strict {text:?}");
+            assert_eq!(sat.answer.score(RewardRule::Lenient, text), lenient, "lenient {text:?}");
+            assert_eq!(sat.answer.score(RewardRule::Format, text), format, "format {text:?}");
+        }
+        // The practice level keeps its shaped reward under every rule.
+        let practice = ArithEnv::new(PRACTICE_LEVEL).task(3);
+        for rule in RewardRule::ALL {
+            assert_eq!(practice.answer.score(rule, "abc"), practice.answer.reward("abc"));
+        }
+        // A window's rule reaches every environment it builds.
+        for rule in RewardRule::ALL {
+            for env in [EnvId::Arith, EnvId::Sat] {
+                let spec = EnvSpec { env, difficulty: 105, dataset: None, reward: rule };
+                assert_eq!(Environment::build(&spec, None).unwrap().reward_rule(), rule);
+            }
+        }
+    }
+
+    #[test]
+    fn mixed_levels_split_a_sum_and_its_swapped_twin_together() {
+        let train = Environment::Arith(ArithEnv::new(105));
+        let mut negative = 0;
+        let mut swapped_pairs = 0;
+        for seed in 0..4_000u64 {
+            let t = train.task(seed);
+            let (a, op, b) = operands(&t.prompt);
+            assert!(a < 90 && b < 90, "{}", t.prompt);
+            negative += usize::from(matches!(&t.answer, TaskAnswer::Number(n) if n.starts_with('-')));
+            if op == '+' && a != b {
+                swapped_pairs += 1;
+                let twin = Task { prompt: format!("Compute {b} + {a}."), ..t.clone() };
+                assert_eq!(train.split_of(&twin), Split::Train, "{} trains, its twin must too", t.prompt);
+            }
+        }
+        assert!(negative > 800 && swapped_pairs > 1_000, "{negative} negative, {swapped_pairs} sums");
+        // No held-out problem's twin is ever trained on.
+        let test = train.test_problems(300);
+        assert_eq!(test.len(), 300);
+        let trained: std::collections::HashSet<String> = (0..20_000u64).map(|s| train.task(s).prompt).collect();
+        for t in &test {
+            let (a, op, b) = operands(&t.prompt);
+            assert!(!trained.contains(&t.prompt), "{}", t.prompt);
+            if op == '+' {
+                assert!(!trained.contains(&format!("Compute {b} + {a}.")), "{}'s twin is trained", t.prompt);
+            }
+        }
+        // The band and out-of-distribution levels share no problem with 105.
+        let band = Environment::Arith(ArithEnv::new(106)).distinct_problems(500);
+        assert_eq!(band.len(), 500);
+        for t in &band {
+            let (a, _, b) = operands(&t.prompt);
+            assert!(a.max(b) >= 90 && a < 100 && b < 100, "{}", t.prompt);
+        }
+        let ood = Environment::Arith(ArithEnv::new(107)).distinct_problems(500);
+        assert_eq!(ood.len(), 500);
+        for t in &ood {
+            let (a, _, b) = operands(&t.prompt);
+            let (big, small) = (a.max(b), a.min(b));
+            assert!((100..1000).contains(&big) && (10..100).contains(&small), "{}", t.prompt);
+        }
+        let keys: std::collections::HashSet<String> =
+            band.iter().map(|t| ArithEnv::new(106).split_key(&t.prompt).into_owned()).collect();
+        assert_eq!(keys.len(), band.len(), "distinct up to commutation");
+        // Levels before 105 keep splitting by the exact text.
+        assert_eq!(ArithEnv::new(104).split_key("Compute 56 + 12."), "Compute 56 + 12.");
+        assert_eq!(ArithEnv::new(105).split_key("Compute 56 + 12."), "Compute 12 + 56.");
+        assert_eq!(ArithEnv::new(105).split_key("Compute 56 - 12."), "Compute 56 - 12.");
+    }
+
+    /// `Compute a op b.` as `(a, op, b)`.
+    fn operands(prompt: &str) -> (u64, char, u64) {
+        let e: Vec<&str> = prompt.trim_start_matches("Compute ").trim_end_matches('.').split(' ').collect();
+        (e[0].parse().unwrap(), e[1].chars().next().unwrap(), e[2].parse().unwrap())
     }
 
     #[test]
@@ -427,7 +623,7 @@ mod tests {
             Environment::Arith(ArithEnv::new(104)),
             Environment::Arith(ArithEnv::new(3)),
             Environment::Arith(ArithEnv::new(102)),
-            Environment::Sat(SatEnv),
+            Environment::Sat(SatEnv::default()),
         ] {
             let mut redrawn = 0;
             for seed in 0..2_000u64 {

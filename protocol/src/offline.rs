@@ -111,6 +111,10 @@ pub struct GenerateSettings {
     /// blake3 of that file.
     #[serde(default, with = "hex32")]
     pub dataset: Option<[u8; 32]>,
+    /// How completions were scored (records written before the rule was
+    /// recorded were scored leniently).
+    #[serde(default = "crate::env::RewardRule::legacy")]
+    pub reward: crate::env::RewardRule,
     /// Sampling temperature.
     pub temperature: f32,
     /// Most completion tokens per rollout.
@@ -122,7 +126,7 @@ pub struct GenerateSettings {
 impl GenerateSettings {
     /// The settings that pick the environment.
     pub fn env_spec(&self) -> EnvSpec {
-        EnvSpec { env: self.env, difficulty: self.difficulty, dataset: self.dataset }
+        EnvSpec { env: self.env, difficulty: self.difficulty, dataset: self.dataset, reward: self.reward }
     }
 }
 
@@ -166,6 +170,7 @@ mod tests {
             difficulty: 102,
             data: Some("/data/gsm8k.jsonl".into()),
             dataset: Some([0xab; 32]),
+            reward: crate::env::RewardRule::Format,
             temperature: 0.7,
             max_new_tokens: 96,
             seed: 5,

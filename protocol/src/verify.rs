@@ -1189,6 +1189,7 @@ mod tests {
                     sampling: SamplingParams { temperature: 0.7, max_new_tokens: MAX_NEW },
                     difficulty: 3,
                     dataset: None,
+                    reward: self.env.reward_rule(),
                 };
                 Contract::of_window(&info, &self.env, Seed([8; 32]))
             }

@@ -42,8 +42,8 @@ fn procedural_tasks_are_pinned() {
     // Pinned prompts: a change here changes every miner's task (a protocol bump).
     let seed = task_seed(&Seed([1; 32]), &[2; 32], 0);
     let a = ArithEnv::new(3).task(seed);
-    let s = SatEnv.task(seed);
-    let again = (ArithEnv::new(3).task(seed), SatEnv.task(seed));
+    let s = SatEnv::default().task(seed);
+    let again = (ArithEnv::new(3).task(seed), SatEnv::default().task(seed));
     assert_eq!((a.clone(), s.clone()), again);
     let digest = blake3::hash(format!("{}\n{}\n{:?}", a.prompt, s.prompt, a.answer).as_bytes());
     assert_eq!(digest.to_hex().as_str(), PINNED);

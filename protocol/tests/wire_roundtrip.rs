@@ -79,6 +79,7 @@ fn frame() -> impl Strategy<Value = Frame> {
                 sampling: tributary_protocol::rollout::SamplingParams { temperature: 0.7, max_new_tokens: groups },
                 difficulty: groups % 7,
                 dataset: Some(seed),
+                reward: tributary_protocol::env::RewardRule::ALL[groups as usize % 3],
             })),
         any::<u64>().prop_map(|window| Frame::GetReveal(GetReveal { window })),
         (

@@ -60,6 +60,7 @@ impl World {
             sampling: SamplingParams { temperature: 0.7, max_new_tokens: 16 },
             difficulty: PRACTICE_LEVEL,
             dataset: None,
+            reward: tributary_protocol::env::RewardRule::Strict,
         };
         let env = Environment::for_window(&info, None).unwrap();
         Self { _dir: dir, genesis, id, model, tok, env, info, miner: [7; 32] }

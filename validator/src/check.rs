@@ -322,6 +322,7 @@ impl Context {
             env: rec.env,
             difficulty: opts.difficulty.or(settings.map(|s| s.difficulty)).unwrap_or(DEFAULT_DIFFICULTY),
             dataset: settings.and_then(|s| s.dataset),
+            reward: settings.map_or(tributary_protocol::env::RewardRule::legacy(), |s| s.reward),
         };
         let data = opts.data.clone().or_else(|| settings.and_then(|s| s.data.clone()));
         let max_new_tokens = opts.max_new_tokens.or(settings.map(|s| s.max_new_tokens));

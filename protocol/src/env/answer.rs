@@ -1,4 +1,84 @@
-//! Lenient extraction of a final numeric answer from model output.
+//! Reading a final answer out of model output: the lenient extraction
+//! ([`extract_number`], a metric), the strict final line ([`final_answer_line`],
+//! what training pays for by default) and the rules that choose between them
+//! ([`RewardRule`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How a completion's answer is read when its reward is computed. Part of a
+/// window's contract (`WindowInfo::reward`): miner, validator, the
+/// coordinator's re-check and the trainer all score with the window's rule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RewardRule {
+    /// The default: 1 only when the completion's last non-empty line is a
+    /// well-formed `Answer: N` ([`final_answer_line`]) and `N` is right (SAT:
+    /// `Answer:` then exactly one 0/1 per variable, satisfying every clause).
+    #[default]
+    Strict,
+    /// The number after the last `Answer:`-style marker, else the last number
+    /// anywhere ([`extract_number`]); SAT: the lenient assignment parse. Pays
+    /// for completions that ignore the requested format: a metric, and the
+    /// rule of networks and offline records from before protocol version 6.
+    Lenient,
+    /// A control arm: 1 for a well-formed final `Answer:` line whatever its
+    /// value (correctness ignored), else 0.
+    Format,
+}
+
+impl RewardRule {
+    /// Every rule, strict first.
+    pub const ALL: [RewardRule; 3] = [RewardRule::Strict, RewardRule::Lenient, RewardRule::Format];
+
+    /// The lowercase name (`"strict"`, `"lenient"`, `"format"`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RewardRule::Strict => "strict",
+            RewardRule::Lenient => "lenient",
+            RewardRule::Format => "format",
+        }
+    }
+
+    /// The rule of records written before the rule was recorded (lenient).
+    pub fn legacy() -> Self {
+        RewardRule::Lenient
+    }
+}
+
+impl fmt::Display for RewardRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown reward rule name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown reward rule {0:?} (expected strict, lenient or format)")]
+pub struct UnknownRewardRule(pub String);
+
+impl FromStr for RewardRule {
+    type Err = UnknownRewardRule;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RewardRule::ALL.into_iter().find(|r| r.as_str() == s.trim()).ok_or_else(|| UnknownRewardRule(s.to_owned()))
+    }
+}
+
+/// The value of a well-formed final answer line: the completion's last
+/// non-empty line, trimmed, is `Answer:` (this exact spelling) followed by the
+/// value (trimmed, non-empty). `None` when the last line is anything else.
+pub fn final_answer_line(text: &str) -> Option<&str> {
+    let last = text.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    let value = last.strip_prefix("Answer:")?.trim();
+    (!value.is_empty()).then_some(value)
+}
+
+/// The strict numeric answer: [`final_answer_line`]'s value when it is one
+/// number ([`normalize_number`]), canonicalized.
+pub fn strict_number(text: &str) -> Option<String> {
+    final_answer_line(text).and_then(normalize_number)
+}
 
 /// Markers after which the final answer is expected, matched
 /// case-insensitively; the last marker followed by a number wins.
@@ -137,6 +217,37 @@ mod tests {
         for a in bad {
             assert_eq!(normalize_number(a), None, "{a}");
         }
+    }
+
+    #[test]
+    fn reward_rules_have_names() {
+        for r in RewardRule::ALL {
+            assert_eq!(r.as_str().parse::<RewardRule>().unwrap(), r);
+            assert_eq!(serde_json::to_string(&r).unwrap(), format!("\"{r}\""));
+        }
+        assert_eq!(RewardRule::default(), RewardRule::Strict);
+        assert!("loose".parse::<RewardRule>().is_err());
+    }
+
+    #[test]
+    fn the_final_answer_line_is_the_last_non_empty_line() {
+        let cases = [
+            ("12 + 7 = 19\nAnswer: 19", Some("19")),
+            ("Answer: -13\n\n  ", Some("-13")),
+            ("  Answer:   42  ", Some("42")),
+            ("Answer: 19\nThanks!", None),
+            ("so... Answer: 19", None),
+            ("answer: 19", None),
+            ("Answer:", None),
+            ("56 + 65 = 121", None),
+            ("", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(final_answer_line(text), want, "{text:?}");
+        }
+        assert_eq!(strict_number("Answer: $1,234.50").as_deref(), Some("1234.5"));
+        assert_eq!(strict_number("Answer: 19 apples"), None, "one number and nothing else");
+        assert_eq!(strict_number("Answer: 19."), Some("19".into()));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Procedural integer arithmetic with a difficulty knob.
 
-use super::{EnvId, Task, TaskAnswer};
+use super::{EnvId, RewardRule, Task, TaskAnswer};
 use crate::prf::{PrfStream, labels};
 
 /// Largest level of the coarse scale (larger values that are not
@@ -11,8 +11,8 @@ pub const MAX_DIFFICULTY: u32 = 10;
 /// numbered after the coarse scale so that every coarse task stays the same.
 pub const BRIDGE_FIRST: u32 = 100;
 
-/// The bridge levels, easiest first, with what each asks (all results are
-/// non-negative):
+/// The bridge levels, with what each asks. `100`–`104` have non-negative
+/// results:
 /// - `100`: `a + b`, `a` two digits (`10..=99`), `b` one digit (`0..=9`);
 /// - `101`: `a + b`, both two digits, no carry (the ones and the tens each
 ///   sum below 10);
@@ -20,8 +20,24 @@ pub const BRIDGE_FIRST: u32 = 100;
 /// - `103`: `a + b + c`, one digit each;
 /// - `104`: `a + b`, both two digits (carries allowed).
 ///
-/// Base SmolLM2-135M-Instruct, greedy, 48 new tokens: see `docs/training.md`.
-pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_FIRST + 4;
+/// `105`–`107` mix addition and subtraction (each half the time; results may
+/// be negative) and digit counts, and form one training level with two
+/// evaluation columns that no `105` task ever draws from:
+/// - `105`: `a ± b`, `a` and `b` in `0..=89` (one or two digits): the
+///   training level;
+/// - `106`: `a ± b` over `0..=99` with at least one operand in the band
+///   `90..=99` (an operand band `105` never trains on);
+/// - `107`: `a ± b` with one three-digit (`100..=999`) and one two-digit
+///   (`10..=99`) operand, either first (out of distribution for `105`).
+///
+/// From `105` on, the train/test split sees `a + b` and `b + a` as one
+/// problem ([`ArithEnv::split_key`]).
+///
+/// Base SmolLM2-135M-Instruct, greedy: see `docs/training.md`.
+pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_FIRST + 7;
+
+/// The first level whose split treats `a + b` and `b + a` as one problem.
+pub const COMMUTATIVE_SPLIT_FIRST: u32 = BRIDGE_FIRST + 5;
 
 /// The practice level, for `--dev` networks and tests only: tasks shaped like
 /// coarse level 0 (`a + b`, one digit each) whose answer is
@@ -51,6 +67,7 @@ pub const PRACTICE_LEVEL: u32 = 900;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArithEnv {
     difficulty: u32,
+    reward: RewardRule,
 }
 
 impl ArithEnv {
@@ -60,7 +77,36 @@ impl ArithEnv {
     pub fn new(difficulty: u32) -> Self {
         let kept = BRIDGE_LEVELS.contains(&difficulty) || difficulty == PRACTICE_LEVEL;
         let difficulty = if kept { difficulty } else { difficulty.min(MAX_DIFFICULTY) };
-        Self { difficulty }
+        Self { difficulty, reward: RewardRule::default() }
+    }
+
+    /// This environment scoring with `rule`.
+    pub fn with_reward(self, rule: RewardRule) -> Self {
+        Self { reward: rule, ..self }
+    }
+
+    /// The reward rule ([`RewardRule::Strict`] unless set).
+    pub fn reward_rule(&self) -> RewardRule {
+        self.reward
+    }
+
+    /// The text the train/test split hashes for `prompt` (a prompt of this
+    /// level): the prompt itself, except from [`COMMUTATIVE_SPLIT_FIRST`] on,
+    /// where a two-operand sum is written with its smaller operand first, so
+    /// that `a + b` and `b + a` fall on the same side.
+    pub fn split_key<'a>(&self, prompt: &'a str) -> std::borrow::Cow<'a, str> {
+        if !(COMMUTATIVE_SPLIT_FIRST..=*BRIDGE_LEVELS.end()).contains(&self.difficulty) {
+            return prompt.into();
+        }
+        let expr = prompt.strip_prefix("Compute ").and_then(|e| e.strip_suffix('.'));
+        let parts: Option<Vec<&str>> = expr.map(|e| e.split(' ').collect());
+        match parts.as_deref() {
+            Some([a, "+", b]) => match (a.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(x), Ok(y)) if x > y => format!("Compute {y} + {x}.").into(),
+                _ => prompt.into(),
+            },
+            _ => prompt.into(),
+        }
     }
 
     /// The difficulty (after clamping).
@@ -122,8 +168,27 @@ fn bridge(d: u32, st: &mut PrfStream) -> (Vec<u64>, Vec<char>) {
             (vec![x.max(y), x.min(y)], vec!['-'])
         }
         3 => ((0..3).map(|_| st.below(10)).collect(), vec!['+', '+']),
-        _ => (vec![st.range_inclusive(10, 99), st.range_inclusive(10, 99)], vec!['+']),
+        4 => (vec![st.range_inclusive(10, 99), st.range_inclusive(10, 99)], vec!['+']),
+        5 => {
+            let op = plus_or_minus(st);
+            (vec![st.below(90), st.below(90)], vec![op])
+        }
+        6 => {
+            let op = plus_or_minus(st);
+            let (band, other) = (st.range_inclusive(90, 99), st.below(100));
+            (if st.below(2) == 0 { vec![band, other] } else { vec![other, band] }, vec![op])
+        }
+        _ => {
+            let op = plus_or_minus(st);
+            let (big, small) = (st.range_inclusive(100, 999), st.range_inclusive(10, 99));
+            (if st.below(2) == 0 { vec![big, small] } else { vec![small, big] }, vec![op])
+        }
     }
+}
+
+/// `+` or `-`, each half the time.
+fn plus_or_minus(st: &mut PrfStream) -> char {
+    if st.below(2) == 0 { '+' } else { '-' }
 }
 
 /// Evaluates `x0 op0 x1 op1 ...` with `*` binding tighter than `+`/`-`.
@@ -205,6 +270,22 @@ mod tests {
     const COARSE_PINNED: &str = "bed0fdcced10a4b0db92769e075a37d8a031c8369dd4c43e92f3465363222603";
 
     #[test]
+    fn bridge_levels_before_the_mixed_ones_are_unchanged() {
+        // Adding levels 105-107 keeps every task of 100-104, before and
+        // after the train/test split's redraws: pinned prompts.
+        let got: Vec<String> = (BRIDGE_FIRST..COMMUTATIVE_SPLIT_FIRST)
+            .flat_map(|d| {
+                let env = super::super::Environment::Arith(ArithEnv::new(d));
+                (0..50).flat_map(move |s| [ArithEnv::new(d).task(s).prompt, env.task(s).prompt])
+            })
+            .collect();
+        let digest = blake3::hash(got.join("\n").as_bytes());
+        assert_eq!(digest.to_hex().as_str(), BRIDGE_PINNED, "{got:?}");
+    }
+
+    const BRIDGE_PINNED: &str = "9145016bfebb9557abbc21888aa29d23997fa5902f967a4c411f387777e6e442";
+
+    #[test]
     fn practice_level() {
         let env = ArithEnv::new(PRACTICE_LEVEL);
         assert_eq!(env.difficulty(), PRACTICE_LEVEL);
@@ -235,7 +316,8 @@ mod tests {
                 let (xs, ops) = parse(&t.prompt);
                 let value = evaluate(&xs, &ops);
                 assert_eq!(t.answer, TaskAnswer::Number(value.to_string()));
-                assert!(value >= 0, "{}", t.prompt);
+                assert!(value >= 0 || d >= COMMUTATIVE_SPLIT_FIRST, "{}", t.prompt);
+                let pm = ops == ['+'] || ops == ['-'];
                 match d - BRIDGE_FIRST {
                     0 => assert!(ops == ['+'] && (10..100).contains(&xs[0]) && xs[1] < 10, "{}", t.prompt),
                     1 => {
@@ -244,7 +326,10 @@ mod tests {
                     }
                     2 => assert!(ops == ['-'] && xs[0] < 10 && xs[1] <= xs[0], "{}", t.prompt),
                     3 => assert!(ops == ['+', '+'] && xs.iter().all(|&x| x < 10), "{}", t.prompt),
-                    _ => assert!(ops == ['+'] && xs.iter().all(|x| (10..100).contains(x)), "{}", t.prompt),
+                    4 => assert!(ops == ['+'] && xs.iter().all(|x| (10..100).contains(x)), "{}", t.prompt),
+                    5 => assert!(pm && xs.iter().all(|&x| x < 90), "{}", t.prompt),
+                    6 => assert!(pm && xs.iter().all(|&x| x < 100) && xs.iter().any(|&x| x >= 90), "{}", t.prompt),
+                    _ => assert!(pm && xs.iter().any(|&x| x >= 100) && xs.iter().any(|&x| x < 100), "{}", t.prompt),
                 }
                 prompts.insert(t.prompt);
             }

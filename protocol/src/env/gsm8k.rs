@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{EnvError, EnvId, Task, TaskAnswer, normalize_number};
+use super::{EnvError, EnvId, RewardRule, Task, TaskAnswer, normalize_number};
 
 /// One GSM8K item.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +19,7 @@ pub struct Gsm8kItem {
 #[derive(Debug, Clone)]
 pub struct Gsm8kEnv {
     items: Arc<Vec<Gsm8kItem>>,
+    reward: RewardRule,
 }
 
 #[derive(serde::Deserialize)]
@@ -52,7 +53,17 @@ impl Gsm8kEnv {
         if items.is_empty() {
             return Err(EnvError::Empty);
         }
-        Ok(Self { items: Arc::new(items) })
+        Ok(Self { items: Arc::new(items), reward: RewardRule::default() })
+    }
+
+    /// This environment scoring with `rule`.
+    pub fn with_reward(self, rule: RewardRule) -> Self {
+        Self { reward: rule, ..self }
+    }
+
+    /// The reward rule ([`RewardRule::Strict`] unless set).
+    pub fn reward_rule(&self) -> RewardRule {
+        self.reward
     }
 
     /// Number of items (never 0).

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::{EnvId, Task, TaskAnswer};
+use super::{EnvId, RewardRule, Task, TaskAnswer};
 use crate::prf::{PrfStream, labels};
 
 /// A 3-SAT instance: variables `x1..=xn`; a literal `+v` is `xv`, `-v` is `NOT xv`.
@@ -46,6 +46,22 @@ impl SatProblem {
         }
         completion.lines().rev().find_map(|l| parse_bits(l).filter(|a| a.len() == n))
     }
+
+    /// The assignment of a well-formed final answer line
+    /// ([`super::final_answer_line`]): `Answer:` then exactly `n` values `0`/`1`
+    /// separated by spaces, nothing else. What the strict and format rules read.
+    pub fn parse_strict_assignment(&self, completion: &str) -> Option<Vec<bool>> {
+        let value = super::final_answer_line(completion)?;
+        let bits: Option<Vec<bool>> = value
+            .split_whitespace()
+            .map(|s| match s {
+                "0" => Some(false),
+                "1" => Some(true),
+                _ => None,
+            })
+            .collect();
+        bits.filter(|b| b.len() == self.num_vars as usize)
+    }
 }
 
 /// `0`/`1` values separated by whitespace or commas, optionally inside
@@ -70,9 +86,21 @@ fn parse_bits(line: &str) -> Option<Vec<bool>> {
 /// (partial Fisher–Yates over `1..=n`) and negates each with probability ½.
 /// Random stream: `PrfStream(ENV, ["sat", s LE64])`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SatEnv;
+pub struct SatEnv {
+    reward: RewardRule,
+}
 
 impl SatEnv {
+    /// This environment scoring with `rule`.
+    pub fn with_reward(self, rule: RewardRule) -> Self {
+        Self { reward: rule }
+    }
+
+    /// The reward rule ([`RewardRule::Strict`] unless set).
+    pub fn reward_rule(&self) -> RewardRule {
+        self.reward
+    }
+
     /// The instance for `seed`.
     pub fn problem(&self, seed: u64) -> SatProblem {
         let mut st = PrfStream::new(labels::ENV, &[b"sat", &seed.to_le_bytes()]);
@@ -126,8 +154,8 @@ mod tests {
     #[test]
     fn generator_shape() {
         for seed in 0..200u64 {
-            let p = SatEnv.problem(seed);
-            assert_eq!(p, SatEnv.problem(seed));
+            let p = SatEnv::default().problem(seed);
+            assert_eq!(p, SatEnv::default().problem(seed));
             assert!((4..=15).contains(&p.num_vars), "{}", p.num_vars);
             assert!((5..=20).contains(&p.clauses.len()));
             for c in &p.clauses {
@@ -138,8 +166,9 @@ mod tests {
                 assert_eq!(v.len(), 3);
             }
         }
-        let negs: usize = (0..50).flat_map(|s| SatEnv.problem(s).clauses).flatten().filter(|&l| l < 0).count();
-        let all: usize = (0..50).map(|s| SatEnv.problem(s).clauses.len() * 3).sum();
+        let negs: usize =
+            (0..50).flat_map(|s| SatEnv::default().problem(s).clauses).flatten().filter(|&l| l < 0).count();
+        let all: usize = (0..50).map(|s| SatEnv::default().problem(s).clauses.len() * 3).sum();
         assert!(negs * 10 > all * 4 && negs * 10 < all * 6);
     }
 
@@ -147,7 +176,7 @@ mod tests {
     fn reward_for_satisfying_assignment() {
         let mut solved = 0;
         for seed in 0..40u64 {
-            let t = SatEnv.task(seed);
+            let t = SatEnv::default().task(seed);
             let TaskAnswer::Sat(p) = &t.answer else { unreachable!() };
             assert!(t.prompt.contains(&format!("x1 to x{}", p.num_vars)));
             if let Some(a) = brute_force(p) {

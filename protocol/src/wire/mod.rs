@@ -40,7 +40,7 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/5";
+pub const ALPN: &[u8] = b"tributary/6";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
@@ -54,8 +54,11 @@ pub const ALPN: &[u8] = b"tributary/5";
 /// and every list answer is paged and capped by bytes. Version 5: a closed
 /// window's coordinator-signed manifest in the object store
 /// ([`GetWindowManifest`]), so validators and the trainer read archived
-/// windows from the store. Peers of different versions cannot talk.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// windows from the store. Version 6: a window names the rule its rewards
+/// are scored by ([`WindowInfo::reward`], strict by default: only a
+/// well-formed final `Answer:` line is read). Peers of different versions
+/// cannot talk.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;

@@ -171,6 +171,7 @@ proptest::proptest! {
             sampling: SamplingParams { temperature: temp, max_new_tokens: max_new },
             difficulty,
             dataset,
+            reward: crate::env::RewardRule::ALL[(window % 3) as usize],
         };
         let miners = standings
             .iter()

@@ -49,12 +49,14 @@ pub struct WindowInfo {
     pub difficulty: u32,
     /// blake3 of the dataset file the environment draws from (gsm8k), if any.
     pub dataset: Option<[u8; 32]>,
+    /// How every role scores a completion (protocol version 6).
+    pub reward: crate::env::RewardRule,
 }
 
 impl WindowInfo {
     /// The settings that pick the window's environment ([`crate::env::Environment::for_window`]).
     pub fn env_spec(&self) -> crate::env::EnvSpec {
-        crate::env::EnvSpec { env: self.env, difficulty: self.difficulty, dataset: self.dataset }
+        crate::env::EnvSpec { env: self.env, difficulty: self.difficulty, dataset: self.dataset, reward: self.reward }
     }
 }
 

@@ -158,7 +158,7 @@ fn main() -> Result<()> {
     let threads = tributary_policy::init_threads(args.threads);
     std::fs::create_dir_all(&args.work)?;
     let tokenizer = Tokenizer::from_gguf_file(&args.model)?;
-    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None };
+    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None, reward: Default::default() };
     let env = Environment::build(&spec, args.data.as_deref())?;
     let window = OfflineWindow::from_seed(args.seed);
     let run = Run { tokenizer, env, window, params: VerifyParams::DEFAULT, threads, args };

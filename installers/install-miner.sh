@@ -25,6 +25,13 @@
 #   --src DIR                Tributary source checkout (default: the one holding this script)
 #   --from-build DIR         reuse binaries already built in DIR (e.g. target/debug) instead
 #                            of `cargo install` (CI: llama.cpp is built only once)
+#   --from-release URL|FILE  install the edge-miner of a release archive
+#                            (tributary-VERSION-TARGET.tar.gz from scripts/release.sh):
+#                            no Rust, no compiler, no source checkout. Its SHA-256 is
+#                            checked against the SHA256SUMS beside it (URL/.../SHA256SUMS,
+#                            or the file's folder), or against --sha256 HEX; then every
+#                            file inside against the archive's own SHA256SUMS
+#   --sha256 HEX             the archive's expected SHA-256 (instead of SHA256SUMS)
 #   --threads N --gpu-layers N   passed to the miner (default: all cores; 99 with a GPU)
 #   --no-service             do not install a service
 #   --no-doctor              do not run `edge-miner doctor` at the end
@@ -34,7 +41,7 @@ set -euo pipefail
 die() { echo "install-miner: error: $*" >&2; exit 1; }
 say() { echo "install-miner: $*"; }
 
-coordinator="" fingerprint="" ca="" accel="auto" prefix="" data="" src="" from_build=""
+coordinator="" fingerprint="" ca="" accel="auto" prefix="" data="" src="" from_build="" from_release="" sha256=""
 threads="" gpu_layers="" service=1 doctor=1 dry=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,6 +53,8 @@ while [ $# -gt 0 ]; do
     --data) data="${2:?}"; shift 2 ;;
     --src) src="${2:?}"; shift 2 ;;
     --from-build) from_build="${2:?}"; shift 2 ;;
+    --from-release) from_release="${2:?}"; shift 2 ;;
+    --sha256) sha256="${2:?}"; shift 2 ;;
     --threads) threads="${2:?}"; shift 2 ;;
     --gpu-layers) gpu_layers="${2:?}"; shift 2 ;;
     --no-service) service=0; shift ;;
@@ -69,6 +78,8 @@ fi
 case "$accel" in auto|cpu|cuda|metal|vulkan) ;; *) die "--accel must be auto, cpu, cuda, metal or vulkan" ;; esac
 [[ -z "$threads" || "$threads" =~ ^[0-9]+$ ]] || die "--threads must be a number"
 [[ -z "$gpu_layers" || "$gpu_layers" =~ ^[0-9]+$ ]] || die "--gpu-layers must be a number"
+[ -z "$from_build" ] || [ -z "$from_release" ] || die "give --from-build or --from-release, not both"
+[[ -z "$sha256" || "$sha256" =~ ^[0-9a-fA-F]{64}$ ]] || die "--sha256 must be 64 hex digits"
 
 # Print a command (dry run) or run it.
 run() {
@@ -147,7 +158,64 @@ logdir="$data/logs"
 if [ -z "$src" ]; then
   src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fi
-[ -f "$src/edge-miner/Cargo.toml" ] || die "no Tributary checkout at $src (give --src DIR: git clone the Tributary repository first)"
+# Only a build from source needs the checkout.
+if [ -z "$from_build" ] && [ -z "$from_release" ]; then
+  [ -f "$src/edge-miner/Cargo.toml" ] || die "no Tributary checkout at $src (give --src DIR: git clone the Tributary repository first, or install a release with --from-release URL|FILE)"
+fi
+if [ -f "$src/docs/runbook.md" ]; then doc_line="Documentation=file://$src/docs/runbook.md"; else doc_line="Documentation=https://github.com/tributary/tributary/blob/main/docs/runbook.md"; fi
+
+sha_of() { if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1"; else shasum -a 256 "$1"; fi | cut -d' ' -f1; }
+
+# A release archive (URL or file), checked and unpacked: sets from_build to its bin/.
+fetch_release() {
+  local what="$1" work archive sums expected name
+  work="$(mktemp -d "${TMPDIR:-/tmp}/tributary-release.XXXXXX")"
+  release_work="$work"
+  trap 'rm -rf "$release_work"' EXIT
+  name="$(basename "$what")"
+  case "$name" in *.tar.gz) ;; *) die "--from-release $what: expected a tributary-VERSION-TARGET.tar.gz" ;; esac
+  case "$what" in
+    http://*|https://*)
+      command -v curl >/dev/null 2>&1 || die "curl is needed to download $what"
+      archive="$work/$name"
+      say "downloading $what"
+      curl -fsSL --proto '=https,http' -o "$archive" "$what" || die "downloading $what failed"
+      sums="$work/SHA256SUMS"
+      [ -n "$sha256" ] || curl -fsSL -o "$sums" "${what%/*}/SHA256SUMS" || die "no SHA256SUMS beside $what (or give --sha256 HEX)"
+      ;;
+    *)
+      [ -f "$what" ] || die "--from-release $what: no such file"
+      archive="$what"
+      sums="$(dirname "$what")/SHA256SUMS"
+      [ -n "$sha256" ] || [ -f "$sums" ] || die "no SHA256SUMS beside $what (or give --sha256 HEX)"
+      ;;
+  esac
+  if [ -z "$sha256" ]; then
+    expected="$(awk -v n="$name" '$2 == n || $2 == "*" n {print $1}' "$sums")"
+    [ -n "$expected" ] || die "SHA256SUMS has no line for $name"
+  else
+    expected="$sha256"
+  fi
+  [ "$(sha_of "$archive" | tr 'A-F' 'a-f')" = "$(echo "$expected" | tr 'A-F' 'a-f')" ] \
+    || die "$name: SHA-256 mismatch (expected $expected): refusing to install it"
+  say "$name: SHA-256 ok"
+  tar -C "$work" -xzf "$archive" || die "unpacking $name failed"
+  local stage="$work/${name%.tar.gz}"
+  [ -f "$stage/SHA256SUMS" ] || die "$name holds no SHA256SUMS"
+  (cd "$stage" && while read -r sum file; do
+     [ "$(sha_of "$file")" = "$sum" ] || { echo "install-miner: error: $name: $file does not match its SHA-256" >&2; exit 1; }
+   done < SHA256SUMS) || exit 1
+  [ ! -f "$stage/edge-miner.features" ] || say "the release's miner was built with: $(cat "$stage/edge-miner.features")"
+  from_build="$stage/bin"
+}
+if [ -n "$from_release" ]; then
+  if [ "$dry" = 1 ]; then
+    echo "would download/check/unpack $from_release and install its bin/edge-miner"
+    from_build="(release)"
+  else
+    fetch_release "$from_release"
+  fi
+fi
 
 # ---- prerequisites ----------------------------------------------------------
 sudo_cmd=()
@@ -197,7 +265,9 @@ check_accel_toolchain() {
 }
 
 # ---- build and install the binary ------------------------------------------
-if [ -n "$from_build" ]; then
+if [ "$from_build" = "(release)" ]; then
+  run install -m 755 "(release)/edge-miner" "$bin"
+elif [ -n "$from_build" ]; then
   [ -x "$from_build/edge-miner" ] || die "no edge-miner binary in $from_build (build it first: cargo build -p edge-miner)"
   say "reusing the binary built in $from_build (its features are the ones it was built with)"
   run mkdir -p "$bindir"
@@ -266,12 +336,13 @@ if [ "$service" = 1 ]; then
 # Tributary edge miner (systemd user unit), written by installers/install-miner.sh.
 [Unit]
 Description=Tributary edge miner
-Documentation=file://$src/docs/runbook.md
+$doc_line
 Wants=network-online.target
 After=network-online.target
 
 [Service]
-Type=simple
+# The miner tells systemd when it runs (sd_notify READY=1).
+Type=notify
 ExecStartPre=$bin doctor --config $config
 ExecStart=$exec_line
 Restart=on-failure

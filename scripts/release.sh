@@ -40,6 +40,13 @@ name="tributary-$version-$target"
 bins=(coordinator edge-miner validator trainer)
 tdir="${CARGO_TARGET_DIR:-$root/target}/$dir"
 
+# Every binary's --version names this commit (net/build.rs reads the variable;
+# setting it also rebuilds the stamp, which an incremental build may have kept).
+if [ -z "${TRIBUTARY_GIT_COMMIT:-}" ] && git -C "$root" rev-parse --git-dir >/dev/null 2>&1; then
+  TRIBUTARY_GIT_COMMIT="$(git -C "$root" rev-parse --short=12 HEAD)"
+  export TRIBUTARY_GIT_COMMIT
+fi
+
 if [ "$build" = 1 ]; then
   run cargo build --profile "$profile" --locked -p coordinator -p validator -p trainer --bins
   if [ -n "$miner_features" ]; then

@@ -332,9 +332,22 @@ impl LlamaCppBackend {
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads)
             .with_embeddings(true)
-            .with_pooling_type(LlamaPoolingType::None);
+            .with_pooling_type(self.pooling());
         let params = with_exact_numerics(params, self.offloaded);
         self.model.new_context(backend, params).map_err(|e| BackendError::Context(e.to_string()))
+    }
+
+    /// No pooling (a hidden state per row), said the quiet way: a model
+    /// without a `{arch}.pooling_type` key (every causal LM) gets none from
+    /// `Unspecified` (llama-context.cpp), where naming `None` made llama.cpp
+    /// warn "model default pooling_type is [-1]" at every context; a model
+    /// that names a pooling type is overridden with `None` as before.
+    fn pooling(&self) -> LlamaPoolingType {
+        let declared = self
+            .model
+            .meta_val_str("general.architecture")
+            .is_ok_and(|arch| self.model.meta_val_str(&format!("{arch}.pooling_type")).is_ok());
+        if declared { LlamaPoolingType::None } else { LlamaPoolingType::Unspecified }
     }
 
     fn run_group(&self, req: &GroupRequest<'_>) -> Result<Vec<GeneratedSeq>, BackendError> {

@@ -20,10 +20,12 @@ use tributary_protocol::sketch::SketchParams;
 use tributary_protocol::tokenizer::Tokenizer;
 
 #[derive(Parser, Debug)]
-#[command(name = "edge-miner", version, about = "Tributary edge miner")]
+#[command(name = "edge-miner", version = tributary_net::cli::version(), about = "Tributary edge miner")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: tributary_net::logging::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -48,21 +50,32 @@ enum Command {
         /// Output GGUF.
         #[arg(long)]
         output: PathBuf,
-        /// Target format.
-        #[arg(long = "type", value_enum)]
+        /// Target type, as llama.cpp spells it (any case).
+        #[arg(long = "type", value_enum, ignore_case = true)]
         ftype: QuantType,
         /// Threads (default: available cores).
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: tributary_net::cli::Shell,
+    },
 }
 
+/// llama.cpp's names (`llama-quantize`); the old kebab-case spellings still parse.
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum QuantType {
+    #[value(name = "F16")]
     F16,
+    #[value(name = "BF16")]
     Bf16,
+    #[value(name = "Q4_0", alias = "q4-0")]
     Q4_0,
+    #[value(name = "Q4_1", alias = "q4-1")]
     Q4_1,
+    #[value(name = "Q8_0", alias = "q8-0")]
     Q8_0,
 }
 
@@ -83,14 +96,14 @@ struct GenerateArgs {
     /// GGUF model file.
     #[arg(long)]
     model: PathBuf,
-    /// Environment: arith, sat or gsm8k (gsm8k needs --data).
+    /// Environment: arith, sat or gsm8k (gsm8k needs --gsm8k).
     #[arg(long)]
     env: EnvId,
-    /// GSM8K JSONL file (for --env gsm8k).
-    #[arg(long)]
+    /// GSM8K JSONL file (for --env gsm8k; as `run --gsm8k`). `--data` is its old spelling.
+    #[arg(long = "gsm8k", alias = "data")]
     data: Option<PathBuf>,
-    /// Difficulty of the arith environment.
-    #[arg(long, default_value_t = 3)]
+    /// Difficulty of the arith environment (default 102, the coordinator's).
+    #[arg(long, default_value_t = 102)]
     difficulty: u32,
     /// Number of tasks (one group each).
     #[arg(long)]
@@ -197,6 +210,9 @@ struct RunArgs {
     /// wgpu adapter whose name contains this (config `adapter`; default: the most capable).
     #[arg(long)]
     adapter: Option<String>,
+    /// Serve Prometheus metrics (plain HTTP) on this address, e.g. 127.0.0.1:9092 (default: none).
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl RunArgs {
@@ -255,19 +271,15 @@ fn init(data: &std::path::Path) -> Result<Keypair> {
 fn run(args: RunArgs) -> Result<()> {
     use edge_miner::run::{self as mine, RunConfig};
     use edge_miner::uplink::UplinkConfig;
-    use std::net::ToSocketAddrs;
     let conf = args.resolve()?;
-    let pin = conf.pin()?;
+    conf.pin()?;
+    // The address (HOST:PORT, resolved) and the fingerprint's form are checked before --check-config says ok.
+    let (addr, pin) =
+        tributary_net::coordinator_target(Some(&conf.coordinator), conf.fingerprint.as_deref(), conf.ca.as_deref())?;
     if args.common.check_config {
         print!("{}", toml::to_string(&conf)?);
         return Ok(());
     }
-    let addr = conf
-        .coordinator
-        .to_socket_addrs()
-        .with_context(|| format!("coordinator {:?}", conf.coordinator))?
-        .next()
-        .with_context(|| format!("coordinator {:?} has no address", conf.coordinator))?;
     let data = conf.data.clone();
     let path = key_path(&data);
     let key = if args.common.dev {
@@ -307,7 +319,7 @@ fn run(args: RunArgs) -> Result<()> {
         if let Some(l) = setup.loader {
             cfg.loader = l;
         }
-        eprintln!("attack {attack} switched on");
+        tracing::warn!("attack {attack} switched on");
     }
     cfg.progress = true;
     cfg.model = match conf.model {
@@ -317,12 +329,22 @@ fn run(args: RunArgs) -> Result<()> {
         }
         None => None,
     };
+    let metrics = args.metrics;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         // SIGINT or SIGTERM: the group in progress is finished and submitted, then the miner exits 0.
+        if let Some(addr) = metrics {
+            let bound = tributary_net::serve_metrics(addr, "miner")
+                .await
+                .with_context(|| format!("metrics listener on {addr}"))?;
+            tributary_net::announce(format_args!("metrics=http://{bound}/metrics"));
+        }
         let stop = tributary_net::shutdown::on_stop_signal();
+        tributary_net::shutdown::notify_ready();
         let s = mine::run(cfg, stop, None).await?;
-        eprintln!("{} windows, {} rollouts stored, {} refused", s.windows, s.stored, s.refused);
+        tributary_net::shutdown::notify_stopping();
+        // Through tracing, not eprintln!: a closed stderr must not turn an orderly stop into a panic.
+        tracing::info!(windows = s.windows, stored = s.stored, refused = s.refused, "miner stopped");
         Ok(())
     })
 }
@@ -393,14 +415,19 @@ fn generate(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     // SAFETY: first thing in main, before any thread exists.
     let pinned = unsafe { edge_miner::llama::pin_exact_gpu_kernels() };
-    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
+    let cli = Cli::parse();
+    tributary_net::init_logging(tributary_net::logging::DEFAULT_FILTER, cli.log.log_format);
     if !pinned.is_empty() {
         tracing::info!(?pinned, "Vulkan build: f32 matmul inputs pinned for offloaded layers");
     }
-    match Cli::parse().command {
+    tributary_net::cli::exit_code(miner_main(cli))
+}
+
+fn miner_main(cli: Cli) -> Result<()> {
+    match cli.command {
         Command::Init { data } => {
             let k = init(&data)?;
             println!("miner={}", k.public());
@@ -418,6 +445,11 @@ fn main() -> Result<()> {
         Command::Quantize { input, output, ftype, threads } => {
             quantize(&input, &output, ftype.into(), threads.unwrap_or_else(default_threads))?;
             eprintln!("wrote {}", output.display());
+            Ok(())
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            tributary_net::cli::print_completions(Cli::command(), shell);
             Ok(())
         }
     }

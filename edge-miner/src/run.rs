@@ -191,7 +191,8 @@ pub struct RunSummary {
 }
 
 enum GenOut {
-    Group(Vec<Rollout>),
+    /// A group and how long generating it took.
+    Group(Vec<Rollout>, Duration),
     NeedModel,
     Failed(String),
     Done,
@@ -303,7 +304,8 @@ impl Generator {
             }
             match self.group(&job.info, &env, g) {
                 Ok(rs) => {
-                    if job.out.blocking_send(GenOut::Group(rs)).is_err() {
+                    let took = self.last_group.unwrap_or_default();
+                    if job.out.blocking_send(GenOut::Group(rs, took)).is_err() {
                         return GenOut::Done;
                     }
                 }
@@ -348,7 +350,13 @@ impl Generator {
         if let Some(s) = self.swap.take() {
             let swap = started.duration_since(s.began);
             let pause = started.duration_since(s.prev_end.unwrap_or(s.began));
-            tracing::info!(id = %s.id, ?pause, ?swap, first_group = ?took, "swapped to the new checkpoint");
+            tracing::info!(
+                id = %s.id,
+                idle_before = %human(pause),
+                swap = %human(swap),
+                first_group = %human(took),
+                "swapped to the new checkpoint"
+            );
             if let Some(tx) = &self.events {
                 let first_group = took;
                 let _ = tx.send(RunEvent::Swapped {
@@ -521,6 +529,7 @@ pub async fn run(
         // Set once a stopping miner gave up on a submission: the groups
         // still queued are not tried.
         let mut abandon = false;
+        let mut tally = WindowTally::default();
         loop {
             let out = tokio::select! {
                 o = out_rx.recv() => o,
@@ -528,7 +537,15 @@ pub async fn run(
                 _ = cancel.cancelled() => out_rx.recv().await,
             };
             match out {
-                Some(GenOut::Group(rs)) => {
+                Some(GenOut::Group(rs, took)) => {
+                    tally.groups += 1;
+                    tally.rollouts += rs.len();
+                    tally.tokens += rs.iter().map(|r| r.completion().len()).sum::<usize>();
+                    tally.generating += took;
+                    metrics::counter!("tributary_miner_rollouts_generated_total").increment(rs.len() as u64);
+                    metrics::counter!("tributary_miner_completion_tokens_total")
+                        .increment(rs.iter().map(|r| r.completion().len() as u64).sum());
+                    metrics::histogram!("tributary_miner_group_seconds").record(took.as_secs_f64());
                     let checkpoint = rs.first().map(|r| r.checkpoint).unwrap_or(info.checkpoint);
                     // The group in progress is submitted after a stop, given
                     // STOP_SUBMIT_GRACE when the coordinator does not answer.
@@ -555,6 +572,12 @@ pub async fn run(
                         Some(Ok(rep)) => {
                             summary.stored += rep.stored.len() as u64;
                             summary.refused += rep.refused.len() as u64;
+                            tally.accepted += rep.stored.len();
+                            tally.refused += rep.refused.len();
+                            metrics::counter!("tributary_miner_rollouts_accepted_total")
+                                .increment(rep.stored.len() as u64);
+                            metrics::counter!("tributary_miner_rollouts_refused_total")
+                                .increment(rep.refused.len() as u64);
                             if !rep.refused.is_empty() {
                                 tracing::warn!(refused = ?rep.refused, "rollouts refused");
                             }
@@ -579,6 +602,10 @@ pub async fn run(
                 Some(GenOut::Done) | None => break,
             }
         }
+        if tally.groups > 0 {
+            tally.log(info.window);
+            metrics::counter!("tributary_miner_windows_total").increment(1);
+        }
         if let Some(e) = fatal {
             break Err(e);
         }
@@ -590,6 +617,42 @@ pub async fn run(
     sync_task.abort();
     let _ = tokio::task::spawn_blocking(move || gen_thread.join()).await;
     result.map(|()| summary)
+}
+
+/// What one window's job generated and the coordinator made of it: the
+/// miner's one INFO line per window.
+#[derive(Default)]
+struct WindowTally {
+    groups: usize,
+    rollouts: usize,
+    tokens: usize,
+    accepted: usize,
+    refused: usize,
+    /// Time spent generating (the groups' own times, not the waits between).
+    generating: Duration,
+}
+
+impl WindowTally {
+    fn log(&self, window: WindowId) {
+        let secs = self.generating.as_secs_f64();
+        let tok_s = if secs > 0.0 { self.tokens as f64 / secs } else { 0.0 };
+        tracing::info!(
+            window,
+            groups = self.groups,
+            generated = self.rollouts,
+            accepted = self.accepted,
+            refused = self.refused,
+            completion_tokens = self.tokens,
+            tok_s = %format!("{tok_s:.1}"),
+            generating = %human(self.generating),
+            "window mined"
+        );
+    }
+}
+
+/// A duration for a log line, to the millisecond: `1m 23s 958ms`.
+fn human(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
 }
 
 /// `fut`'s output, or `None` once `stop` is cancelled first.

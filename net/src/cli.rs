@@ -4,6 +4,10 @@
 //! of a role's TOML file ([`load_config`]) with its relative paths taken
 //! relative to the file's folder.
 //!
+//! Every binary also shares [`version`] (its `--version`: the package
+//! version, the git commit and the wire protocol's version) and
+//! [`print_completions`] (its `completions SHELL` subcommand).
+//!
 //! Each role keeps its own help wording for these flags (its binary
 //! overrides a flag's help with clap's `mut_arg`), its own config struct and
 //! its own defaults.
@@ -14,6 +18,66 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::wire::Role;
+
+/// Every binary's `--version`: `0.1.0 (commit 1a2b3c4d5e6f, protocol 6)`.
+/// The commit is stamped at build time (`net/build.rs`; `unknown` when built
+/// from a tarball without `.git` and without `TRIBUTARY_GIT_COMMIT`).
+pub fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        format!(
+            "{} (commit {}, protocol {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("TRIBUTARY_GIT_COMMIT"),
+            tributary_protocol::wire::PROTOCOL_VERSION
+        )
+    })
+}
+
+/// The shells [`print_completions`] writes for.
+pub use clap_complete::Shell;
+
+/// Writes `cmd`'s completion script for `shell` to stdout (`ROLE completions
+/// bash > /etc/bash_completion.d/ROLE`, or `source <(ROLE completions bash)`).
+pub fn print_completions(mut cmd: clap::Command, shell: Shell) {
+    let name = cmd.get_name().to_string();
+    clap_complete::generate(shell, &mut cmd, name, &mut std::io::stdout());
+}
+
+/// An error and its causes on one line, `outer: cause: root`, each cause
+/// once: a cause whose text its parent's message already contains (a
+/// `thiserror` message that prints its `#[source]`) is not repeated.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let m = c.to_string();
+        if !m.is_empty() && !text.contains(&m) {
+            text.push_str(": ");
+            text.push_str(&m);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// How every binary ends: 0 on success; otherwise `error: ...` on stderr
+/// ([`error_chain`]: each cause once, no backtrace whatever
+/// `RUST_BACKTRACE` says: a wrong flag or a missing file is not a crash) and
+/// exit status 1. A closed stderr loses the line, nothing else.
+pub fn exit_code<E>(result: Result<(), E>) -> std::process::ExitCode
+where
+    E: AsRef<dyn std::error::Error + Send + Sync + 'static>,
+{
+    use std::io::Write;
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: {}", error_chain(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
 
 /// How a client finds and pins its coordinator, and where it keeps its data.
 /// Each overrides the config file's key of the same name.
@@ -165,6 +229,19 @@ mod tests {
                 f(p);
             }
         }
+    }
+
+    #[test]
+    fn a_cause_is_printed_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("reading x.toml: {0}")]
+        struct Twice(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("starting")]
+        struct Outer(#[source] Twice);
+        let e = Outer(Twice(std::io::Error::new(std::io::ErrorKind::NotFound, "no such file")));
+        assert_eq!(error_chain(&e), "starting: reading x.toml: no such file");
+        assert!(version().contains("(commit ") && version().contains("protocol "), "{}", version());
     }
 
     #[test]

@@ -16,10 +16,11 @@ pub mod beacon;
 pub mod cli;
 pub mod client;
 pub mod logging;
+pub mod metrics;
 pub mod shutdown;
 pub mod store_read;
 pub use client::{Client, ClientConfig, ClientError, DownloadError, Page, Paged, WindowSource};
-pub use logging::{announce, init_tracing, now_ms};
+pub use logging::{announce, init_logging, init_tracing, now_ms};
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -341,7 +342,16 @@ pub fn coordinator_target(
         .next()
         .ok_or_else(|| config(format!("coordinator {c:?} has no address")))?;
     let pin = match (fingerprint, ca) {
-        (Some(f), None) => f.trim().to_string(),
+        (Some(f), None) => {
+            let f = f.trim();
+            if f.len() != 64 || !f.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(config(format!(
+                    "fingerprint {f:?}: expected 64 hex digits (the `fingerprint=` line of `coordinator run`, or \
+                     `coordinator fingerprint --data DIR`)"
+                )));
+            }
+            f.to_string()
+        }
         (None, Some(ca)) => read_ca(ca)?,
         (Some(_), Some(_)) => {
             return Err(config("give the coordinator's `fingerprint` or a `ca` file, not both".into()));
@@ -743,18 +753,17 @@ impl Session {
     }
 }
 
-/// Installs the Prometheus recorder and serves its text on `addr` (plain
-/// HTTP, any path): the `/metrics` listener of the validator and trainer.
-pub async fn serve_metrics(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+/// Installs the Prometheus recorder ([`metrics::install`] for `role`) and
+/// serves its text on `addr` (plain HTTP, any path): the `/metrics`
+/// listener of the validator, the trainer and the miner.
+pub async fn serve_metrics(addr: SocketAddr, role: &str) -> std::io::Result<SocketAddr> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    crate::metrics::install(role).ok_or_else(|| std::io::Error::other("another metrics recorder is installed"))?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let body = handle.render();
+            let body = crate::metrics::render();
             tokio::spawn(async move {
                 let mut buf = [0u8; 1024];
                 let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s.read(&mut buf)).await;

@@ -25,13 +25,31 @@ pub fn on_stop_signal() -> CancellationToken {
         Ok(mut s) => {
             tokio::spawn(async move {
                 let name = s.recv().await;
-                tracing::info!(signal = name, "stopping");
+                // Cancelled first: the stop never waits on (or dies with) a log write.
                 cancel.cancel();
+                tracing::info!(signal = name, "stopping");
             });
         }
         Err(e) => tracing::warn!(error = %e, "no stop-signal handler; the process stops only when killed"),
     }
     token
+}
+
+/// Tells systemd the service is ready (a unit of `Type=notify` counts as
+/// started from here, so `systemctl start` returns once the role serves);
+/// a no-op outside such a unit (no `NOTIFY_SOCKET`). A failure is logged.
+pub fn notify_ready() {
+    #[cfg(unix)]
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "could not tell systemd the service is ready");
+    }
+}
+
+/// Tells systemd the service is stopping (shown by `systemctl status`); a
+/// no-op outside a `Type=notify` unit.
+pub fn notify_stopping() {
+    #[cfg(unix)]
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
 }
 
 /// The stop signals' streams, registered with the OS.

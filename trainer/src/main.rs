@@ -10,10 +10,16 @@ use tributary_net::cli::{ConfigPaths, CoordinatorArgs, load_config};
 mod init;
 
 #[derive(Parser)]
-#[command(name = "trainer", about = "Tributary trainer: checkpoints and GRPO training")]
+#[command(
+    name = "trainer",
+    version = tributary_net::cli::version(),
+    about = "Tributary trainer: checkpoints and GRPO training"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    log: tributary_net::logging::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -71,11 +77,16 @@ struct RunArgs {
     common: CoordinatorArgs,
     /// Genesis checkpoint (default with --dev: the dev tiny model).
     #[arg(long)]
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: tributary_net::cli::Shell,
+    },
     model: Option<PathBuf>,
     /// Trainer key file (default with --dev: the dev trainer key).
     #[arg(long)]
     key: Option<PathBuf>,
-    /// Peak learning rate (default 3e-5, `trainer::train::DEFAULT_LR`).
+    /// Peak learning rate (default 3e-5).
     #[arg(long)]
     lr: Option<f64>,
     /// Where training runs: cpu, cuda, cuda:N or auto (default auto: the
@@ -335,7 +346,7 @@ fn run(args: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         if let Some(addr) = metrics {
-            let bound = serve_metrics(addr).await?;
+            let bound = serve_metrics(addr, "trainer").await?;
             tributary_net::announce(format_args!("metrics=http://{bound}/metrics"));
         }
         tributary_net::announce(format_args!("trainer={}", cfg.key.public()));
@@ -346,14 +357,20 @@ fn run(args: RunArgs) -> Result<()> {
     })
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     // Logs (warnings about rollouts refused by the proof, steps, uploads) on
-    // stderr; RUST_LOG picks the level (default: warn and above).
-    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
-    match Cli::parse().cmd {
+    // stderr; RUST_LOG picks the level (default: info, llama.cpp from warn).
+    let cli = Cli::parse();
+    tributary_net::init_logging(tributary_net::logging::DEFAULT_FILTER, cli.log.log_format);
+    tributary_net::cli::exit_code(trainer_main(cli))
+}
+
+fn trainer_main(cli: Cli) -> Result<()> {
+    match cli.cmd {
         Cmd::InitBase { src, out } => {
             let src = src.unwrap_or_else(assets::smollm2_q4_1);
             let out = out.unwrap_or_else(assets::smollm2_bf16);
+        tributary_net::shutdown::notify_ready();
             init::init_base(&src, &out)?;
         }
         Cmd::InitTiny { seed, out, tokenizer_src } => {
@@ -371,3 +388,7 @@ fn main() -> Result<()> {
     }
     Ok(())
 }
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            tributary_net::cli::print_completions(Cli::command(), shell);
+        }

@@ -260,10 +260,10 @@ impl Publisher {
         let announce = postcard::to_stdvec(&announcement).unwrap_or_default();
         write_atomic(&wdir.join("announce.bin"), &announce)?;
         if let Some((c, t)) = changed {
-            metrics::gauge!("trainer_delta_bytes").set(payload.len() as f64);
-            metrics::gauge!("trainer_delta_change_fraction").set(c as f64 / t.max(1) as f64);
+            metrics::gauge!("tributary_trainer_delta_bytes").set(payload.len() as f64);
+            metrics::gauge!("tributary_trainer_delta_change_fraction").set(c as f64 / t.max(1) as f64);
         }
-        metrics::gauge!("trainer_published_window").set(rec.window as f64);
+        metrics::gauge!("tributary_trainer_published_window").set(rec.window as f64);
         Ok(Publication {
             announcement,
             payload: ppath,

@@ -221,10 +221,10 @@ impl Selection {
     /// (`trainer_groups_kept_total`, `trainer_groups_held_total`,
     /// `trainer_groups_dropped_total{reason}`).
     pub fn record_metrics(&self) {
-        metrics::counter!("trainer_groups_kept_total").increment(self.kept.len() as u64);
-        metrics::counter!("trainer_groups_held_total").increment(self.held_groups);
+        metrics::counter!("tributary_trainer_groups_kept_total").increment(self.kept.len() as u64);
+        metrics::counter!("tributary_trainer_groups_held_total").increment(self.held_groups);
         for (r, n) in &self.dropped {
-            metrics::counter!("trainer_groups_dropped_total", "reason" => r.as_str()).increment(*n);
+            metrics::counter!("tributary_trainer_groups_dropped_total", "reason" => r.as_str()).increment(*n);
         }
     }
 }

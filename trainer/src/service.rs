@@ -566,7 +566,7 @@ impl Service {
                 detail = %r.detail,
                 "rollout failed the trainer's proof: not trained"
             );
-            metrics::counter!("trainer_rollouts_rejected_total", "check" => r.check.clone()).increment(1);
+            metrics::counter!("tributary_trainer_rollouts_rejected_total", "check" => r.check.clone()).increment(1);
             let line = by_window.entry(r.window).or_default();
             line.extend(serde_json::to_vec(r)?);
             line.push(b'\n');

@@ -163,24 +163,24 @@ pub struct StepStats {
 }
 
 impl StepStats {
-    /// Emits the figures as `metrics` gauges (`trainer_*`).
+    /// Emits the figures as `metrics` gauges (`tributary_trainer_*`).
     pub fn record_metrics(&self) {
         for (name, v) in [
-            ("trainer_step", self.step as f64),
-            ("trainer_lr", self.lr),
-            ("trainer_loss", self.loss),
-            ("trainer_pg_loss", self.pg_loss),
-            ("trainer_kl", self.kl),
-            ("trainer_entropy", self.entropy),
-            ("trainer_ratio_mean", self.ratio_mean),
-            ("trainer_clip_low_fraction", self.clip_low_frac),
-            ("trainer_clip_high_fraction", self.clip_high_frac),
-            ("trainer_delta_cap_fraction", self.cap_frac),
-            ("trainer_grad_norm", self.grad_norm),
-            ("trainer_reward_mean", self.reward_mean),
-            ("trainer_reward_std", self.reward_std),
-            ("trainer_batch_sequences", self.seqs as f64),
-            ("trainer_batch_tokens", self.tokens as f64),
+            ("tributary_trainer_step", self.step as f64),
+            ("tributary_trainer_lr", self.lr),
+            ("tributary_trainer_loss", self.loss),
+            ("tributary_trainer_pg_loss", self.pg_loss),
+            ("tributary_trainer_kl", self.kl),
+            ("tributary_trainer_entropy", self.entropy),
+            ("tributary_trainer_ratio_mean", self.ratio_mean),
+            ("tributary_trainer_clip_low_fraction", self.clip_low_frac),
+            ("tributary_trainer_clip_high_fraction", self.clip_high_frac),
+            ("tributary_trainer_delta_cap_fraction", self.cap_frac),
+            ("tributary_trainer_grad_norm", self.grad_norm),
+            ("tributary_trainer_reward_mean", self.reward_mean),
+            ("tributary_trainer_reward_std", self.reward_std),
+            ("tributary_trainer_batch_sequences", self.seqs as f64),
+            ("tributary_trainer_batch_tokens", self.tokens as f64),
         ] {
             metrics::gauge!(name).set(v);
         }

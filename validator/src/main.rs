@@ -9,10 +9,12 @@ use tributary_net::cli::{ConfigPaths, CoordinatorArgs, load_config};
 use validator::check::{CheckOptions, run_check};
 
 #[derive(Parser, Debug)]
-#[command(name = "validator", version, about = "Tributary validator")]
+#[command(name = "validator", version = tributary_net::cli::version(), about = "Tributary validator")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: tributary_net::logging::LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -21,6 +23,11 @@ enum Command {
     Check(CheckArgs),
     /// Verify every window of a coordinator's network and post signed verdicts.
     Run(RunArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: tributary_net::cli::Shell,
+    },
 }
 
 /// `validator run`'s flags: each overrides the config file's key of the same
@@ -228,12 +235,14 @@ fn run(args: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         if let Some(addr) = metrics {
-            let bound =
-                tributary_net::serve_metrics(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
+            let bound = tributary_net::serve_metrics(addr, "validator")
+                .await
+                .with_context(|| format!("metrics listener on {addr}"))?;
             tributary_net::announce(format_args!("metrics=http://{bound}/metrics"));
         }
         let stop = tributary_net::shutdown::on_stop_signal();
         let mut service = Service::open(cfg).await.context("connecting to the coordinator")?;
+        tributary_net::shutdown::notify_ready();
         // One line per verified window on stdout, for scripts.
         let line = |r: &validator::service::WindowReport| {
             let failed = r.miners.values().filter(|m| m.body.hard_failure).count();
@@ -270,8 +279,8 @@ struct CheckArgs {
     /// Most padded tokens per reference forward pass.
     #[arg(long, default_value_t = 8192)]
     batch_tokens: usize,
-    /// GSM8K JSONL file (default: the one each record names).
-    #[arg(long)]
+    /// GSM8K JSONL file (default: the one each record names). `--data` is its old spelling.
+    #[arg(long = "gsm8k", alias = "data")]
     data: Option<PathBuf>,
     /// Difficulty of the arith environment (default: the one each record
     /// names, else 3).
@@ -315,10 +324,20 @@ fn check(args: CheckArgs) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
-    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tributary_net::init_logging(tributary_net::logging::DEFAULT_FILTER, cli.log.log_format);
+    tributary_net::cli::exit_code(validator_main(cli))
+}
+
+fn validator_main(cli: Cli) -> Result<()> {
+    match cli.command {
         Command::Check(args) => check(args),
         Command::Run(args) => run(args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            tributary_net::cli::print_completions(Cli::command(), shell);
+            Ok(())
+        }
     }
 }

@@ -14,7 +14,11 @@
 //!   add up to the full-batch loss when each is divided by the same `N`);
 //! - entropy bonus `−c_H · mean_i mean_t H_{i,t}` (each micro-batch weighted
 //!   by its share of the batch's sequences);
-//! - optional k2 KL to a reference: `β · Σ ½(ℓ − ℓ_ref)² / N`.
+//!
+//! No KL term: the trainer keeps no frozen reference model, so a KL
+//! coefficient could only do nothing (the `kl_beta` key of `trainer.toml` is
+//! gone, and a configuration that sets it is refused). Log-probs are of the
+//! sampling distribution `softmax(logits / T)` (`crate::train`).
 //!
 //! Tensors are *flat over tokens*: element `k` of `logp` is a completion
 //! token of sequence `seq[k]`; no padding is involved.
@@ -36,8 +40,6 @@ pub struct GrpoConfig {
     pub ratio_max: f64,
     /// Entropy bonus coefficient `c_H`.
     pub entropy_coef: f64,
-    /// KL coefficient `β` (0 disables the reference KL).
-    pub kl_beta: f64,
 }
 
 impl Default for GrpoConfig {
@@ -49,7 +51,6 @@ impl Default for GrpoConfig {
             logratio_clamp: 5.0,
             ratio_max: 10.0,
             entropy_coef: 0.001,
-            kl_beta: 0.0,
         }
     }
 }
@@ -69,8 +70,6 @@ pub struct LossInputs<'a> {
     pub adv: &'a Tensor,
     /// Per-token entropy `[N_mb]`, when the bonus is on.
     pub entropy: Option<&'a Tensor>,
-    /// Reference-model log-probs `[N_mb]`, when the KL is on.
-    pub ref_logp: Option<&'a Tensor>,
     /// Total completion tokens of the whole batch (all micro-batches).
     pub total_tokens: f64,
     /// Total sequences of the whole batch (all micro-batches).
@@ -86,8 +85,6 @@ pub struct LossOutput {
     pub pg: f64,
     /// Entropy part's mean entropy over this micro-batch's sequences.
     pub entropy_sum: f64,
-    /// KL part (scalar value).
-    pub kl: f64,
     /// Sum over sequences of the ratio `ρ_i`.
     pub ratio_sum: f64,
     /// Sequences whose objective was clipped at `1 − ε_lo` (A < 0).
@@ -132,13 +129,6 @@ pub fn grpo_loss(cfg: &GrpoConfig, x: &LossInputs<'_>) -> Result<LossOutput, tch
             loss = loss.f_sub(&s.f_mul_scalar(cfg.entropy_coef / x.total_seqs.max(1.0))?)?;
         }
     }
-    let mut kl = 0.0;
-    if let (Some(r), true) = (x.ref_logp, cfg.kl_beta != 0.0) {
-        let d = x.logp.f_sub(&r.f_to_kind(kind)?)?;
-        let k = d.f_square()?.f_sum(kind)?.f_mul_scalar(0.5 * cfg.kl_beta / x.total_tokens.max(1.0))?;
-        kl = k.f_double_value(&[])?;
-        loss = loss.f_add(&k)?;
-    }
 
     let count = |t: Tensor| -> Result<usize, tch::TchError> { Ok(t.f_sum(Kind::Int64)?.f_int64_value(&[])? as usize) };
     let (ratio_d, adv_d) = (ratio.f_detach()?, adv.f_detach()?);
@@ -146,7 +136,6 @@ pub fn grpo_loss(cfg: &GrpoConfig, x: &LossInputs<'_>) -> Result<LossOutput, tch
     Ok(LossOutput {
         pg: pg.f_double_value(&[])?,
         entropy_sum,
-        kl,
         ratio_sum: ratio_d.f_sum(Kind::Double)?.f_double_value(&[])?,
         clipped_low: count(ratio_d.f_lt(1.0 - cfg.clip_low)?.f_logical_and(&neg)?)?,
         clipped_high: count(ratio_d.f_gt(1.0 + cfg.clip_high)?.f_logical_and(&pos)?)?,
@@ -207,7 +196,6 @@ mod tests {
             lens: &t(&[2.0, 1.0, 2.0, 1.0, 3.0]),
             adv: &t(&[1.0, 1.0, -1.0, -1.0, -0.5]),
             entropy: None,
-            ref_logp: None,
             total_tokens: 9.0,
             total_seqs: 5.0,
         };
@@ -238,7 +226,6 @@ mod tests {
             lens: &t(&[1.0]),
             adv: &t(&[-1.0]),
             entropy: None,
-            ref_logp: None,
             total_tokens: 1.0,
             total_seqs: 1.0,
         };
@@ -265,7 +252,6 @@ mod tests {
             lens: &t(&[2.0, 1.0]),
             adv: &t(&[0.7, -0.3]),
             entropy: Some(&ent),
-            ref_logp: None,
             total_tokens: 3.0,
             total_seqs: 2.0,
         };
@@ -297,26 +283,6 @@ mod tests {
         let pg = (-0.7 * 0.015f64.exp() * 2.0 + 0.3 * 0.1f64.exp()) / 3.0;
         assert!(close(whole, pg - 0.01 * 2.25), "{whole}");
         let _ = Device::Cpu;
-    }
-
-    #[test]
-    fn kl_term_when_enabled() {
-        let cfg = GrpoConfig { kl_beta: 0.1, ..GrpoConfig::default() };
-        let x = LossInputs {
-            logp: &t(&[0.0, 0.0]),
-            old_logp: &t(&[0.0, 0.0]),
-            seq: &Tensor::from_slice(&[0i64, 0]),
-            lens: &t(&[2.0]),
-            adv: &t(&[0.0]),
-            entropy: None,
-            ref_logp: Some(&t(&[0.2, -0.4])),
-            total_tokens: 2.0,
-            total_seqs: 1.0,
-        };
-        let out = grpo_loss(&cfg, &x).unwrap();
-        // 0.1 · ½(0.04 + 0.16) / 2 = 0.005
-        assert!(close(out.kl, 0.005));
-        assert!(close(out.loss.double_value(&[]), 0.005));
     }
 
     #[test]

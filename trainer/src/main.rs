@@ -161,8 +161,6 @@ struct RunConfig {
     ratio_max: f64,
     /// Entropy bonus coefficient. Default 0.001.
     entropy_coef: f64,
-    /// Reference-KL coefficient β (0 disables). Default 0.
-    kl_beta: f64,
     /// Checkpoints whose weights the proof keeps loaded (rollouts naming an
     /// older one are dropped as stale). Default 3.
     keep_checkpoints: usize,
@@ -199,7 +197,6 @@ impl Default for RunConfig {
             logratio_clamp: t.grpo.logratio_clamp,
             ratio_max: t.grpo.ratio_max,
             entropy_coef: t.grpo.entropy_coef,
-            kl_beta: t.grpo.kl_beta,
             keep_checkpoints: trainer::proof::ProofConfig::default().keep_checkpoints,
             keep_publications: 16,
             coordinator: None,
@@ -277,7 +274,6 @@ impl RunConfig {
                 logratio_clamp: self.logratio_clamp,
                 ratio_max: self.ratio_max,
                 entropy_coef: self.entropy_coef,
-                kl_beta: self.kl_beta,
             },
         }
     }

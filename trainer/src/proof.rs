@@ -15,7 +15,9 @@
 //! holds is stale). The cheap checks run before any model work.
 //!
 //! The old-policy log-probs of the loss are the trainer's own from that
-//! forward; the miner's are only compared with them (the per-token bound).
+//! forward, of the tempered distribution the rollout was sampled from
+//! ([`crate::train::tempered_old_logprobs`]); the miner's raw (`T = 1`)
+//! log-probs are only compared with the trainer's raw ones (the per-token bound).
 //! A rollout that fails takes its group out of the batch, never the step,
 //! and leaves a [`RejectRecord`] (digest, check, position, figures).
 
@@ -282,7 +284,10 @@ impl Prover {
                     }
                     rejected.push(rec)
                 }
-                None => old.push(ev.logprob.iter().map(|&l| l as f32).collect()),
+                // Of the sampling distribution softmax(logits / T), as the loss's.
+                None => {
+                    old.push(crate::train::tempered_old_logprobs(r.sampling.temperature, &ev.logprob, &ev.prob_temp))
+                }
             }
         }
         Ok(if rejected.is_empty() { GroupProof::Proven(old) } else { GroupProof::Rejected(rejected) })

@@ -343,7 +343,8 @@ impl Service {
             lr: step.lr,
             loss: step.loss,
             pg_loss: step.pg_loss,
-            kl: step.kl,
+            // No KL term (the trainer keeps no reference model): always 0.
+            kl: 0.0,
             entropy: step.entropy,
             clip_low_frac: step.clip_low_frac,
             clip_high_frac: step.clip_high_frac,

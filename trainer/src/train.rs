@@ -1,6 +1,15 @@
 //! The training step: FP32 master weights in the reference model's VarStore,
 //! the GRPO loss over micro-batches, global-norm gradient clipping, AdamW,
 //! and export of the BF16 checkpoint.
+//!
+//! **Temperature.** Rollouts are sampled from `softmax(logits / T)` at the
+//! window's temperature `T`, so the policy whose gradient is taken is that
+//! tempered distribution: the current log-probs of the loss are
+//! `log_softmax(logits / T)` of each sample's own `T`
+//! ([`Sample::temperature`]), and the old-policy log-probs must be of the same
+//! distribution ([`tempered_old_logprobs`], what the trainer's proof hands
+//! over). The protocol's claimed log-probs stay the raw `T = 1` ones the
+//! proof compares; only the trainer's own training figures are tempered.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -90,6 +99,27 @@ impl Default for TrainConfig {
     }
 }
 
+/// The temperature the gradient is taken at for a rollout sampled at `t`:
+/// `t` itself when it is a finite positive number; otherwise (greedy) 1, the
+/// raw distribution (a greedy rollout's tempered distribution is degenerate).
+pub fn gradient_temperature(t: f32) -> f32 {
+    if tributary_protocol::sampling::is_greedy(t) { 1.0 } else { t }
+}
+
+/// The old-policy log-probs of a rollout sampled at `temperature`, for the
+/// loss: `ln softmax(logits / T)` of each completion token
+/// ([`gradient_temperature`]), from the proof's figures of that token:
+/// `logprob_t1` (the raw `T = 1` log-prob) for greedy rollouts, else
+/// `ln prob_temp` (its probability under the sampling distribution; a
+/// probability that underflowed to 0 reads as the smallest positive `f64`'s
+/// log, about −708, rather than −∞).
+pub fn tempered_old_logprobs(temperature: f32, logprob_t1: &[f64], prob_temp: &[f64]) -> Vec<f32> {
+    if gradient_temperature(temperature) == 1.0 {
+        return logprob_t1.iter().map(|&l| l as f32).collect();
+    }
+    prob_temp.iter().map(|&p| p.max(f64::MIN_POSITIVE).ln() as f32).collect()
+}
+
 /// One training sequence.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
@@ -97,7 +127,12 @@ pub struct Sample {
     pub tokens: Vec<u32>,
     /// Prompt length (≥ 1).
     pub prompt_len: usize,
-    /// Miner-reported log-prob of each completion token.
+    /// The temperature the completion was sampled at (the window's). The
+    /// loss's log-probs are of `softmax(logits / T)` with
+    /// `T = gradient_temperature(temperature)`.
+    pub temperature: f32,
+    /// Old-policy log-prob of each completion token under the same tempered
+    /// distribution ([`tempered_old_logprobs`]; the trainer's own, from its proof).
     pub old_logprobs: Vec<f32>,
     /// Advantage.
     pub advantage: f32,
@@ -114,6 +149,7 @@ impl Sample {
                 g.rollouts.iter().zip(&g.advantages).zip(&g.old_logprobs).map(|((r, &a), old)| Sample {
                     tokens: r.tokens.clone(),
                     prompt_len: r.prompt_len as usize,
+                    temperature: r.sampling.temperature,
                     old_logprobs: old.clone(),
                     advantage: a,
                     reward: r.reward,
@@ -138,8 +174,6 @@ pub struct StepStats {
     pub loss: f64,
     /// Policy-gradient part.
     pub pg_loss: f64,
-    /// KL part.
-    pub kl: f64,
     /// Mean per-sequence token entropy.
     pub entropy: f64,
     /// Mean importance ratio.
@@ -170,7 +204,6 @@ impl StepStats {
             ("tributary_trainer_lr", self.lr),
             ("tributary_trainer_loss", self.loss),
             ("tributary_trainer_pg_loss", self.pg_loss),
-            ("tributary_trainer_kl", self.kl),
             ("tributary_trainer_entropy", self.entropy),
             ("tributary_trainer_ratio_mean", self.ratio_mean),
             ("tributary_trainer_clip_low_fraction", self.clip_low_frac),
@@ -330,9 +363,10 @@ impl Trainer {
         self.cfg.lr * (t.min(w) as f64 / w as f64)
     }
 
-    /// Completion-token log-probs and entropies under the current weights,
-    /// flat over tokens, for a micro-batch (differentiable), and the number
-    /// of token positions the model ran.
+    /// Completion-token log-probs and entropies of the tempered distribution
+    /// `softmax(logits / T)` (each sample's [`gradient_temperature`]) under
+    /// the current weights, flat over tokens, for a micro-batch
+    /// (differentiable), and the number of token positions the model ran.
     fn token_logprobs(&self, mb: &MicroBatch<'_>) -> Result<(Tensor, Tensor, Tensor, usize), TrainError> {
         let device = self.model.device();
         let vocab = self.model.dims().vocab_size;
@@ -340,6 +374,11 @@ impl Trainer {
         let mut rows = Vec::new();
         let mut targets = Vec::new();
         let mut seq_of = Vec::new();
+        // 1/T of each completion token's sample.
+        let inv_temp: Vec<f32> = batch
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(1.0 / gradient_temperature(s.temperature), s.completion_len()))
+            .collect();
         let (hidden, positions) = if mb.shared_prompt {
             // The prompt `[1, P]` once; the completions `[B, S]` attend to it.
             // Over the rows `[prompt P | completions B·S]`, completion token k
@@ -379,7 +418,8 @@ impl Trainer {
         };
         let rows = Tensor::f_from_slice(&rows)?.f_to_device(device)?;
         let h = hidden.f_index_select(0, &rows)?;
-        let logits = self.model.lm_head(&h)?;
+        let inv_temp = Tensor::f_from_slice(&inv_temp)?.f_to_device(device)?.f_unsqueeze(1)?;
+        let logits = self.model.lm_head(&h)?.f_mul(&inv_temp)?;
         let logp_all = logits.f_log_softmax(-1, Kind::Float)?;
         let targets = Tensor::f_from_slice(&targets)?.f_to_device(device)?;
         let logp = logp_all.f_gather(1, &targets.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
@@ -398,6 +438,8 @@ impl Trainer {
                 && s.tokens.len() <= ctx
                 && s.old_logprobs.len() == s.completion_len()
                 && s.old_logprobs.iter().all(|l| l.is_finite())
+                && s.temperature.is_finite()
+                && s.temperature >= 0.0
                 && s.advantage.is_finite()
                 && s.tokens.iter().all(|&t| (t as usize) < vocab);
             if !ok {
@@ -456,7 +498,6 @@ impl Trainer {
                     lens: &lens,
                     adv: &adv,
                     entropy: Some(&entropy),
-                    ref_logp: None,
                     total_tokens: total_tokens as f64,
                     total_seqs: total_seqs as f64,
                 },
@@ -467,7 +508,6 @@ impl Trainer {
             tm.backward_s += t1.elapsed().as_secs_f64();
             st.loss += out.loss.f_double_value(&[])?;
             st.pg_loss += out.pg;
-            st.kl += out.kl;
             st.entropy += out.entropy_sum;
             st.ratio_mean += out.ratio_sum;
             clip_lo += out.clipped_low;
@@ -611,7 +651,8 @@ mod tests {
         .unwrap()
     }
 
-    /// Two groups sharing their prompts (completion lengths vary), one lone sample.
+    /// Two groups sharing their prompts (completion lengths vary), one lone
+    /// sample; sampled at T = 0.7 except the lone one (T = 1).
     fn samples() -> Vec<Sample> {
         let mut out = Vec::new();
         let mut x = 99u64;
@@ -627,7 +668,14 @@ mod tests {
                 tokens.extend((0..n).map(|_| next(64) as u32));
                 let old_logprobs = (0..n).map(|_| -(next(1000) as f32) / 300.0 - 1.0).collect();
                 let advantage = [1.0, -0.5, 0.25, -1.2][i % 4];
-                out.push(Sample { tokens, prompt_len: prompt.len(), old_logprobs, advantage, reward: advantage });
+                out.push(Sample {
+                    tokens,
+                    prompt_len: prompt.len(),
+                    temperature: if g == 2 { 1.0 } else { 0.7 },
+                    old_logprobs,
+                    advantage,
+                    reward: advantage,
+                });
             }
         }
         out
@@ -659,6 +707,103 @@ mod tests {
             assert!(scale > 0.0, "{name} has no gradient");
             assert!(diff <= 1e-4 * scale, "{name}: gradients differ by {diff} (max {scale})");
         }
+    }
+
+    /// `log_softmax(logits / T)` of each completion token, per sample, by
+    /// plain tch ops on one unbatched forward per sample (independent of the
+    /// trainer's batching, shared prompts and row gathering).
+    fn tempered_logprobs_by_hand(m: &ReferenceModel, s: &Sample, t: f64) -> Tensor {
+        let ids: Vec<i64> = s.tokens.iter().map(|&x| i64::from(x)).collect();
+        let logits = m.forward(&Tensor::from_slice(&ids).view([1, -1])).unwrap().logits.squeeze_dim(0);
+        let rows = logits.narrow(0, s.prompt_len as i64 - 1, s.completion_len() as i64);
+        let targets = Tensor::from_slice(&ids[s.prompt_len..]).unsqueeze(1);
+        (rows / t).log_softmax(-1, Kind::Float).gather(1, &targets, false).squeeze_dim(1)
+    }
+
+    /// The GRPO gradient of rollouts sampled at T = 0.7 is the policy
+    /// gradient of softmax(logits / 0.7): with the old log-probs those of
+    /// the same weights (on-policy, every ratio 1, nothing clipped), the
+    /// loss's gradient is REINFORCE's, `−(1/N) Σ_i A_i Σ_t ∇ log softmax(z_t / T_i)[y_t]`,
+    /// computed here by hand and compared parameter by parameter. (Before
+    /// the fix the trainer took log-probs at T = 1: ratios far from 1 and
+    /// another gradient.)
+    #[test]
+    fn the_gradient_is_the_policy_gradient_at_the_sampling_temperature() {
+        let grpo = crate::grpo::GrpoConfig { entropy_coef: 0.0, ..crate::grpo::GrpoConfig::default() };
+        let cfg = TrainConfig { micro_batch_tokens: 12, grpo, ..TrainConfig::default() };
+        let reference = model(7);
+        let mut batch = samples();
+        for s in &mut batch {
+            let lp = tch::no_grad(|| tempered_logprobs_by_hand(&reference, s, f64::from(s.temperature)));
+            s.old_logprobs = Vec::<f32>::try_from(&lp).unwrap();
+        }
+        let mut tr = Trainer::new(model(7), AdamState::default(), cfg);
+        let st = tr.accumulate_gradients(&batch).unwrap();
+        assert!((st.ratio_mean - 1.0).abs() < 1e-5, "on-policy ratios are 1: {}", st.ratio_mean);
+
+        let n: usize = batch.iter().map(Sample::completion_len).sum();
+        let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        for s in &batch {
+            let lp = tempered_logprobs_by_hand(&reference, s, f64::from(s.temperature));
+            loss = loss - lp.sum(Kind::Float) * f64::from(s.advantage) / n as f64;
+        }
+        loss.backward();
+        let got = grads(&tr);
+        let mut compared = 0;
+        for (name, want) in grads_of(&reference) {
+            let scale = want.abs().max().double_value(&[]);
+            let diff = (&got[&name] - &want).abs().max().double_value(&[]);
+            assert!(scale > 0.0, "{name} has no gradient");
+            assert!(
+                diff <= 1e-4 * scale,
+                "{name}: the trainer's gradient differs from PyTorch's at T by {diff} (max {scale})"
+            );
+            compared += 1;
+        }
+        assert!(compared >= 10, "{compared} parameters");
+
+        // The test can fail: the gradient at T = 1 is another one.
+        let at_one: Vec<Sample> = batch.iter().map(|s| Sample { temperature: 1.0, ..s.clone() }).collect();
+        let mut tr1 = Trainer::new(model(7), AdamState::default(), cfg);
+        tr1.accumulate_gradients(&at_one).unwrap();
+        let g1 = grads(&tr1);
+        let far = got.iter().any(|(name, g)| {
+            let scale = g.abs().max().double_value(&[]);
+            (&g1[name] - g).abs().max().double_value(&[]) > 1e-2 * scale
+        });
+        assert!(far, "the gradient at T = 1 should differ");
+    }
+
+    fn grads_of(m: &ReferenceModel) -> BTreeMap<String, Tensor> {
+        m.var_store().variables().into_iter().map(|(k, v)| (k, v.grad().copy())).collect()
+    }
+
+    /// The proof's old log-probs ([`tempered_old_logprobs`] of the evidence)
+    /// are `log_softmax(logits / T)` of the sampled tokens.
+    #[test]
+    fn the_proofs_old_logprobs_are_of_the_sampling_distribution() {
+        let m = model(3);
+        for s in samples() {
+            let req = tributary_policy::EvidenceRequest {
+                tokens: &s.tokens,
+                prompt_len: s.prompt_len,
+                temperature: s.temperature,
+                eos: 0,
+                hidden_positions: &[],
+            };
+            let ev = m.evidence(&[req]).unwrap().remove(0);
+            let got = tempered_old_logprobs(s.temperature, &ev.logprob, &ev.prob_temp);
+            let want = tch::no_grad(|| tempered_logprobs_by_hand(&m, &s, f64::from(s.temperature)));
+            let want = Vec::<f32>::try_from(&want).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "T={}: {a} vs {b}", s.temperature);
+            }
+        }
+        // Greedy rollouts keep the raw log-probs.
+        assert_eq!(tempered_old_logprobs(0.0, &[-0.5, -1.5], &[1.0, 0.0]), vec![-0.5, -1.5]);
+        assert_eq!(gradient_temperature(0.0), 1.0);
+        assert_eq!(gradient_temperature(0.7), 0.7);
     }
 
     #[test]

@@ -24,7 +24,14 @@ fn tiny_ckpt(dir: &std::path::Path) -> Checkpoint {
 fn samples() -> Vec<Sample> {
     let mk = |seed: u32, adv: f32| {
         let tokens: Vec<u32> = (0..12).map(|i| (seed * 7919 + i * 104_729) % 49152).collect();
-        Sample { tokens, prompt_len: 5, old_logprobs: vec![-10.5; 7], advantage: adv, reward: adv.max(0.0) }
+        Sample {
+            tokens,
+            prompt_len: 5,
+            temperature: 1.0,
+            old_logprobs: vec![-10.5; 7],
+            advantage: adv,
+            reward: adv.max(0.0),
+        }
     };
     vec![mk(1, 1.0), mk(2, -1.0), mk(3, 0.5), mk(4, -0.5)]
 }

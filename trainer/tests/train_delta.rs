@@ -35,7 +35,14 @@ fn batch(model: &ReferenceModel, groups: usize, per_group: usize) -> Vec<Sample>
             let n = 3 + (next() % 10) as usize;
             let mut tokens = prompt.clone();
             tokens.extend((0..n).map(|_| (next() % 49152) as u32));
-            out.push(Sample { tokens, prompt_len: prompt.len(), old_logprobs: vec![], advantage: a, reward: *r });
+            out.push(Sample {
+                tokens,
+                prompt_len: prompt.len(),
+                temperature: 1.0,
+                old_logprobs: vec![],
+                advantage: a,
+                reward: *r,
+            });
         }
     }
     // Old log-probs from the model itself.

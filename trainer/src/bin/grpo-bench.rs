@@ -133,6 +133,9 @@ fn load_samples(path: &Path) -> Result<Vec<Sample>> {
             out.push(Sample {
                 tokens: r.tokens.clone(),
                 prompt_len: r.prompt_len as usize,
+                // The records' log-probs are the raw (T = 1) ones, so the
+                // bench's step is taken at T = 1 too (it times the step).
+                temperature: 1.0,
                 old_logprobs: r.logprobs.clone(),
                 advantage: a,
                 reward: r.reward,

@@ -682,6 +682,7 @@ pub fn check_config(
     if !dev {
         crate::config::refuse_dev_keys(cfg).map_err(|e| err(e.to_string()))?;
     }
+    crate::config::check_values(cfg, dev).map_err(|e| err(e.to_string()))?;
     let store = crate::archive::check_settings(cfg.archive.as_deref(), cfg.store_url.as_deref()).map_err(err)?;
     let model = cfg.model.as_ref().map_or("-".into(), |m| m.display().to_string());
     let lines = [
@@ -799,8 +800,9 @@ pub fn cli(cmd: &AdminCmd, out: &mut impl std::io::Write) -> Result<(), AdminErr
         }
         AdminCmd::CheckConfig { config } => {
             let err = |detail: String| AdminError::Config { path: config.clone(), detail };
-            let text = std::fs::read_to_string(config).map_err(|e| err(e.to_string()))?;
-            let cfg: crate::config::Config = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+            // Relative paths follow the file, as `coordinator run --config` reads it.
+            let cfg: crate::config::Config = crate::net::cli::load_config(config)
+                .map_err(|e| err(std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string)))?;
             check_config(&cfg, config, false, out)?;
         }
         AdminCmd::Inspect { data, config } => {

@@ -275,3 +275,149 @@ pub fn refuse_dev_keys(cfg: &Config) -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+/// A setting that cannot work, found before anything starts
+/// (`coordinator run` and `check-config` both refuse it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    /// A value outside what the network can run with.
+    #[error("`{key} = {value}`: {allowed}")]
+    Range {
+        /// The configuration key.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// What would work.
+        allowed: String,
+    },
+    /// A file the configuration names does not exist.
+    #[error("`{key}`: {} does not exist ({make})", path.display())]
+    Missing {
+        /// The configuration key.
+        key: &'static str,
+        /// The path (relative paths already resolved against the file's folder).
+        path: PathBuf,
+        /// How to make it.
+        make: &'static str,
+    },
+}
+
+impl tributary_net::cli::ConfigPaths for Config {
+    fn for_each_path(&mut self, f: &mut dyn FnMut(&mut PathBuf)) {
+        f(&mut self.data_dir);
+        for p in [&mut self.model, &mut self.dataset].into_iter().flatten() {
+            f(p);
+        }
+    }
+}
+
+/// Refuses values that cannot work: an arith difficulty the environment
+/// would silently clamp, groups too small for GRPO's advantage, a negative
+/// or non-finite temperature, empty windows and budgets, and a genesis model
+/// or dataset that is not there (naming the command that makes it).
+pub fn check_values(cfg: &Config, dev: bool) -> Result<(), ValueError> {
+    use tributary_protocol::env::{BRIDGE_LEVELS, MAX_DIFFICULTY, PRACTICE_LEVEL};
+    let range = |key, value: &dyn std::fmt::Display, allowed: &str| {
+        Err(ValueError::Range { key, value: value.to_string(), allowed: allowed.to_string() })
+    };
+    let d = cfg.difficulty;
+    if cfg.env == EnvId::Arith && !(d <= MAX_DIFFICULTY || BRIDGE_LEVELS.contains(&d) || d == PRACTICE_LEVEL) {
+        return range(
+            "difficulty",
+            &d,
+            &format!(
+                "the arith levels are 0..={MAX_DIFFICULTY}, {}..={} and {PRACTICE_LEVEL} (--dev practice); \
+                 others were clamped to {MAX_DIFFICULTY}",
+                BRIDGE_LEVELS.start(),
+                BRIDGE_LEVELS.end()
+            ),
+        );
+    }
+    if cfg.group_size < 2 {
+        return range("group_size", &cfg.group_size, "at least 2: GRPO learns from differences within a group");
+    }
+    if !(cfg.temperature.is_finite() && (0.0..=10.0).contains(&cfg.temperature)) {
+        return range("temperature", &cfg.temperature, "a number from 0 (greedy) to 10");
+    }
+    for (key, v) in [
+        ("groups_per_miner", u64::from(cfg.groups_per_miner)),
+        ("max_new_tokens", u64::from(cfg.max_new_tokens)),
+        ("window_ms", cfg.window_ms),
+        ("weight_windows", cfg.weight_windows),
+        ("ban_windows", cfg.ban_windows),
+        ("committee", u64::from(cfg.committee)),
+        ("validator_budget", u64::from(cfg.validator_budget)),
+    ] {
+        if v == 0 {
+            return range(key, &v, "at least 1");
+        }
+    }
+    if cfg.grace_ms >= cfg.window_ms {
+        return range("grace_ms", &cfg.grace_ms, &format!("less than window_ms ({})", cfg.window_ms));
+    }
+    match &cfg.model {
+        Some(p) if !p.is_file() => {
+            return Err(ValueError::Missing {
+                key: "model",
+                path: p.clone(),
+                make: "make the BF16 base with `trainer init-base --out PATH`",
+            });
+        }
+        None if !dev => {
+            return range("model", &"(none)", "required outside --dev: the genesis checkpoint (`trainer init-base`)");
+        }
+        _ => {}
+    }
+    if cfg.env == EnvId::Gsm8k {
+        match &cfg.dataset {
+            Some(p) if !p.is_file() => {
+                return Err(ValueError::Missing {
+                    key: "dataset",
+                    path: p.clone(),
+                    make: "the GSM8K train split as JSONL: scripts/setup.sh downloads it",
+                });
+            }
+            None => return range("dataset", &"(none)", "required with env = \"gsm8k\": the GSM8K JSONL file"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod value_tests {
+    use super::*;
+
+    fn refused(edit: impl FnOnce(&mut Config)) -> ValueError {
+        let mut c = Config::dev("d".into());
+        edit(&mut c);
+        check_values(&c, true).expect_err("refused")
+    }
+
+    #[test]
+    fn values_that_cannot_work_are_refused_naming_the_key() {
+        assert_eq!(check_values(&Config::dev("d".into()), true), Ok(()));
+        for (e, key) in [
+            (refused(|c| c.difficulty = 5000), "difficulty"),
+            (refused(|c| c.group_size = 1), "group_size"),
+            (refused(|c| c.temperature = -1.0), "temperature"),
+            (refused(|c| c.temperature = f32::NAN), "temperature"),
+            (refused(|c| c.window_ms = 0), "window_ms"),
+            (refused(|c| c.grace_ms = c.window_ms), "grace_ms"),
+            (refused(|c| c.groups_per_miner = 0), "groups_per_miner"),
+            (refused(|c| c.model = Some("/nonexistent/base.gguf".into())), "model"),
+        ] {
+            assert!(e.to_string().starts_with(&format!("`{key}")), "{e}");
+        }
+        let e = refused(|c| c.model = Some("/nonexistent/base.gguf".into()));
+        assert!(e.to_string().contains("trainer init-base --out"), "{e}");
+        for ok in [0, 10, 102, 900] {
+            let mut c = Config::dev("d".into());
+            c.difficulty = ok;
+            assert_eq!(check_values(&c, true), Ok(()), "difficulty {ok}");
+        }
+        let mut c = Config::dev("d".into());
+        c.model = None;
+        assert!(check_values(&c, false).is_err(), "no model outside --dev");
+    }
+}

@@ -396,13 +396,16 @@ pub type Miners = BTreeMap<String, MinerJson>;
 fn miners(shared: &Shared, now_ms: u64) -> Miners {
     let peers = shared.relay.peers();
     // Copied under the lock, turned into rows after.
-    let (stats, banned) = {
+    let (stats, banned, roles) = {
         let core = shared.core();
         let w = core.current_window(now_ms).unwrap_or(0);
         let stats: Vec<_> = core.miners().iter().map(|(k, m)| (*k, m.clone())).collect();
         let banned: HashSet<PublicKey> =
             stats.iter().map(|(k, _)| k).chain(peers.keys()).filter(|k| core.is_banned(k, w)).copied().collect();
-        (stats, banned)
+        // The trainer and the validators download checkpoints too: they are not miners.
+        let access = core.access();
+        let roles: HashSet<PublicKey> = access.validators.iter().chain(access.trainer.iter()).copied().collect();
+        (stats, banned, roles)
     };
     let mut out: Miners = stats
         .into_iter()
@@ -419,8 +422,12 @@ fn miners(shared: &Shared, now_ms: u64) -> Miners {
             (k.to_string(), row)
         })
         .collect();
-    // Peers that synced a checkpoint but have no rollout yet.
+    // Peers that synced a checkpoint but have no rollout yet (not the
+    // trainer or a validator, nor a key that only connected, as `doctor` does).
     for (k, p) in peers {
+        if roles.contains(&k) || (p.generating.is_none() && p.holds.is_none()) {
+            continue;
+        }
         out.entry(k.to_string()).or_insert_with(|| MinerJson {
             accepted: 0,
             rejected: BTreeMap::new(),
@@ -549,8 +556,10 @@ pub const PAGE: &str = r##"<!doctype html>
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
 header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:24px;align-items:baseline;flex-wrap:wrap}
 header h1{font-size:18px;margin:0}
-main{display:grid;grid-template-columns:1fr 1fr;gap:14px;padding:14px 20px}
-section{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:10px 14px;overflow:auto}
+main{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:14px;padding:14px 20px}
+section{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:10px 14px;overflow:auto;min-width:0}
+p.note{margin:6px 0 0;font-size:12px;color:#7a8499;white-space:normal}
+svg{max-width:100%;height:auto}
 section.wide{grid-column:1 / span 2}
 h2{font-size:14px;margin:0 0 8px;text-transform:uppercase;letter-spacing:.04em;color:#55607a}
 table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
@@ -572,15 +581,18 @@ svg text{font-size:11px;fill:#55607a}
 <span>weights signed for window <b id="weightswin">-</b></span>
 <span class="muted" id="updated">connecting…</span></header>
 <main>
-<section class="wide"><h2>Miners</h2><table id="miners"><thead><tr><th>miner</th><th>accepted</th><th>refused</th><th>acceptance</th><th>last window</th><th>rollouts/min</th><th>valid / checked</th><th>weight</th><th>status</th></tr></thead><tbody></tbody></table></section>
-<section class="wide"><h2>Validators</h2><table id="validators"><thead><tr><th>validator</th><th>verdicts counted</th><th>refuted</th><th>cleared</th><th>latest refutation</th><th>status</th></tr></thead><tbody></tbody></table></section>
+<section class="wide"><h2>Miners</h2><table id="miners"><thead><tr><th>miner</th><th>accepted</th><th>refused</th><th>acceptance</th><th>last window</th><th>rollouts/min</th><th>valid / checked</th><th>weight</th><th>status</th></tr></thead><tbody></tbody></table>
+<p class="note" id="miners-note">weight: the miner's share of the latest signed weights, from its verified rollouts over the recent windows; the status says why a weight is 0.</p></section>
+<section class="wide"><h2>Validators</h2><table id="validators"><thead><tr><th>validator</th><th>verdicts counted</th><th>refuted</th><th>cleared</th><th>latest refutation</th><th>status</th></tr></thead><tbody></tbody></table>
+<p class="note">status: no verdict yet (authorised, has posted nothing), counted (its verdicts count), or flagged (another party's proof refuted its evidence; its verdicts are set aside).</p></section>
 <section><h2>Mean reward per window</h2><div id="reward"></div></section>
 <section><h2>Rollouts per window</h2><div id="volume"></div></section>
 <section><h2>Training loss per publication window</h2><div id="loss"></div></section>
 <section><h2>Entropy and clipping per publication window</h2><div id="entropy"></div></section>
 <section><h2>Verification outcomes</h2><table id="verdicts"><tbody></tbody></table>
 <h2 style="margin-top:10px">Refused at the door, by check</h2><table id="door"><tbody></tbody></table></section>
-<section><h2>Windows</h2><table id="windows"><thead><tr><th>window</th><th>rollouts</th><th>mean reward</th><th>solved</th><th>tokens</th><th>verdicts valid/checked</th><th>checkpoint</th></tr></thead><tbody></tbody></table></section>
+<section><h2>Windows</h2><table id="windows"><thead><tr><th>window</th><th>rollouts</th><th>mean reward</th><th>solved</th><th>tokens</th><th>verdicts valid/checked</th><th>checkpoint</th></tr></thead><tbody></tbody></table>
+<p class="note" id="windows-note">mean reward: the average reward of the window's stored rollouts (0 to 1, as the environment scores a completion). solved: the share of stored rollouts whose reward is above 0 (a partly right answer counts as solved where the reward rule gives partial credit). tokens: mean completion length.</p></section>
 <section class="wide"><h2>Training steps (signed by the trainer)</h2><table id="training"><thead><tr><th>published for</th><th>step</th><th>trained on</th><th>loss</th><th>pg loss</th><th>kl</th><th>entropy</th><th>clipped</th><th>reward mean ± std</th><th>groups kept / dropped</th><th>payload</th><th>changed</th></tr></thead><tbody></tbody></table></section>
 <section class="wide"><h2>Checkpoints and deltas</h2><table id="checkpoints"><thead><tr><th>checkpoint</th><th>published for</th><th>in force from</th><th>full</th><th>delta</th><th>delta / full</th></tr></thead><tbody></tbody></table></section>
 </main>
@@ -629,6 +641,15 @@ function lines(el, series, label) {
     '<text x="' + L + '" y="' + (H - 6) + '">window ' + lo + '</text><text x="' + (W - 70) + '" y="' + (H - 6) + '">window ' + hi + '</text>' +
     body + legend + '</svg>';
 }
+// Why a miner's weight is what it is.
+function minerStatus(m, s) {
+  if (m.banned) return '<span class="bad">banned' + (m.banned_through == null ? "" : " through window " + m.banned_through) + '</span>';
+  if (m.weight > 0) return '<span class="ok">earning</span>';
+  if (s.weights_interval == null) return '<span class="muted">weight 0: no weights signed yet</span>';
+  if (m.checked == 0) return '<span class="muted">weight 0: no verdict on its rollouts yet</span>';
+  if (m.valid == 0) return '<span class="bad">weight 0: none of its checked rollouts passed</span>';
+  return '<span class="muted">weight 0: its verified rollouts are not in the signed weights\' windows yet</span>';
+}
 function draw(s) {
   $("window").textContent = s.window == null ? "not started" : s.window;
   $("left").textContent = (s.time_left_ms / 1000).toFixed(1) + " s";
@@ -639,12 +660,13 @@ function draw(s) {
   rows($("miners").tBodies[0], s.miners.map(m => [
     "<code>" + short(m.key) + "</code>", m.accepted, m.refused, pct(m.acceptance), m.last_window_rollouts,
     num(m.rollouts_per_min, 1), m.valid + " / " + m.checked, num(m.weight, 3),
-    m.banned ? '<span class="bad">banned</span>' : '<span class="ok">active</span>']));
+    minerStatus(m, s)]));
   rows($("validators").tBodies[0], s.validators.map(v => [
     "<code>" + short(v.key) + "</code>", v.verdicts, v.refuted, v.cleared,
     v.refutations.length ? v.refutations[0].check + " on " + v.refutations[0].digest.slice(0, 12) + " (window " +
       v.refutations[0].window + ", by " + v.refutations[0].by_party + ")" : "",
-    v.flagged ? '<span class="bad">flagged</span>' : '<span class="ok">counted</span>']));
+    v.flagged ? '<span class="bad">flagged</span>' : v.verdicts > 0 ? '<span class="ok">counted</span>' :
+      '<span class="muted">no verdict yet</span>']));
   const closed = s.windows.filter(w => w.closed && w.rollouts > 0);
   chart($("reward"), closed.map(w => [w.window, w.mean_reward]), "mean reward per window", 1);
   chart($("volume"), s.windows.map(w => [w.window, w.rollouts]), "rollouts per window", null);
@@ -670,6 +692,8 @@ function draw(s) {
   rows($("checkpoints").tBodies[0], s.checkpoints.slice().reverse().map(c => [
     "<code>" + short(c.id) + "</code>", c.window, c.from_window, bytes(c.full_bytes), bytes(c.delta_bytes),
     c.delta_bytes == null ? "-" : pct(c.delta_bytes / c.full_bytes)]));
+  // The page's width, for the check that nothing overflows a 1,280 px window.
+  document.body.dataset.scrollWidth = document.documentElement.scrollWidth;
 }
 async function tick() {
   try { const r = await fetch("/api/status", {cache: "no-store"}); draw(await r.json()); }

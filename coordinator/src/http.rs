@@ -1,4 +1,6 @@
-//! The operators' HTTP listener: Prometheus `/metrics`, `/api/miners`
+//! The operators' HTTP listener: Prometheus `/metrics` (conventions in
+//! [`tributary_net::metrics`]), `/health` (200 while the process serves) and
+//! `/ready` (200 until it begins to stop, then 503), `/api/miners`
 //! (counts, bans and each miner's checkpoint), `/api/weights` (miner key in
 //! hex → weight, from the latest signed document, or computed now while none
 //! is signed yet), `/api/weights/signed` (the latest signed weights document,
@@ -14,28 +16,29 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Html;
 use axum::routing::get;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::server::{Shared, now_ms};
 
-/// Installs the process-wide Prometheus recorder once and returns its handle.
+/// Installs the process-wide Prometheus recorder once (with the
+/// conventions of [`tributary_net::metrics`]) and returns its handle.
 pub fn prometheus() -> Option<PrometheusHandle> {
-    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
-    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().ok()).clone()
+    tributary_net::metrics::install("coordinator")
 }
 
 #[derive(Clone)]
 struct AppState {
     shared: Arc<Shared>,
-    prom: Option<PrometheusHandle>,
     history: Arc<crate::dashboard::History>,
+    /// Cancelled when the coordinator stops: `/ready` then answers 503.
+    stop: tributary_net::shutdown::CancellationToken,
 }
 
 /// Binds the HTTP listener and serves it in the background until `stop` is
@@ -46,11 +49,14 @@ pub async fn start(
     shared: Arc<Shared>,
     stop: tributary_net::shutdown::CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let state = AppState { shared, prom: prometheus(), history: Arc::default() };
+    let _ = prometheus();
+    let state = AppState { shared, history: Arc::default(), stop: stop.clone() };
     let app = axum::Router::new()
         .route("/", get(status))
         .route("/metrics", get(metrics_page))
         .route("/api/miners", get(miners))
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
         .route("/api/weights", get(weights_map))
         .route("/api/weights/signed", get(weights))
         .route("/api/weights/history", get(weights_history))
@@ -79,7 +85,13 @@ async fn metrics_page(State(s): State<AppState>) -> String {
         }
         metrics::gauge!("tributary_miners").set(core.miners().len() as f64);
     }
-    s.prom.map(|p| p.render()).unwrap_or_default()
+    tributary_net::metrics::render()
+}
+
+/// `/ready`: 200 while the coordinator serves (it listens only once its
+/// database, keys and QUIC endpoint are up), 503 once it is stopping.
+async fn ready(State(s): State<AppState>) -> (StatusCode, &'static str) {
+    if s.stop.is_cancelled() { (StatusCode::SERVICE_UNAVAILABLE, "stopping\n") } else { (StatusCode::OK, "ready\n") }
 }
 
 /// Every miner and synced peer, from a snapshot at most a second old

@@ -11,10 +11,12 @@ use clap::{Parser, Subcommand};
 use coordinator::node::{self, Config};
 
 #[derive(Parser)]
-#[command(about = "Tributary coordinator")]
+#[command(name = "coordinator", version = tributary_net::cli::version(), about = "Tributary coordinator")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    #[command(flatten)]
+    log: tributary_net::logging::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -48,23 +50,36 @@ enum Cmd {
     },
     #[command(flatten)]
     Admin(coordinator::admin::AdminCmd),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: tributary_net::cli::Shell,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tributary_net::init_logging(tributary_net::logging::DEFAULT_FILTER, cli.log.log_format);
+    tributary_net::cli::exit_code(coordinator_main(cli))
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tributary_net::init_tracing(tributary_net::logging::DEFAULT_FILTER);
-    let (dev, config, model, data, validators, trainer, window_ms, check_config) = match Cli::parse().cmd {
+async fn coordinator_main(cli: Cli) -> anyhow::Result<()> {
+    let (dev, config, model, data, validators, trainer, window_ms, check_config) = match cli.cmd {
         Cmd::Run { dev, config, model, data, validators, trainer, window_ms, check_config } => {
             (dev, config, model, data, validators, trainer, window_ms, check_config)
         }
         Cmd::Admin(cmd) => return Ok(coordinator::admin::cli(&cmd, &mut std::io::stdout().lock())?),
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            tributary_net::cli::print_completions(Cli::command(), shell);
+            return Ok(());
+        }
     };
     let mut _tmp = None;
     let mut cfg = match (dev, &config) {
-        (_, Some(path)) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            toml::from_str::<Config>(&text).with_context(|| format!("parsing {}", path.display()))?
-        }
+        // Relative paths (data_dir, model, dataset) follow the file, as in every role.
+        (_, Some(path)) => tributary_net::cli::load_config::<Config>(path)?,
         (true, None) => {
             let dir = match &data {
                 Some(d) => d.clone(),
@@ -92,15 +107,17 @@ async fn main() -> anyhow::Result<()> {
     if let Some(w) = window_ms {
         cfg.window_ms = w;
     }
-    if !dev && cfg.model.is_none() {
-        anyhow::bail!("the configuration must name the genesis `model`");
+    // A public --dev key outside --dev is refused first, whatever else is wrong.
+    if !dev {
+        node::refuse_dev_keys(&cfg)?;
     }
+    coordinator::config::check_values(&cfg, dev).with_context(|| match &config {
+        Some(p) => format!("configuration {}", p.display()),
+        None => "configuration".to_string(),
+    })?;
     if check_config {
         let path = config.clone().unwrap_or_default();
         return Ok(coordinator::admin::check_config(&cfg, &path, dev, &mut std::io::stdout().lock())?);
-    }
-    if !dev {
-        node::refuse_dev_keys(&cfg)?;
     }
     // Installed before anything is served: a SIGTERM (systemd's stop) or
     // ctrl-c from here on drains the node in order (`Node::shutdown`) and exits 0.
@@ -130,7 +147,9 @@ async fn main() -> anyhow::Result<()> {
         cfg.data_dir.display()
     ));
     tracing::info!(quic = %n.quic, http = %n.http, "coordinator running");
+    tributary_net::shutdown::notify_ready();
     stop.cancelled().await;
+    tributary_net::shutdown::notify_stopping();
     // No live ban/unban while draining.
     #[cfg(unix)]
     drop(_admin);

@@ -107,6 +107,32 @@ async fn status_page_renders_a_running_mesh() {
     assert!(dom.contains(&format!("<td>{loss:.4}</td>")), "loss {loss:.4} not in the steps table: {dom}");
     assert!(dom.contains(&last_id.to_string()[..12]), "published checkpoint missing");
     assert!(dom.contains("time left"));
+    // The page explains itself: why a miner's weight is what it is, and what
+    // "mean reward" and "solved" mean.
+    assert!(dom.contains(">earning<") || dom.contains(">weight 0: "), "no weight reason in the miners table: {dom}");
+    assert!(dom.contains("mean reward: the average reward") && dom.contains("solved: the share of"), "{dom}");
+    // The trainer downloads checkpoints too, but it is not a miner.
+    let trainer_key = tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer).public().to_string();
+    let miners = http_json(mesh.net.node.http, "/api/miners").await;
+    assert!(miners.get(&trainer_key).is_none(), "the trainer is listed as a miner: {miners}");
+    assert!(miners.get(&key).is_some(), "{miners}");
+    // Nothing overflows a 1,280 px wide window (the page records its scroll width).
+    let page = url.clone();
+    let narrow = within(
+        120,
+        tokio::task::spawn_blocking(move || {
+            String::from_utf8_lossy(&chromium(&page, 3_000, &["--window-size=1280,900", "--dump-dom"]).stdout)
+                .into_owned()
+        }),
+    )
+    .await
+    .expect("chromium task");
+    let width: u32 = narrow
+        .split_once("data-scroll-width=\"")
+        .and_then(|(_, r)| r.split('"').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no scroll width recorded: {narrow}"));
+    assert!(width <= 1280, "the page is {width} px wide at 1,280 px");
     // The window number the page shows is the coordinator's.
     let w = mesh.net.window();
     assert!(

@@ -328,6 +328,42 @@ fn release_script_packages_binaries_with_checksums() {
     std::fs::write(stage.join("runbook.md"), "tampered").unwrap();
     let o = Command::new("sha256sum").args(["-c", "--quiet", "SHA256SUMS"]).current_dir(&stage).output().unwrap();
     assert!(!o.status.success());
+
+    // The archive's own installer, outside any source checkout, installs the
+    // archive's miner (`--from-release FILE`, checked against SHA256SUMS beside it).
+    let prefix = tmp.path().join("prefix");
+    let fp = "ab".repeat(32);
+    let from_release = |archive: &Path| {
+        Command::new("bash")
+            .arg(stage.join("installers/install-miner.sh"))
+            .args(["--coordinator", "127.0.0.1:4433", "--fingerprint", &fp, "--accel", "cpu", "--no-doctor"])
+            .args(["--no-service", "--prefix"])
+            .arg(&prefix)
+            .arg("--from-release")
+            .arg(archive)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    let out = from_release(Path::new(&archive));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("SHA-256 ok"), "{t}");
+    let o = Command::new(prefix.join("bin/edge-miner")).arg("--version").output().unwrap();
+    assert!(o.status.success() && text(&o).contains("protocol "), "{}", text(&o));
+    assert!(prefix.join("etc/tributary/miner.toml").is_file());
+    // A changed archive (a byte appended) is refused before anything is installed.
+    let bad_dir = tmp.path().join("bad");
+    std::fs::create_dir_all(&bad_dir).unwrap();
+    let bad = bad_dir.join(Path::new(&archive).file_name().unwrap());
+    let mut bytes = std::fs::read(&archive).unwrap();
+    bytes.push(0);
+    std::fs::write(&bad, bytes).unwrap();
+    std::fs::copy(tmp.path().join("SHA256SUMS"), bad_dir.join("SHA256SUMS")).unwrap();
+    std::fs::remove_dir_all(&prefix).unwrap();
+    let out = from_release(&bad);
+    assert!(!out.status.success() && text(&out).contains("SHA-256 mismatch"), "{}", text(&out));
+    assert!(!prefix.join("bin/edge-miner").exists(), "a tampered archive was installed");
 }
 
 /// A coordinator whose reader goes away (a script that read its address and
@@ -357,4 +393,344 @@ fn a_coordinator_whose_stdout_closes_keeps_serving() {
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(running && alive, "the coordinator stopped when its stdout closed:\n{text}");
     assert!(text.contains("stdout"), "the lost address lines are not logged:\n{text}");
+}
+
+/// Lines from a child's pipe, read on a thread until `until` matches one
+/// (returned with every line before it), then the pipe is closed: the child
+/// writes on into a pipe nobody reads (`| head -1`, a terminal that went away).
+fn read_then_close(pipe: impl std::io::Read + Send + 'static, until: &'static str) -> mpsc::Receiver<Vec<String>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let done = line.contains(until);
+            seen.push(line);
+            if done {
+                break;
+            }
+        }
+        let _ = tx.send(seen);
+        // The reader drops here: the pipe's read end is closed.
+    });
+    rx
+}
+
+/// `kill -TERM`, then the exit status within `secs` (None if still running).
+fn terminate(child: &mut Child, secs: u64) -> Option<std::process::ExitStatus> {
+    let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("running kill");
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// One plain HTTP GET's status line and body (the coordinator's dashboard port).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connecting to the coordinator's HTTP port");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// A coordinator and a miner whose stderr *and* stdout close (`role 2>&1 |
+/// head -1`, `ssh host 'role &'`, a closed terminal) keep working, and stop
+/// in order on SIGTERM: exit 0, the database closed cleanly. Before
+/// `log_internal_errors(false)` every log line after the close panicked in
+/// the task that wrote it (tracing-subscriber reported the failed write with
+/// `eprintln!`), and the stop handler, which logged "stopping" before
+/// cancelling, died before it cancelled: SIGTERM did nothing.
+#[test]
+fn services_whose_stderr_and_stdout_close_keep_running_and_stop_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("coordinator");
+    let mut coord = Command::new(bin_dir().join("coordinator"))
+        .args(["run", "--dev", "--data"])
+        .arg(&data)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn coordinator");
+    let out = read_then_close(coord.stdout.take().unwrap(), "data=");
+    let err = read_then_close(coord.stderr.take().unwrap(), "coordinator running");
+    let out = out.recv_timeout(Duration::from_secs(120)).expect("the coordinator's address lines");
+    let value = |k: &str| out.iter().find_map(|l| l.strip_prefix(k)).map(str::to_string).expect(k);
+    let (quic, fingerprint, http) = (value("quic="), value("fingerprint="), value("http=http://"));
+    let coord_log = err.recv_timeout(Duration::from_secs(120)).expect("the coordinator's log");
+
+    let miner_data = tmp.path().join("miner");
+    let mut miner = Command::new(bin_dir().join("edge-miner"))
+        .args(["run", "--dev", "--coordinator", &quic, "--fingerprint", &fingerprint, "--metrics", "127.0.0.1:0"])
+        .arg("--data")
+        .arg(&miner_data)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn miner");
+    let miner_out = read_then_close(miner.stdout.take().unwrap(), "metrics=");
+    // The miner's one line per window: its stderr closes after the first.
+    let miner_err = read_then_close(miner.stderr.take().unwrap(), "window mined");
+    let miner_key = miner_out.recv_timeout(Duration::from_secs(120)).expect("miner= line");
+    let miner_log = miner_err.recv_timeout(Duration::from_secs(180)).expect("the miner's log");
+    assert!(
+        miner_log.last().is_some_and(|l| l.contains("window mined")),
+        "no per-window line:\n{}",
+        miner_log.join("\n")
+    );
+
+    // Both go on logging into closed pipes for a while (a window closes, groups are submitted).
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(coord.try_wait().unwrap().is_none(), "the coordinator ended with its pipes closed");
+    assert!(miner.try_wait().unwrap().is_none(), "the miner ended with its pipes closed");
+    let page = http_get(&http, "/api/miners");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    let key = miner_key.iter().find_map(|l| l.strip_prefix("miner=")).expect("miner=KEY").to_string();
+    assert!(page.contains(&key), "the coordinator does not list the miner {key}:\n{page}");
+    let miner_metrics = miner_key.iter().find_map(|l| l.strip_prefix("metrics=http://")).expect("metrics= line");
+    let miner_metrics = miner_metrics.trim_end_matches("/metrics").to_string();
+    check_metrics_and_dashboards(&http_get(&http, "/metrics"), &http_get(&miner_metrics, "/metrics"));
+    assert!(http_get(&http, "/health").starts_with("HTTP/1.1 200"));
+    assert!(http_get(&http, "/ready").starts_with("HTTP/1.1 200"));
+
+    let miner_status = terminate(&mut miner, 60);
+    let coord_status = terminate(&mut coord, 30);
+    for child in [&mut miner, &mut coord] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(miner_status.is_some_and(|s| s.success()), "miner after SIGTERM: {miner_status:?}");
+    assert!(coord_status.is_some_and(|s| s.success()), "coordinator after SIGTERM: {coord_status:?}");
+    // In order: the database was closed, not left for redb to repair.
+    let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = repaired.clone();
+    let db = redb::Builder::new()
+        .set_repair_callback(move |_| flag.store(true, std::sync::atomic::Ordering::Relaxed))
+        .create(data.join("coordinator.redb"))
+        .expect("opening the database");
+    drop(db);
+    assert!(!repaired.load(std::sync::atomic::Ordering::Relaxed), "the database needed a repair after SIGTERM");
+
+    // A pipe is not a terminal: no colour codes; and llama.cpp's pooling notice is gone.
+    for (name, log) in [("coordinator", &coord_log), ("miner", &miner_log)] {
+        assert!(
+            !log.iter().any(|l| l.contains('\u{1b}')),
+            "colour codes in the {name}'s piped log:\n{}",
+            log.join("\n")
+        );
+    }
+    assert!(!miner_log.iter().any(|l| l.contains("pooling_type")), "{}", miner_log.join("\n"));
+}
+
+/// Logs for files and journald: no colour codes when stderr is a file, and
+/// `--log-format json` writes one JSON object per line.
+#[test]
+fn log_files_have_no_colour_codes_and_json_is_one_object_per_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, format) in [None, Some("json")].into_iter().enumerate() {
+        let log = tmp.path().join(format!("coordinator-{i}.log"));
+        let mut cmd = Command::new(bin_dir().join("coordinator"));
+        if let Some(f) = format {
+            cmd.args(["--log-format", f]);
+        }
+        let mut child = cmd
+            .args(["run", "--dev", "--data"])
+            .arg(tmp.path().join(format!("data-{i}")))
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let text = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("coordinator running") || std::time::Instant::now() > deadline {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(text.contains("coordinator running"), "{text}");
+        assert!(!text.contains('\u{1b}'), "colour codes in a log file:\n{text}");
+        if format.is_some() {
+            for line in text.lines() {
+                let v: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(v["level"].is_string() && v["fields"].is_object(), "{line}");
+            }
+        }
+    }
+}
+
+/// `--version` on every binary names the git commit and the protocol
+/// version; `completions bash` writes a completion script.
+#[test]
+fn every_binary_has_version_and_completions() {
+    let dir = bin_dir();
+    let protocol = format!("protocol {})", tributary_protocol::wire::PROTOCOL_VERSION);
+    for b in ["coordinator", "edge-miner", "validator", "trainer"] {
+        let o = Command::new(dir.join(b)).arg("--version").output().unwrap();
+        let t = text(&o);
+        assert!(o.status.success(), "{b} --version: {t}");
+        assert!(t.starts_with(&format!("{b} {}", env!("CARGO_PKG_VERSION"))), "{b}: {t}");
+        assert!(t.contains("(commit ") && t.contains(&protocol), "{b}: {t}");
+        let o = Command::new(dir.join(b)).args(["completions", "bash"]).output().unwrap();
+        let t = text(&o);
+        assert!(o.status.success() && t.contains("complete -F") && t.contains(&format!(" {b}\n")), "{b}: {t}");
+    }
+    // Help texts speak to operators: no code paths; llama.cpp's names for quantization types;
+    // a dataset file is --gsm8k, not --data (the data folder).
+    for (b, sub) in [
+        ("coordinator", "run"),
+        ("edge-miner", "run"),
+        ("edge-miner", "generate"),
+        ("edge-miner", "quantize"),
+        ("validator", "run"),
+        ("validator", "check"),
+        ("trainer", "run"),
+    ] {
+        let o = Command::new(dir.join(b)).args([sub, "--help"]).output().unwrap();
+        let t = text(&o);
+        assert!(o.status.success() && !t.contains("::"), "{b} {sub} --help names code:\n{t}");
+        if sub == "quantize" {
+            assert!(t.contains("Q4_0") && t.contains("Q8_0") && !t.contains("q4-0"), "{t}");
+        }
+        if sub == "generate" || sub == "check" {
+            assert!(t.contains("--gsm8k") && !t.contains("--data"), "{b} {sub}: {t}");
+        }
+    }
+}
+
+/// `check-config` says ok only to configurations that can run: each value
+/// that cannot work is refused naming its key (and, for a missing file, the
+/// command that makes it); a relative path follows the config file; the
+/// error is one line, its cause once, without a backtrace even with
+/// RUST_BACKTRACE=1. The miner's check refuses a malformed fingerprint and
+/// an address without a port.
+#[test]
+fn check_config_refuses_values_that_cannot_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let doc = std::fs::read_to_string(root().join("docs/config/coordinator.toml")).unwrap();
+    let coordinator_check = |text: &str| {
+        let file = tmp.path().join("etc/coordinator.toml");
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, text).unwrap();
+        // From another working directory: relative paths follow the file, not the cwd.
+        let o = Command::new(bin_dir().join("coordinator"))
+            .args(["run", "--check-config", "--config"])
+            .arg(&file)
+            .current_dir(root())
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        (o.status.success(), text(&o))
+    };
+    // As documented, the genesis model is not on this machine: refused, saying how to make it.
+    let (ok, t) = coordinator_check(&doc);
+    assert!(!ok, "check-config accepted a missing model:\n{t}");
+    assert!(t.contains("`model`") && t.contains("trainer init-base --out"), "{t}");
+    assert!(!t.contains("backtrace") && t.matches("error:").count() == 1, "{t}");
+    for line in t.lines().filter(|l| !l.is_empty()) {
+        assert_eq!(t.matches(line).count(), 1, "printed twice: {line}\n{t}");
+    }
+    // A relative model path next to the file: found.
+    std::fs::write(tmp.path().join("etc/base.gguf"), b"").unwrap();
+    let set = |text: &str, key: &str, value: &str| -> String {
+        text.lines()
+            .map(|l| if l.starts_with(&format!("{key} = ")) { format!("{key} = {value}") } else { l.to_string() })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let good = set(&doc, "model", "\"base.gguf\"");
+    let (ok, t) = coordinator_check(&good);
+    assert!(ok, "{t}");
+    assert!(t.contains(&format!("model={}", tmp.path().join("etc/base.gguf").display())), "{t}");
+    for (key, value) in [("difficulty", "5000"), ("group_size", "1"), ("temperature", "-1.0"), ("window_ms", "0")] {
+        let (ok, t) = coordinator_check(&set(&good, key, value));
+        assert!(!ok, "{key} = {value} accepted:\n{t}");
+        assert!(t.contains(&format!("`{key} = {value}`")), "{key}: {t}");
+    }
+
+    let fp = "ab".repeat(32);
+    let miner = |coordinator: &str, fingerprint: &str| {
+        let o = Command::new(bin_dir().join("edge-miner"))
+            .args(["run", "--check-config", "--coordinator", coordinator, "--fingerprint", fingerprint])
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        (o.status.success(), text(&o))
+    };
+    let (ok, t) = miner("127.0.0.1:4433", &fp);
+    assert!(ok, "{t}");
+    let (ok, t) = miner("127.0.0.1:4433", "abc");
+    assert!(!ok && t.contains("64 hex digits"), "{t}");
+    let (ok, t) = miner("localhost", &fp);
+    assert!(!ok && t.contains("localhost"), "{t}");
+    assert!(!t.contains("backtrace"), "{t}");
+}
+
+/// Prometheus conventions on live `/metrics` pages (the coordinator's and the
+/// miner's): a `# HELP` for every metric, `_seconds` histograms with buckets
+/// (not summaries), every counter of the role there from the start, build
+/// info and process metrics. And docs/grafana: every metric the dashboard and
+/// the alert rules name is exported — live for the coordinator and the miner,
+/// listed in `tributary_net::metrics::METRICS` for the validator and trainer.
+fn check_metrics_and_dashboards(coordinator: &str, miner: &str) {
+    use tributary_net::metrics::{Kind, METRICS};
+    for (role, page) in [("coordinator", coordinator), ("miner", miner)] {
+        assert!(page.starts_with("HTTP/1."), "{role}: {page}");
+        let series: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("tributary_") || l.starts_with("process_"))
+            .map(|l| l.split(['{', ' ']).next().unwrap_or(""))
+            .collect();
+        let names: std::collections::BTreeSet<&str> = series
+            .iter()
+            .map(|n| n.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count"))
+            .collect();
+        for n in &names {
+            assert!(page.contains(&format!("# HELP {n} ")), "{role}: no HELP for {n}:\n{page}");
+        }
+        for m in METRICS.iter().filter(|m| m.role == role && m.kind == Kind::Counter) {
+            assert!(names.contains(m.name), "{role}: counter {} missing at start:\n{page}", m.name);
+        }
+        for m in METRICS.iter().filter(|m| m.kind == Kind::Histogram && names.contains(m.name)) {
+            assert!(series.contains(&format!("{}_bucket", m.name).as_str()), "{role}: {} has no buckets", m.name);
+            assert!(page.contains(&format!("# TYPE {} histogram", m.name)), "{role}: {} is not a histogram", m.name);
+        }
+        assert!(page.contains("tributary_build_info{") && page.contains(&format!("role=\"{role}\"")), "{role}");
+        assert!(names.contains("process_resident_memory_bytes"), "{role}: no process metrics");
+    }
+    let live = |name: &str| {
+        [coordinator, miner].iter().any(|p| ["{", " ", "_bucket"].iter().any(|t| p.contains(&format!("\n{name}{t}"))))
+    };
+    for file in ["docs/grafana/tributary.json", "docs/grafana/alerts.yml"] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        let mut named = 0;
+        for (i, _) in text.match_indices("tributary_").chain(text.match_indices("process_")) {
+            let name: String = text[i..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+            if name == "tributary_" || text[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '-') {
+                continue; // a job name or a word, not a metric
+            }
+            named += 1;
+            let base = name.trim_end_matches("_bucket");
+            let listed = METRICS.iter().find(|m| m.name == base);
+            match listed.map(|m| m.role) {
+                Some("coordinator" | "miner") => assert!(live(base), "{file}: {base} is not on a live /metrics"),
+                Some(_) => {}
+                None => assert!(base.starts_with("process_") && live(base), "{file}: {base} is exported by no role"),
+            }
+        }
+        assert!(named > 5, "{file}: {named} metric names");
+    }
 }

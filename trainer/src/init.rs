@@ -52,9 +52,10 @@ pub(crate) fn init_base(src: &Path, out: &Path) -> Result<ContentId> {
 
 /// Write the tiny test model for `seed` to `out`, with the tokenizer of
 /// `tokenizer_src`. Prints `content_id=<hex>` and the path.
-pub(crate) fn init_tiny(seed: u64, tokenizer_src: &Path, out: &Path) -> Result<ContentId> {
+pub(crate) fn init_tiny(seed: u64, family: tiny::TinyFamily, tokenizer_src: &Path, out: &Path) -> Result<ContentId> {
     let source = Checkpoint::open(tokenizer_src).with_context(|| format!("opening {}", tokenizer_src.display()))?;
-    let id = tiny::write_tiny(seed, &source, out).with_context(|| format!("writing {}", out.display()))?;
+    let id =
+        tiny::write_tiny_family(family, seed, &source, out).with_context(|| format!("writing {}", out.display()))?;
     println!("content_id={id}");
     println!("path={}", out.display());
     Ok(id)
@@ -71,8 +72,20 @@ pub(crate) fn info(path: &Path) -> Result<()> {
         println!("name={name}");
     }
     println!(
-        "config: n_layer={} d_model={} n_head={} n_head_kv={} d_ff={} vocab_size={} rms_eps={:e} rope_theta={} context_length={}",
-        c.n_layer, c.d_model, c.n_head, c.n_head_kv, c.d_ff, c.vocab_size, c.rms_eps, c.rope_theta, c.context_length
+        "config: arch={} n_layer={} d_model={} n_head={} n_head_kv={} head_dim={} d_ff={} vocab_size={} rms_eps={:e} rope_theta={} context_length={} qkv_bias={} rope_freqs={}",
+        c.arch,
+        c.n_layer,
+        c.d_model,
+        c.n_head,
+        c.n_head_kv,
+        c.head_dim(),
+        c.d_ff,
+        c.vocab_size,
+        c.rms_eps,
+        c.rope_theta,
+        c.context_length,
+        c.qkv_bias,
+        c.rope_freqs
     );
     println!("tied_embeddings={}", ck.tied_embeddings());
     let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();

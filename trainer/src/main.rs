@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use tributary_assets as assets;
 use tributary_net::cli::{ConfigPaths, CoordinatorArgs, load_config};
@@ -44,6 +44,23 @@ enum Cmd {
         /// GGUF whose tokenizer and chat template to copy (default: SmolLM2 Q4_1).
         #[arg(long)]
         tokenizer_src: Option<PathBuf>,
+        /// Model family: llama (default), llama3, qwen2 or qwen3.
+        #[arg(long, default_value = "llama")]
+        family: String,
+    },
+    /// Convert a Hugging Face transformers folder (llama, qwen2, qwen3) into a GGUF checkpoint.
+    ImportHf {
+        /// Folder with config.json and model.safetensors.
+        dir: PathBuf,
+        /// Output checkpoint (GGUF).
+        #[arg(long)]
+        out: PathBuf,
+        /// GGUF whose tokenizer to carry (default: SmolLM2 Q4_1).
+        #[arg(long)]
+        tokenizer_src: Option<PathBuf>,
+        /// Keep matrices F32 (default: BF16).
+        #[arg(long)]
+        f32: bool,
     },
     /// Print a checkpoint's config, tensor types and content id.
     Info {
@@ -369,10 +386,25 @@ fn trainer_main(cli: Cli) -> Result<()> {
         tributary_net::shutdown::notify_ready();
             init::init_base(&src, &out)?;
         }
-        Cmd::InitTiny { seed, out, tokenizer_src } => {
-            let out = out.unwrap_or_else(|| assets::models_dir().join(format!("tiny-{seed}.gguf")));
+        Cmd::InitTiny { seed, out, tokenizer_src, family } => {
+            let family = tributary_protocol::tiny::TinyFamily::from_name(&family)
+                .with_context(|| format!("family {family:?}: expected llama, llama3, qwen2 or qwen3"))?;
+            let default_name = match family {
+                tributary_protocol::tiny::TinyFamily::Llama => format!("tiny-{seed}.gguf"),
+                other => format!("tiny-{}-{seed}.gguf", other.name()),
+            };
+            let out = out.unwrap_or_else(|| assets::models_dir().join(default_name));
             let src = tokenizer_src.unwrap_or_else(assets::smollm2_q4_1);
-            init::init_tiny(seed, &src, &out)?;
+            init::init_tiny(seed, family, &src, &out)?;
+        }
+        Cmd::ImportHf { dir, out, tokenizer_src, f32 } => {
+            let src = tokenizer_src.unwrap_or_else(assets::smollm2_q4_1);
+            let tok = tributary_protocol::checkpoint::Checkpoint::open(&src)
+                .with_context(|| format!("opening {}", src.display()))?;
+            let id = trainer::hf::import(&dir, &tok, &out, trainer::hf::ImportOptions { f32 })
+                .with_context(|| format!("importing {}", dir.display()))?;
+            println!("content_id={id}");
+            println!("path={}", out.display());
         }
         Cmd::Info { path } => init::info(&path)?,
         Cmd::Run(args) => run(*args)?,

@@ -1,38 +1,53 @@
 //! `train-bench`: the measuring half of `scripts/train-bench.sh`.
 //!
-//! - `eval`: greedy accuracy of one or more checkpoints on held-out
-//!   **problems** (llama.cpp, G = 1, T = 0): the test split of the arith level
-//!   (`Environment::test_problems`, problems no window ever assigns, so no
-//!   checkpoint trained on them) and, with `--gsm8k-test FILE`, the first
-//!   tasks of GSM8K's own test file as a second column. Each column reports
-//!   the lenient reward (the protocol's), a strict answer rule (the last line
-//!   is exactly `Answer: N`), and format apart from correctness (ended with
-//!   an end-of-generation token; wrote an `Answer:` marker). Models are
-//!   evaluated side by side, one thread each; per-task lines go to
-//!   `heldout-<model>-<column>.jsonl`.
-//!   Each model after the first is compared with the first (the base) on
-//!   the same problems: the difference in accuracy with a 95 % paired
-//!   bootstrap interval, lenient and strict.
+//! - `eval`: greedy accuracy (llama.cpp, G = 1, T = 0) of one or more
+//!   checkpoints on three held-out columns of arith problems: `test`, the
+//!   test split of the training level (`Environment::test_problems`: no window
+//!   ever assigns them, nor, from level 105 on, their swapped twins); `band`,
+//!   problems of a level whose operands the training level never draws
+//!   (default 106: an operand in 90..=99); `ood`, an out-of-distribution level
+//!   (default 107: a three-digit and a two-digit operand). With
+//!   `--gsm8k-test FILE` GSM8K's own test file is a fourth column. Every
+//!   completion is scored three ways: strict (the last non-empty line is a
+//!   well-formed `Answer: N` with the right `N`, training's default reward),
+//!   lenient (the last number after a marker, else anywhere) and format (a
+//!   well-formed final `Answer:` line, any value). The first model (the base)
+//!   is also run with prompted variants (`--base-prompts`): `answer-prefill`
+//!   (the assistant turn starts `Answer: `), `expr-prefill` (it starts
+//!   `a + b = `, the outside review's format prefill) and `fewshot` (three
+//!   worked examples as earlier chat turns); the best of them per column and
+//!   rule is "the best prompted base". Per-problem lines go to
+//!   `eval-<label>-<prompt>-<column>.jsonl` in `--out-dir`, then `report`
+//!   runs on that folder.
+//! - `report --dir DIR`: every figure of `eval` recomputed from the JSONL
+//!   files alone (plain or `.jsonl.gz`, read through `gzip -dc`): accuracy per
+//!   model, prompt and column, and each trained model against the
+//!   default-prompt base and the best prompted base on the same problems,
+//!   strict and lenient, with 95 % paired-bootstrap intervals.
 //! - `plot`: mean reward per window (`reward.csv` as written by the script),
 //!   one line per arm (`--csv` and `--label` repeat), as a PNG (plotters, bitmap backend; text in DejaVu Sans read at run time).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
 use edge_miner::backend::{Backend, DrawKey, GroupRequest};
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
-use tributary_protocol::env::{
-    ArithEnv, Environment, Gsm8kEnv, Task, TaskAnswer, completion_reward, completion_text_ids,
-};
+use tributary_protocol::chat::{IM_END, IM_START};
+use tributary_protocol::env::{ArithEnv, Environment, Gsm8kEnv, RewardRule, Task, completion_text_ids};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
 
 const USAGE: &str = "usage:
-  train-bench eval --model CKPT.gguf [--model ...] [--difficulty D] [--tasks N]
-                   [--gsm8k-test FILE] [--max-new-tokens T] [--threads K] [--out-dir DIR]
+  train-bench eval --model CKPT.gguf [--label NAME] [--model ... --label ...] [--difficulty D]
+                   [--band LEVEL|none] [--ood LEVEL|none] [--tasks N] [--gsm8k-test FILE]
+                   [--base-prompts default,answer-prefill,expr-prefill,fewshot]
+                   [--max-new-tokens T] [--threads K] [--jobs J] [--out-dir DIR]
+  train-bench report --dir DIR [--base LABEL]
   train-bench plot --csv reward.csv [--label NAME] [--csv ... --label ...] --out reward.png
                    [--title TEXT] [--font FILE.ttf]";
 
@@ -45,6 +60,10 @@ fn main() -> Result<()> {
     let opts = Opts::parse(rest)?;
     match cmd.as_str() {
         "eval" => eval(&opts),
+        "report" => {
+            let dir = PathBuf::from(opts.get("dir").context("--dir DIR")?);
+            report(&dir, opts.get("base").unwrap_or("base"))
+        }
         "plot" => plot(&opts),
         _ => bail!("{USAGE}"),
     }
@@ -84,61 +103,96 @@ impl Opts {
     }
 }
 
-/// What one model did on one column of held-out problems.
-#[derive(Default)]
-struct Tally {
-    tasks: usize,
-    /// Lenient reward 1 (the protocol's answer extraction).
-    solved: usize,
-    /// Last non-empty line exactly `Answer: <want>`.
-    strict: usize,
-    /// Ended with an end-of-generation token within the budget.
-    ended: usize,
-    /// Wrote an `Answer:` marker at all.
-    marker: usize,
-    secs: f64,
-    /// Per problem, in order: (lenient correct, strict correct), for the
-    /// paired comparison between models.
-    per_task: Vec<(bool, bool)>,
+/// How a problem is put to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PromptStyle {
+    /// The protocol's prompt (`Environment::prompt_text`), what training sees.
+    Default,
+    /// The assistant turn starts with `Answer: `.
+    AnswerPrefill,
+    /// The assistant turn starts with the expression and ` = ` (arith only).
+    ExprPrefill,
+    /// Three worked examples (`a op b = c` then `Answer: c`) as earlier turns.
+    FewShot,
 }
 
-impl Tally {
-    fn line(&self) -> String {
-        let f = |n: usize| n as f64 / self.tasks.max(1) as f64;
-        format!(
-            "accuracy={:.3} strict={:.3} ended={:.3} marker={:.3} solved={}/{} time={:.0}s",
-            f(self.solved),
-            f(self.strict),
-            f(self.ended),
-            f(self.marker),
-            self.solved,
-            self.tasks,
-            self.secs
-        )
-    }
-}
+impl PromptStyle {
+    const ALL: [PromptStyle; 4] =
+        [PromptStyle::Default, PromptStyle::AnswerPrefill, PromptStyle::ExprPrefill, PromptStyle::FewShot];
 
-/// The strict answer rule: the completion's last non-empty line is exactly
-/// `Answer: <want>` (numbers as the environment canonicalises them).
-fn strict_correct(task: &Task, text: &str) -> bool {
-    let Some(last) = text.lines().rev().map(str::trim).find(|l| !l.is_empty()) else { return false };
-    match &task.answer {
-        TaskAnswer::Number(want) | TaskAnswer::Practice(want) => {
-            last.strip_prefix("Answer: ").is_some_and(|got| got.trim() == want)
+    fn name(self) -> &'static str {
+        match self {
+            PromptStyle::Default => "default",
+            PromptStyle::AnswerPrefill => "answer-prefill",
+            PromptStyle::ExprPrefill => "expr-prefill",
+            PromptStyle::FewShot => "fewshot",
         }
-        TaskAnswer::Sat(_) => task.answer.reward(last) >= 1.0,
+    }
+
+    fn parse(s: &str) -> Result<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s).with_context(|| format!("unknown prompt style {s:?}"))
+    }
+
+    /// The prompt text and the prefill (the start of the assistant's turn,
+    /// part of the text that is scored); `None` when the style does not apply.
+    fn render(self, env: &Environment, task: &Task) -> Option<(String, String)> {
+        let base = env.prompt_text(task);
+        let arith = matches!(env, Environment::Arith(_));
+        match self {
+            PromptStyle::Default => Some((base, String::new())),
+            PromptStyle::AnswerPrefill => Some((base, "Answer: ".to_owned())),
+            PromptStyle::ExprPrefill if arith => {
+                let expr = task.prompt.strip_prefix("Compute ")?.strip_suffix('.')?;
+                Some((base, format!("{expr} = ")))
+            }
+            PromptStyle::FewShot if arith => {
+                let mut s = String::new();
+                let turn = |s: &mut String, role: &str, text: &str| {
+                    s.push_str(&format!("{IM_START}{role}\n{text}{IM_END}\n"));
+                };
+                turn(&mut s, "system", env.system_prompt());
+                for (q, a) in FEW_SHOT {
+                    turn(&mut s, "user", &format!("Compute {q}."));
+                    turn(&mut s, "assistant", &format!("{q} = {a}\nAnswer: {a}"));
+                }
+                turn(&mut s, "user", &task.prompt);
+                s.push_str(&format!("{IM_START}assistant\n"));
+                Some((s, String::new()))
+            }
+            _ => None,
+        }
     }
 }
 
-/// Greedy generation of `model` on `tasks`, one per-task JSON line to `out`.
+/// The few-shot prompt's worked examples (fixed; not tuned on any column).
+const FEW_SHOT: [(&str, &str); 3] = [("23 + 58", "81"), ("41 - 67", "-26"), ("7 + 35", "42")];
+
+/// One evaluation: a model, a prompt style and a column.
+struct Job<'a> {
+    model: usize,
+    style: PromptStyle,
+    column: &'a Column,
+}
+
+/// Held-out problems of one kind.
+struct Column {
+    name: String,
+    env: Environment,
+    tasks: Vec<Task>,
+}
+
+/// Greedy generation of `model` on the column's problems in `style`, one
+/// JSON line per problem to `out`.
+#[allow(clippy::too_many_arguments)]
 fn evaluate(
     model: &Path,
-    env: &Environment,
-    tasks: &[Task],
+    label: &str,
+    style: PromptStyle,
+    col: &Column,
     max_new_tokens: usize,
     threads: usize,
     out: &Path,
-) -> Result<Tally> {
+) -> Result<()> {
     let tokenizer = Tokenizer::from_gguf_file(model).context("building the tokenizer")?;
     let mut backend = LlamaCppBackend::load(&LlamaConfig { model: model.to_path_buf(), threads, gpu_layers: 0 })?;
     if tokenizer.vocab_size() != backend.vocab_size() {
@@ -148,11 +202,11 @@ fn evaluate(
     // Greedy decoding draws nothing; the key only feeds the unused sketches.
     let seed = Seed([0; 32]);
     let sketch_key = SketchKey::derive(&seed, backend.hidden_size());
-    let mut file = BufWriter::new(File::create(out).with_context(|| format!("creating {}", out.display()))?);
-    let start = std::time::Instant::now();
-    let mut t = Tally { tasks: tasks.len(), ..Tally::default() };
-    for (i, task) in tasks.iter().enumerate() {
-        let prompt = tokenizer.encode(&env.prompt_text(task))?;
+    let tmp = out.with_extension("part");
+    let mut file = BufWriter::new(File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    for (i, task) in col.tasks.iter().enumerate() {
+        let Some((prompt_text, prefill)) = style.render(&col.env, task) else { return Ok(()) };
+        let prompt = tokenizer.encode(&format!("{prompt_text}{prefill}"))?;
         let req = GroupRequest {
             prompt: &prompt,
             group_size: 1,
@@ -164,25 +218,31 @@ fn evaluate(
             eog: &eog,
         };
         let seq = backend.generate_group(&req)?.into_iter().next().context("an empty group")?;
-        let reward = completion_reward(&tokenizer, env, task, &seq.completion)?;
         let text_ids = completion_text_ids(&tokenizer, &seq.completion);
         let ended = text_ids.len() < seq.completion.len();
-        let text = tokenizer.decode(text_ids)?;
-        let strict = strict_correct(task, &text);
-        t.solved += usize::from(reward >= 1.0);
-        t.strict += usize::from(strict);
-        t.ended += usize::from(ended);
-        t.marker += usize::from(text.contains("Answer:"));
-        t.per_task.push((reward >= 1.0, strict));
+        let text = format!("{prefill}{}", tokenizer.decode(text_ids)?);
+        let score = |rule| task.answer.score(rule, &text) >= 1.0;
         let line = serde_json::json!({
-            "task": task.id, "prompt": task.prompt, "completion": text,
-            "reward": reward, "strict": strict, "ended": ended,
+            "model": label, "prompt": style.name(), "column": col.name, "task": task.id,
+            "problem": task.prompt, "completion": text, "ended": ended,
+            "strict": score(RewardRule::Strict), "lenient": score(RewardRule::Lenient),
+            "format": score(RewardRule::Format),
         });
         writeln!(file, "{line}")?;
     }
     file.flush()?;
-    t.secs = start.elapsed().as_secs_f64();
-    Ok(t)
+    drop(file);
+    std::fs::rename(&tmp, out)?;
+    Ok(())
+}
+
+/// An arith level by number, or `none`.
+fn level(o: &Opts, key: &str, default: u32) -> Result<Option<u32>> {
+    match o.get(key) {
+        Some("none") => Ok(None),
+        Some(v) => Ok(Some(v.parse().with_context(|| format!("--{key} {v}"))?)),
+        None => Ok(Some(default)),
+    }
 }
 
 fn eval(o: &Opts) -> Result<()> {
@@ -190,51 +250,199 @@ fn eval(o: &Opts) -> Result<()> {
     if models.is_empty() {
         bail!("give at least one --model\n{USAGE}");
     }
-    let difficulty: u32 = o.num("difficulty", 104)?;
+    let mut labels: Vec<String> = o.all("label").into_iter().map(str::to_owned).collect();
+    if labels.is_empty() {
+        labels = (0..models.len()).map(|i| if i == 0 { "base".to_owned() } else { format!("model{i}") }).collect();
+    }
+    if labels.len() != models.len() || labels.iter().any(|l| l.is_empty() || l.contains(['/', ' '])) {
+        bail!("give one --label (no spaces or slashes) per --model, or none");
+    }
+    let difficulty: u32 = o.num("difficulty", 105)?;
     let n: usize = o.num("tasks", 200)?;
     let threads: usize = o.num("threads", 1)?;
-    let max_new_tokens: usize = o.num("max-new-tokens", 48)?;
+    let jobs_at_once: usize = o.num("jobs", 2)?;
+    let max_new_tokens: usize = o.num("max-new-tokens", 96)?;
+    let base_styles: Vec<PromptStyle> = o
+        .get("base-prompts")
+        .unwrap_or("default,answer-prefill,expr-prefill,fewshot")
+        .split(',')
+        .map(PromptStyle::parse)
+        .collect::<Result<_>>()?;
     let out_dir = PathBuf::from(o.get("out-dir").unwrap_or("."));
     std::fs::create_dir_all(&out_dir)?;
+
     let mut columns = Vec::new();
-    let arith = Environment::Arith(ArithEnv::new(difficulty));
-    let tasks = arith.test_problems(n);
-    columns.push((format!("arith{}", ArithEnv::new(difficulty).difficulty()), arith, tasks));
+    let train = Environment::Arith(ArithEnv::new(difficulty));
+    columns.push(Column { name: "test".into(), tasks: train.test_problems(n), env: train });
+    for (name, lvl) in [("band", level(o, "band", 106)?), ("ood", level(o, "ood", 107)?)] {
+        if let Some(l) = lvl {
+            let env = Environment::Arith(ArithEnv::new(l));
+            columns.push(Column { name: name.into(), tasks: env.distinct_problems(n), env });
+        }
+    }
     if let Some(path) = o.get("gsm8k-test") {
         let gsm = Environment::Gsm8k(Gsm8kEnv::load(Path::new(path)).with_context(|| format!("loading {path}"))?);
-        let tasks = gsm.test_problems(n);
-        columns.push(("gsm8k".to_owned(), gsm, tasks));
+        columns.push(Column { name: "gsm8k".into(), tasks: gsm.test_problems(n), env: gsm });
     }
-    for (name, _, tasks) in &columns {
-        println!("held-out {name}: {} distinct test problems, greedy, {max_new_tokens} new tokens", tasks.len());
+    for c in &columns {
+        println!(
+            "column {}: {} distinct held-out problems, greedy, {max_new_tokens} new tokens",
+            c.name,
+            c.tasks.len()
+        );
     }
-    for (name, env, tasks) in &columns {
-        let results: Vec<Result<Tally>> = std::thread::scope(|s| {
-            let handles: Vec<_> = models
-                .iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    let out = out_dir.join(format!("heldout-{i}-{name}.jsonl"));
-                    s.spawn(move || evaluate(m, env, tasks, max_new_tokens, threads, &out))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("evaluation thread panicked"))))
-                .collect()
-        });
-        let mut tallies = Vec::with_capacity(models.len());
-        for (i, (m, r)) in models.iter().zip(results).enumerate() {
-            let t = r.with_context(|| format!("evaluating {} on {name}", m.display()))?;
-            println!("model{i} {name} {} file={}", t.line(), m.display());
-            tallies.push(t);
+    let mut jobs = Vec::new();
+    for column in &columns {
+        for (model, _) in models.iter().enumerate() {
+            let styles = if model == 0 { base_styles.as_slice() } else { &[PromptStyle::Default] };
+            jobs.extend(styles.iter().map(|&style| Job { model, style, column }));
         }
-        // Each later model against model0 on the same problems.
-        for (i, t) in tallies.iter().enumerate().skip(1) {
-            let base = &tallies[0].per_task;
-            let lenient = paired_bootstrap(base, &t.per_task, |x| x.0, BOOTSTRAP_SEED);
-            let strict = paired_bootstrap(base, &t.per_task, |x| x.1, BOOTSTRAP_SEED);
-            println!("model{i} vs model0 {name}: lenient {lenient} | strict {strict}");
+    }
+    // The longest jobs first: columns in order, so a cut-short run has whole columns.
+    let queue = Mutex::new(jobs.into_iter().rev().collect::<Vec<_>>());
+    let failures = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs_at_once.max(1) {
+            s.spawn(|| {
+                loop {
+                    let Some(job) = queue.lock().expect("queue").pop() else { break };
+                    let label = &labels[job.model];
+                    let out = out_dir.join(format!("eval-{label}-{}-{}.jsonl", job.style.name(), job.column.name));
+                    let t0 = std::time::Instant::now();
+                    let r = evaluate(&models[job.model], label, job.style, job.column, max_new_tokens, threads, &out);
+                    match r {
+                        Ok(()) => eprintln!("done {} ({:.0} s)", out.display(), t0.elapsed().as_secs_f64()),
+                        Err(e) => failures.lock().expect("failures").push(format!("{}: {e:#}", out.display())),
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().expect("failures");
+    if !failures.is_empty() {
+        bail!("evaluations failed:\n{}", failures.join("\n"));
+    }
+    report(&out_dir, &labels[0])
+}
+
+/// One scored completion, as `eval` writes it.
+#[derive(serde::Deserialize)]
+struct Row {
+    model: String,
+    prompt: String,
+    column: String,
+    problem: String,
+    strict: bool,
+    lenient: bool,
+    format: bool,
+    ended: bool,
+}
+
+/// The rows of one JSONL file (gzip-compressed when it ends in `.gz`).
+fn read_rows(path: &Path) -> Result<Vec<Row>> {
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let out = std::process::Command::new("gzip")
+            .arg("-dc")
+            .arg(path)
+            .output()
+            .with_context(|| format!("running gzip -dc {}", path.display()))?;
+        if !out.status.success() {
+            bail!("gzip -dc {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+        }
+        String::from_utf8(out.stdout)?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1)))
+        .collect()
+}
+
+/// A model's outcomes on one column in one prompt style, by problem.
+struct Outcomes {
+    rows: Vec<Row>,
+}
+
+impl Outcomes {
+    fn rate(&self, pick: impl Fn(&Row) -> bool) -> f64 {
+        100.0 * self.rows.iter().filter(|r| pick(r)).count() as f64 / self.rows.len().max(1) as f64
+    }
+
+    /// `(self, other)` outcomes on the problems both have, in `self`'s order.
+    fn paired(&self, other: &Outcomes, pick: &dyn Fn(&Row) -> bool) -> Vec<(bool, bool)> {
+        let theirs: BTreeMap<&str, bool> = other.rows.iter().map(|r| (r.problem.as_str(), pick(r))).collect();
+        self.rows.iter().filter_map(|r| theirs.get(r.problem.as_str()).map(|&o| (pick(r), o))).collect()
+    }
+}
+
+fn report(dir: &Path, base: &str) -> Result<()> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            name.starts_with("eval-") && (name.ends_with(".jsonl") || name.ends_with(".jsonl.gz"))
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("{}: no eval-*.jsonl[.gz] files", dir.display());
+    }
+    // (column, model, prompt) -> outcomes.
+    let mut all: BTreeMap<(String, String, String), Outcomes> = BTreeMap::new();
+    for f in &files {
+        for r in read_rows(f)? {
+            let key = (r.column.clone(), r.model.clone(), r.prompt.clone());
+            all.entry(key).or_insert_with(|| Outcomes { rows: Vec::new() }).rows.push(r);
+        }
+    }
+    let columns: Vec<String> = {
+        let mut c: Vec<String> = all.keys().map(|k| k.0.clone()).collect();
+        c.dedup();
+        c
+    };
+    println!("{} files in {}; base = {base:?}", files.len(), dir.display());
+    println!(
+        "{:<8} {:<10} {:<15} {:>5} {:>8} {:>8} {:>8} {:>8}",
+        "column", "model", "prompt", "n", "strict", "lenient", "format", "ended"
+    );
+    for ((col, model, prompt), o) in &all {
+        println!(
+            "{col:<8} {model:<10} {prompt:<15} {:>5} {:>7.1}% {:>7.1}% {:>7.1}% {:>7.1}%",
+            o.rows.len(),
+            o.rate(|r| r.strict),
+            o.rate(|r| r.lenient),
+            o.rate(|r| r.format),
+            o.rate(|r| r.ended)
+        );
+    }
+    let rules: [(&str, &dyn Fn(&Row) -> bool); 2] =
+        [("strict", &|r: &Row| r.strict), ("lenient", &|r: &Row| r.lenient)];
+    for col in &columns {
+        let base_default = all.get(&(col.clone(), base.to_owned(), "default".to_owned()));
+        let base_styles: Vec<(&String, &Outcomes)> =
+            all.iter().filter(|(k, _)| &k.0 == col && k.1 == base).map(|(k, o)| (&k.2, o)).collect();
+        for ((c, model, prompt), o) in &all {
+            if c != col || model == base || prompt != "default" {
+                continue;
+            }
+            for (rule, pick) in rules {
+                let mut line = format!("{model} vs {base} on {col}, {rule}: {:.1}%", o.rate(pick));
+                if let Some(b) = base_default {
+                    let d = paired_bootstrap(&o.paired(b, pick), BOOTSTRAP_SEED);
+                    line.push_str(&format!(" | vs default-prompt base ({:.1}%) {d}", b.rate(pick)));
+                }
+                // The best prompted base on this column and rule (the
+                // highest accuracy over every prompt the base was run with:
+                // the baseline most favourable to the base).
+                if let Some((style, b)) = base_styles.iter().max_by(|x, y| x.1.rate(pick).total_cmp(&y.1.rate(pick))) {
+                    let d = paired_bootstrap(&o.paired(b, pick), BOOTSTRAP_SEED);
+                    line.push_str(&format!(" | vs best prompted base ({style}, {:.1}%) {d}", b.rate(pick)));
+                }
+                println!("{line}");
+            }
         }
     }
     Ok(())
@@ -269,14 +477,15 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `b`'s accuracy minus `a`'s on the same problems, with the 2.5 and 97.5
-/// percentiles of [`BOOTSTRAP_RESAMPLES`] paired resamples.
-fn paired_bootstrap(a: &[(bool, bool)], b: &[(bool, bool)], pick: impl Fn(&(bool, bool)) -> bool, seed: u64) -> Diff {
-    let n = a.len().min(b.len());
+/// The accuracy difference `model − other` over paired outcomes
+/// `(model, other)` on the same problems, with the 2.5 and 97.5 percentiles
+/// of [`BOOTSTRAP_RESAMPLES`] paired resamples.
+fn paired_bootstrap(pairs: &[(bool, bool)], seed: u64) -> Diff {
+    let n = pairs.len();
     if n == 0 {
         return Diff { points: 0.0, lo: 0.0, hi: 0.0 };
     }
-    let d: Vec<f64> = (0..n).map(|k| f64::from(u8::from(pick(&b[k]))) - f64::from(u8::from(pick(&a[k])))).collect();
+    let d: Vec<f64> = pairs.iter().map(|&(m, o)| f64::from(u8::from(m)) - f64::from(u8::from(o))).collect();
     let points = 100.0 * d.iter().sum::<f64>() / n as f64;
     let mut state = seed;
     let mut means: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
@@ -401,15 +610,31 @@ mod tests {
     fn paired_bootstrap_brackets_the_difference() {
         // 200 problems: the base solves the first 20, the other model the
         // first 50 (it keeps every base success): +15 points.
-        let a: Vec<(bool, bool)> = (0..200).map(|k| (k < 20, false)).collect();
-        let b: Vec<(bool, bool)> = (0..200).map(|k| (k < 50, k < 10)).collect();
-        let d = paired_bootstrap(&a, &b, |x| x.0, BOOTSTRAP_SEED);
+        let pairs: Vec<(bool, bool)> = (0..200).map(|k| (k < 50, k < 20)).collect();
+        let d = paired_bootstrap(&pairs, BOOTSTRAP_SEED);
         assert!((d.points - 15.0).abs() < 1e-9, "{}", d.points);
         assert!(d.lo < 15.0 && d.hi > 15.0 && d.lo > 9.0 && d.hi < 21.0, "{d}");
         // Pairing: the same outcomes give a zero-width interval at 0.
-        let same = paired_bootstrap(&a, &a, |x| x.0, BOOTSTRAP_SEED);
-        assert_eq!((same.points, same.lo, same.hi), (0.0, 0.0, 0.0));
-        let strict = paired_bootstrap(&a, &b, |x| x.1, BOOTSTRAP_SEED);
-        assert!((strict.points - 5.0).abs() < 1e-9 && strict.lo > 0.0, "{strict}");
+        let same: Vec<(bool, bool)> = (0..200).map(|k| (k < 20, k < 20)).collect();
+        let z = paired_bootstrap(&same, BOOTSTRAP_SEED);
+        assert_eq!((z.points, z.lo, z.hi), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn prompt_styles_render_and_prefills_are_scored() {
+        let env = Environment::Arith(ArithEnv::new(105));
+        let task = env.test_problems(1).remove(0);
+        let (p, pre) = PromptStyle::Default.render(&env, &task).unwrap();
+        assert_eq!((p.as_str(), pre.as_str()), (env.prompt_text(&task).as_str(), ""));
+        let (_, pre) = PromptStyle::AnswerPrefill.render(&env, &task).unwrap();
+        assert_eq!(pre, "Answer: ");
+        let (_, pre) = PromptStyle::ExprPrefill.render(&env, &task).unwrap();
+        assert!(pre.ends_with(" = ") && task.prompt.contains(pre.trim_end_matches(" = ")), "{pre}");
+        let (few, pre) = PromptStyle::FewShot.render(&env, &task).unwrap();
+        assert!(pre.is_empty() && few.matches("Answer: ").count() >= 3 && few.ends_with("assistant\n"), "{few}");
+        assert!(few.contains(&task.prompt));
+        let gsm = Environment::Gsm8k(Gsm8kEnv::from_jsonl("{\"question\": \"q?\", \"answer\": \"#### 3\"}").unwrap());
+        let t = gsm.test_problems(1).remove(0);
+        assert!(PromptStyle::ExprPrefill.render(&gsm, &t).is_none() && PromptStyle::FewShot.render(&gsm, &t).is_none());
     }
 }

@@ -98,7 +98,6 @@ pub const METRICS: &[Metric] = &[
     m("tributary_trainer_lr", G, "trainer", "Learning rate of the latest step."),
     m("tributary_trainer_pg_loss", G, "trainer", "Policy-gradient loss of the latest step."),
     m("tributary_trainer_ratio_mean", G, "trainer", "Mean importance ratio of the latest step."),
-    m("tributary_trainer_kl", G, "trainer", "KL to the reference model in the latest step (when it has a KL term)."),
     m("tributary_trainer_clip_low_fraction", G, "trainer", "Fraction of tokens clipped low in the latest step."),
     m("tributary_trainer_clip_high_fraction", G, "trainer", "Fraction of tokens clipped high in the latest step."),
     m("tributary_trainer_delta_cap_fraction", G, "trainer", "Fraction of weights at the delta cap."),

@@ -60,6 +60,9 @@ pub struct SequenceEvidence {
     /// Probability (T = 1) that the last position's token is `eos`, from the
     /// distribution that produced the last token.
     pub eos_prob_last: f64,
+    /// The token the reference's own logits draw at each position's seeded
+    /// `u` ([`ReferenceModel::evidence_drawn`]; empty when no draws were given).
+    pub drawn: Vec<u32>,
 }
 
 impl SequenceEvidence {
@@ -77,6 +80,7 @@ impl SequenceEvidence {
                 prob_sampling: self.prob_temp[j] as f32,
                 cdf_lo: self.cdf_lo[j],
                 cdf_hi: self.cdf_hi[j],
+                drawn: self.drawn.get(j).copied(),
             })
             .collect()
     }
@@ -97,7 +101,33 @@ impl ReferenceModel {
     /// forward pass (no gradients). Token ids are checked against the
     /// vocabulary and request fields validated before anything is indexed.
     pub fn evidence(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        self.evidence_drawn(reqs, &[])
+    }
+
+    /// [`ReferenceModel::evidence`], plus the token the reference's logits
+    /// draw ([`sampling::sample_inverse_cdf`]) at each completion position:
+    /// `draws[i][j]` is the seeded `u` of request `i`'s completion token `j`
+    /// (`draws` empty: none computed, [`SequenceEvidence::drawn`] empty).
+    /// What bounds the tokens one ambiguous position admits
+    /// ([`sampling::check_draw_bounded`]).
+    pub fn evidence_drawn(
+        &self,
+        reqs: &[EvidenceRequest<'_>],
+        draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
         let vocab = self.dims().vocab_size;
+        if !draws.is_empty() {
+            if draws.len() != reqs.len() {
+                return Err(PolicyError::Request(format!("{} draw lists for {} requests", draws.len(), reqs.len())));
+            }
+            if let Some((r, d)) = reqs.iter().zip(draws).find(|(r, d)| d.len() != r.tokens.len() - r.prompt_len) {
+                return Err(PolicyError::Request(format!(
+                    "{} draws for {} completion tokens",
+                    d.len(),
+                    r.tokens.len().saturating_sub(r.prompt_len)
+                )));
+            }
+        }
         for r in reqs {
             if r.prompt_len == 0 || r.prompt_len >= r.tokens.len() {
                 return Err(PolicyError::Request(format!(
@@ -116,10 +146,14 @@ impl ReferenceModel {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
-        tch::no_grad(|| self.evidence_inner(reqs))
+        tch::no_grad(|| self.evidence_inner(reqs, draws))
     }
 
-    fn evidence_inner(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError> {
+    fn evidence_inner(
+        &self,
+        reqs: &[EvidenceRequest<'_>],
+        draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
         let device = self.device();
         let d = self.dims().d_model;
         let vocab = self.dims().vocab_size;
@@ -177,6 +211,7 @@ impl ReferenceModel {
         let h_rows = hidden.f_index_select(0, &rows_t)?;
 
         let n = rows.len() as i64;
+        let row_draws: Vec<f64> = draws.iter().flat_map(|d| d.iter().copied()).collect();
         let mut figures = RowFigures::with_capacity(rows.len());
         let mut start = 0;
         while start < n {
@@ -185,7 +220,8 @@ impl ReferenceModel {
             let logits = self.lm_head(&h_rows.f_narrow(0, start, len)?)?;
             let tok = Tensor::f_from_slice(&chosen[range.clone()])?.f_to_device(device)?.f_unsqueeze(1)?;
             let eos = Tensor::f_from_slice(&row_eos[range.clone()])?.f_to_device(device)?.f_unsqueeze(1)?;
-            figures.push_chunk(&logits, &tok, &eos, &temps[range])?;
+            let u = if row_draws.is_empty() { None } else { Some(&row_draws[range.clone()]) };
+            figures.push_chunk(&logits, &tok, &eos, &temps[range], u)?;
             start += len;
         }
 
@@ -204,6 +240,7 @@ impl ReferenceModel {
                 cdf_lo: figures.cdf_lo[span.clone()].to_vec(),
                 cdf_hi: figures.cdf_hi[span.clone()].to_vec(),
                 eos_prob_last: figures.eos_prob[span.end - 1],
+                drawn: figures.drawn.get(span.clone()).map(<[u32]>::to_vec).unwrap_or_default(),
             });
             at = span.end;
             at_h += nh;
@@ -221,12 +258,13 @@ struct RowFigures {
     cdf_lo: Vec<f64>,
     cdf_hi: Vec<f64>,
     eos_prob: Vec<f64>,
+    drawn: Vec<u32>,
 }
 
 impl RowFigures {
     fn with_capacity(n: usize) -> Self {
         let v = || Vec::with_capacity(n);
-        Self { logprob: v(), prob_t1: v(), prob_temp: v(), cdf_lo: v(), cdf_hi: v(), eos_prob: v() }
+        Self { logprob: v(), prob_t1: v(), prob_temp: v(), cdf_lo: v(), cdf_hi: v(), eos_prob: v(), drawn: Vec::new() }
     }
 
     /// `logits` `[R, V]` f32; `tok`, `eos` `[R, 1]` i64; `temps` the rows'
@@ -235,8 +273,17 @@ impl RowFigures {
     /// The weights are f32 (as the logits); `Z` and the sums below `tok`
     /// accumulate in f64 like the protocol's sequential sums (an f32
     /// accumulator over 49 152 ids drifts by ~1e-6 relative, which
-    /// the sampling check's ε would have to absorb).
-    fn push_chunk(&mut self, logits: &Tensor, tok: &Tensor, eos: &Tensor, temps: &[f64]) -> Result<(), PolicyError> {
+    /// the sampling check's ε would have to absorb). With `draws` (one `u`
+    /// per row) also the drawn token: the smallest id whose cumulative
+    /// weight (f64, id order) exceeds `u·Z` (greedy rows: the argmax).
+    fn push_chunk(
+        &mut self,
+        logits: &Tensor,
+        tok: &Tensor,
+        eos: &Tensor,
+        temps: &[f64],
+        draws: Option<&[f64]>,
+    ) -> Result<(), PolicyError> {
         let col = |t: &Tensor| -> Result<Vec<f64>, PolicyError> {
             Ok(Vec::try_from(&t.f_flatten(0, -1)?.f_to_kind(Kind::Double)?.f_to_device(Device::Cpu)?)?)
         };
@@ -271,6 +318,17 @@ impl RowFigures {
         let pt: Vec<f64> = w_tok.iter().zip(&z).map(|(w, z)| w / z).collect();
         let argmax = col(&argmax)?;
         let tok_v = col(tok)?;
+        if let Some(u) = draws {
+            let vocab = w.size()[1];
+            let target: Vec<f64> = u.iter().zip(&z).map(|(u, z)| u.clamp(0.0, 1.0) * z).collect();
+            let target = Tensor::f_from_slice(&target)?.f_to_device(w.device())?.f_unsqueeze(1)?;
+            let cum = w.f_cumsum(1, Kind::Double)?;
+            let below = col(&cum.f_le_tensor(&target)?.f_sum_dim_intlist(1, false, Kind::Int64)?)?;
+            for (i, &temp) in temps.iter().enumerate() {
+                let d = if temp > 0.0 { below[i].min((vocab - 1) as f64) } else { argmax[i] };
+                self.drawn.push(d as u32);
+            }
+        }
 
         for (i, &temp) in temps.iter().enumerate() {
             let token = tok_v[i];

@@ -156,6 +156,13 @@ fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
         let other = EvidenceRequest { tokens: &long, hidden_positions: &[], ..req };
         let ev = s.model.evidence(&[req])?.remove(0);
         let ev2 = s.model.evidence(&[other, req])?.remove(1);
+        assert!(ev.drawn.is_empty(), "no draws, no drawn tokens");
+        // With a draw per position: the token the protocol's rule draws from
+        // the same logits (issue 28 item 5). Draws spread over [0, 1).
+        let draws: Vec<f64> = (0..ev.len()).map(|j| (j as f64 * 0.618_034).fract()).collect();
+        let drawn = s.model.evidence_drawn(&[req], &[&draws])?.remove(0);
+        assert_eq!(drawn.drawn.len(), ev.len());
+        assert!(s.model.evidence_drawn(&[req], &[&draws[1..]]).is_err(), "one draw per completion token");
         assert_eq!(ev.len(), ids.len() - prompt.len());
         let hidden_full: Vec<f32> = Vec::try_from(full.hidden.get(0).flatten(0, -1))?;
         let dh = hidden_full.iter().zip(&ev.hidden).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
@@ -173,6 +180,11 @@ fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
             close(ev.prob_temp[j], f64::from(st.prob_sampling), "prob_temp");
             close(ev.cdf_lo[j], st.cdf_lo, "cdf_lo");
             close(ev.cdf_hi[j], st.cdf_hi, "cdf_hi");
+            let want = sampling::sample_inverse_cdf(&row, temperature, draws[j]) as u32;
+            // The same token, unless the draw lies within rounding of its edge.
+            let w = sampling::token_stats(&row, temperature, want as usize).context("drawn token")?;
+            let at_edge = [w.cdf_lo, w.cdf_hi].iter().any(|e| (e - draws[j]).abs() < 1e-6);
+            assert!(drawn.drawn[j] == want || at_edge, "T={temperature} pos {p}: drawn {} vs {want}", drawn.drawn[j]);
             // Next to a longer rollout the padded length differs: rounding
             // only (see the padding test).
             close_to(ev2.cdf_lo[j], ev.cdf_lo[j], 5e-4, "batched cdf_lo");

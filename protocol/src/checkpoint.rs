@@ -299,12 +299,10 @@ impl ModelConfig {
         {
             return unsupported(format!("partial rotary: {p}.rope.dimension_count={n}, head size {head_dim}"));
         }
-        if let Some(t) = h.get(&key("rope.scaling.type")) {
-            if t.as_str() != Some("none") {
-                return unsupported(format!(
-                    "{p}.rope.scaling.type={t:?} (only Llama 3's rope_freqs tensor is supported)"
-                ));
-            }
+        if let Some(t) = h.get(&key("rope.scaling.type"))
+            && t.as_str() != Some("none")
+        {
+            return unsupported(format!("{p}.rope.scaling.type={t:?} (only Llama 3's rope_freqs tensor is supported)"));
         }
         for k in ["rope.scaling.factor", "rope.scale_linear", "attention.scale", "logit_scale", "expert_count"] {
             let k = key(k);

@@ -20,7 +20,12 @@
 //! ([`cdf_interval`] / [`token_stats`]) and classifies `u` with
 //! [`check_draw`]: inside, outside, or within `ε` of the interval (ambiguous —
 //! numeric drift between the two implementations could move the edges by up
-//! to `ε`, so the position is skipped).
+//! to `ε`, so the position cannot decide between the tokens near the draw).
+//! When the validator also knows the token its own logits draw
+//! ([`token_stats_at`], [`TokenStats::drawn`]), a claimed token that is not
+//! that one must lie within [`DEFAULT_MAX_DRAW_DISTANCE`] ids of it: the
+//! tokens one position admits are at most `2·d + 1`, not every token whose
+//! interval meets the band ([`check_draw_bounded`]).
 //!
 //! Every function here is a few passes over the logits and allocation-free.
 
@@ -35,6 +40,19 @@ use crate::prf::{Seed, labels, prf_unit_f64};
 /// `ε = 3e-4` keeps a 2× margin over that bound and skips ~1 % of positions
 /// as ambiguous (those whose sampled token had probability ≲ 2ε).
 pub const DEFAULT_SAMPLE_EPS: f64 = 3e-4;
+
+/// The protocol's default bound on how far (in token ids) an admitted token
+/// may lie from the token the validator's own logits draw.
+///
+/// Tokens are laid out in id order on `[0, 1)`, so every token between the
+/// claimed one and the reference's draw has its whole interval inside the
+/// ε band, and the admitted set is a run of ids around the draw. Honest
+/// drift crosses a few ids in a run of tail tokens (the CI case of
+/// `docs/calibration.md` §5a: ~9 ids); a cheater choosing at an ambiguous
+/// position could otherwise pick among every token in the band (a median of
+/// 182 on SmolLM2, thousands in the tail). With this bound a position admits
+/// at most 2·32 + 1 = 65 tokens. Calibrated in `docs/calibration.md` §6.
+pub const DEFAULT_MAX_DRAW_DISTANCE: u32 = 32;
 
 /// The uniform draw for one sampled token:
 /// `PRF(SAMPLING, [sampling_seed, miner, group LE32, rollout LE32, position LE32])`
@@ -353,6 +371,10 @@ pub struct TokenStats {
     pub cdf_lo: f64,
     /// CDF interval end at the sampling temperature.
     pub cdf_hi: f64,
+    /// The token the validator's own logits draw at this position's `u`
+    /// ([`token_stats_at`]); `None` when it was not computed, and then
+    /// [`check_draw_bounded`] cannot bound the admitted set.
+    pub drawn: Option<u32>,
 }
 
 /// [`TokenStats`] of `token` under `logits` at `temperature` in two passes.
@@ -388,7 +410,15 @@ pub fn token_stats(logits: &[f32], temperature: f32, token: usize) -> Option<Tok
         prob_sampling: p_t as f32,
         cdf_lo: lo,
         cdf_hi: hi,
+        drawn: None,
     })
+}
+
+/// [`token_stats`] with [`TokenStats::drawn`]: the token
+/// [`sample_inverse_cdf`] draws from `logits` at `u`.
+pub fn token_stats_at(logits: &[f32], temperature: f32, token: usize, u: f64) -> Option<TokenStats> {
+    let drawn = sample_inverse_cdf(logits, temperature, u) as u32;
+    token_stats(logits, temperature, token).map(|s| TokenStats { drawn: Some(drawn), ..s })
 }
 
 /// Outcome of checking one position's draw against the chosen token's interval.
@@ -407,6 +437,14 @@ pub enum SampleCheck {
         /// Interval end.
         hi: f64,
     },
+    /// Within the ε band, but more token ids from the validator's own draw
+    /// than a position may admit ([`check_draw_bounded`]).
+    FarFromDraw {
+        /// The claimed token.
+        token: u32,
+        /// The token the validator's logits draw.
+        drawn: u32,
+    },
 }
 
 /// Classifies the draw `u` at a position whose claimed token has `stats`
@@ -422,14 +460,18 @@ pub enum SampleCheck {
 /// - anything else: outside.
 ///
 /// The admitted set is every token whose interval meets `[u − ε, u + ε]`,
-/// and no smaller set is sound: drift moves every edge past a point by the
-/// same amount, so where the tokens there are narrower than the drift (a
+/// and no smaller *band* is sound: drift moves every edge past a point by
+/// the same amount, so where the tokens there are narrower than the drift (a
 /// run of tail tokens of probability ~1e-7 against a drift of ~1e-6) the
 /// honest token lies several ids from the one the reference draws, not
 /// next to it. What a cheater gains at such a position is a choice among
 /// tokens of joint reference probability at most `2ε` plus the two
-/// straddling the band, at the ~1 % of positions that are ambiguous
-/// ([`crate::verify::VerifyParams::max_ambiguous_frac`] caps their share).
+/// straddling the band, at the ~1 % of positions that are ambiguous. The
+/// hard caps bound that choice: [`check_draw_bounded`] admits only tokens
+/// within a few ids of the reference's own draw, and
+/// [`crate::verify::VerifyParams::max_ambiguous`] and
+/// [`crate::verify::VerifyParams::max_off_draw`] bound how many positions
+/// of a rollout may be ambiguous, or admitted off the reference's draw.
 pub fn check_draw(u: f64, stats: &TokenStats, eps: f64) -> SampleCheck {
     let (lo, hi) = (stats.cdf_lo, stats.cdf_hi);
     // `hi > lo` is false for a zero-width interval and for NaN.
@@ -441,6 +483,20 @@ pub fn check_draw(u: f64, stats: &TokenStats, eps: f64) -> SampleCheck {
         SampleCheck::Ambiguous
     } else {
         SampleCheck::Outside { u, lo, hi }
+    }
+}
+
+/// [`check_draw`] for the claimed `token`, with the admitted set bounded:
+/// at an ambiguous position, when `stats.drawn` is known and differs from
+/// `token` by more than `max_distance` ids, the position admits no such token
+/// ([`SampleCheck::FarFromDraw`]), whatever the ε band says. Without
+/// `stats.drawn` this is [`check_draw`].
+pub fn check_draw_bounded(u: f64, stats: &TokenStats, token: u32, eps: f64, max_distance: u32) -> SampleCheck {
+    match check_draw(u, stats, eps) {
+        SampleCheck::Ambiguous if stats.drawn.is_some_and(|d| d.abs_diff(token) > max_distance) => {
+            SampleCheck::FarFromDraw { token, drawn: stats.drawn.unwrap_or(token) }
+        }
+        c => c,
     }
 }
 
@@ -676,6 +732,40 @@ mod tests {
         let far = token_stats(&reference, 1.0, 150).unwrap();
         assert!(far.cdf_lo - u > DEFAULT_SAMPLE_EPS, "{far:?}");
         assert!(matches!(check_draw(u, &far, DEFAULT_SAMPLE_EPS), SampleCheck::Outside { .. }));
+    }
+
+    #[test]
+    fn an_ambiguous_position_admits_only_tokens_near_the_references_draw() {
+        // A likely token, then a run of 4000 tail tokens of ~2e-8 each: the
+        // whole run (8e-5) lies inside an ε band of 3e-4, so the unbounded
+        // rule admits every one of them (review finding E).
+        let mut logits = vec![-17.5f32; 4002];
+        logits[0] = 0.0;
+        logits[4001] = -1.0;
+        let eps = DEFAULT_SAMPLE_EPS;
+        let lo_run = token_stats(&logits, 1.0, 1).unwrap().cdf_lo;
+        let u = lo_run + 1e-6;
+        let drawn = sample_inverse_cdf(&logits, 1.0, u) as u32;
+        let max = DEFAULT_MAX_DRAW_DISTANCE;
+        let mut admitted_unbounded = 0;
+        let mut admitted = 0;
+        for t in 0..logits.len() {
+            let st = token_stats_at(&logits, 1.0, t, u).unwrap();
+            assert_eq!(st.drawn, Some(drawn));
+            let plain = check_draw(u, &st, eps);
+            let bounded = check_draw_bounded(u, &st, t as u32, eps, max);
+            admitted_unbounded += usize::from(!matches!(plain, SampleCheck::Outside { .. }));
+            admitted += usize::from(matches!(bounded, SampleCheck::Inside | SampleCheck::Ambiguous));
+            if (t as u32).abs_diff(drawn) > max && plain == SampleCheck::Ambiguous {
+                assert_eq!(bounded, SampleCheck::FarFromDraw { token: t as u32, drawn });
+            }
+        }
+        assert!(admitted_unbounded > 1000, "{admitted_unbounded}");
+        assert!(admitted <= 2 * max as usize + 1, "{admitted}");
+        assert!(admitted >= max as usize, "the tokens near the draw stay admitted: {admitted}");
+        // Without the reference's draw the bound cannot apply.
+        let st = token_stats(&logits, 1.0, 3000).unwrap();
+        assert_eq!(check_draw_bounded(u, &st, 3000, eps, max), SampleCheck::Ambiguous);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::prf::{PrfStream, Seed};
 use tributary_protocol::rollout::{Rollout, SamplingParams};
-use tributary_protocol::sampling::{self, SampleCheck, draw_u, sample_with_logprob, token_stats};
+use tributary_protocol::sampling::{self, SampleCheck, draw_u, sample_with_logprob, token_stats, token_stats_at};
 use tributary_protocol::sketch::{self, SketchKey};
 use tributary_protocol::verify::*;
 
@@ -132,7 +132,8 @@ impl World {
             if let Some(&next) = r.tokens.get(p + 1)
                 && p + 1 >= r.prompt_len as usize
             {
-                ev.positions.push(token_stats(&logits, r.sampling.temperature, next as usize).unwrap());
+                let u = draw_u(&self.seed, &r.miner, r.group, r.rollout, (p + 1) as u32);
+                ev.positions.push(token_stats_at(&logits, r.sampling.temperature, next as usize, u).unwrap());
             }
         }
         ev
@@ -355,16 +356,49 @@ fn edited_and_greedy_completions_fail_the_exact_sampling_check() {
     assert_eq!(v.get(CheckKind::Sketch).unwrap().status, Status::Pass, "its sketches are honest");
 }
 
+/// Review finding E: a rollout more than half of whose positions are
+/// ambiguous was accepted (the coverage check was soft); the cap is hard.
 #[test]
-fn unverifiable_positions_and_distribution_are_soft() {
+fn a_mostly_ambiguous_rollout_is_rejected_and_distribution_is_soft() {
     let w = World::new();
     let r = w.mine(0);
     let ev = w.evidence(&r, 0.0);
     let wide = VerifyParams { sample_eps: 0.6, ..VerifyParams::DEFAULT };
     let v = verify_rollout(&r, &w.assignment(), 1.0, &ev, &wide).unwrap();
+    assert!(v.sampling_counts.ambiguous * 2 > r.completion().len(), "{:?}", v.sampling_counts);
     assert!(matches!(failure(&v, CheckKind::SamplingCoverage), Failure::TooManyAmbiguous { .. }));
-    assert!(v.accepted(), "coverage is soft");
-    assert!(v.soft_failed());
+    assert!(!v.accepted(), "a rollout > 50 % ambiguous is rejected");
+    assert_eq!(v.first_hard_failure().unwrap().kind, CheckKind::SamplingCoverage);
+
+    // More positions admitted only through the ε band (the draw outside the
+    // claimed token's reference interval) than an honest rollout has.
+    let p = VerifyParams::DEFAULT;
+    let mut off = w.evidence(&r, 0.0);
+    let pl = r.prompt_len as usize;
+    for (i, e) in off.positions.iter_mut().enumerate().take(p.max_off_draw + 1) {
+        let u = draw_u(&w.seed, &r.miner, r.group, r.rollout, (pl + i) as u32);
+        let width = e.cdf_hi - e.cdf_lo;
+        (e.cdf_lo, e.cdf_hi) = (u + p.sample_eps / 2.0, (u + p.sample_eps / 2.0 + width).min(1.0));
+    }
+    let v = w.verify(&r, &off);
+    assert_eq!(v.sampling_counts.off_draw, p.max_off_draw + 1, "{:?}", v.sampling_counts);
+    assert_eq!(
+        failure(&v, CheckKind::SamplingCoverage),
+        Failure::TooManyOffDraw { off_draw: p.max_off_draw + 1, max: p.max_off_draw }
+    );
+    assert!(!v.accepted());
+
+    // An ambiguous position whose claimed token lies farther from the
+    // validator's own draw than a position may admit.
+    let mut far = w.evidence(&r, 0.0);
+    let e = &mut far.positions[0];
+    let u = draw_u(&w.seed, &r.miner, r.group, r.rollout, pl as u32);
+    e.cdf_lo = u + p.sample_eps / 2.0;
+    let token = r.tokens[pl];
+    e.drawn = Some(token + p.max_draw_distance + 1);
+    let v = w.verify(&r, &far);
+    assert!(matches!(failure(&v, CheckKind::Sampling), Failure::FarFromDraw { position, .. } if position == pl));
+    assert!(!v.accepted());
 
     // Low chosen-token probabilities (e.g. tokens the model did not favour).
     let mut ev = w.evidence(&r, 0.0);

@@ -50,6 +50,17 @@ pub trait Reference {
     fn dims(&self) -> &ModelConfig;
     /// Evidence for a batch of rollouts ([`ReferenceModel::evidence`]).
     fn evidence(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError>;
+    /// Evidence with the token the model draws at each seeded `u`
+    /// ([`ReferenceModel::evidence_drawn`]), which bounds the tokens an
+    /// ambiguous position admits. A wrapper that does not forward it gives
+    /// plain evidence (the bound then does not apply).
+    fn evidence_drawn(
+        &self,
+        reqs: &[EvidenceRequest<'_>],
+        _draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        self.evidence(reqs)
+    }
 }
 
 impl Reference for ReferenceModel {
@@ -59,6 +70,14 @@ impl Reference for ReferenceModel {
 
     fn evidence(&self, reqs: &[EvidenceRequest<'_>]) -> Result<Vec<SequenceEvidence>, PolicyError> {
         ReferenceModel::evidence(self, reqs)
+    }
+
+    fn evidence_drawn(
+        &self,
+        reqs: &[EvidenceRequest<'_>],
+        draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        ReferenceModel::evidence_drawn(self, reqs, draws)
     }
 }
 
@@ -906,7 +925,19 @@ fn rollout_evidence<R: Reference + ?Sized>(
             hidden_positions: ch,
         })
         .collect();
-    let evidence = model.evidence(&reqs)?;
+    // The seeded draw of every completion position (the sampling seed is
+    // the contract's seed, the sketch key's too).
+    let draws: Vec<Vec<f64>> = items
+        .iter()
+        .map(|(r, _, key)| {
+            let seed = &keys[*key].0;
+            (r.prompt_len as usize..r.tokens.len())
+                .map(|p| tributary_protocol::sampling::draw_u(seed, &r.miner, r.group, r.rollout, p as u32))
+                .collect()
+        })
+        .collect();
+    let draw_refs: Vec<&[f64]> = draws.iter().map(Vec::as_slice).collect();
+    let evidence = model.evidence_drawn(&reqs, &draw_refs)?;
     let mut out = Vec::with_capacity(items.len());
     for ((r, ch, key), ev) in items.iter().zip(evidence) {
         let key = &keys[*key].1;

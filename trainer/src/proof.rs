@@ -18,6 +18,11 @@
 //! forward, of the tempered distribution the rollout was sampled from
 //! ([`crate::train::tempered_old_logprobs`]); the miner's raw (`T = 1`)
 //! log-probs are only compared with the trainer's raw ones (the per-token bound).
+//! The rewards the advantages are computed from are the trainer's own too
+//! (recomputed from the completions); the miner's are only checked against
+//! them. Only whole groups are proven: a group must hold the window's
+//! `group_size` rollouts, indices `0..group_size` (a subset, chosen to rank
+//! first, would decide which samples are reinforced).
 //! A rollout that fails takes its group out of the batch, never the step,
 //! and leaves a [`RejectRecord`] (digest, check, position, figures).
 
@@ -29,6 +34,7 @@ use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{EnvError, EnvId, EnvSpec, Environment};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::Rollout;
+use tributary_protocol::sampling;
 use tributary_protocol::tokenizer::{Tokenizer, TokenizerError};
 use tributary_protocol::verify::{self, Contract, ModelFreeCheck, Rejection, Verdict, VerifyError, VerifyParams};
 use tributary_protocol::wire::{FailureEvidence, Figures, WindowInfo};
@@ -134,13 +140,64 @@ impl RejectRecord {
 /// The proof of one group.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GroupProof {
-    /// Every rollout passed: the trainer's own old-policy log-probs, one
-    /// list per rollout (in the group's order), one entry per completion token.
-    Proven(Vec<Vec<f32>>),
+    /// Every rollout passed.
+    Proven {
+        /// The trainer's own old-policy log-probs, one list per rollout (in
+        /// the group's order), one entry per completion token.
+        old_logprobs: Vec<Vec<f32>>,
+        /// The rewards the trainer recomputed from the completions, one per
+        /// rollout: what the advantages are computed from.
+        rewards: Vec<f32>,
+    },
     /// Some rollout failed a hard check (records of every failing one).
     Rejected(Vec<RejectRecord>),
+    /// Not a whole group of the window (a record per rollout says why); no
+    /// check ran, and nothing is posted against the miner (a group can
+    /// arrive incomplete without cheating: an upload cut short).
+    Incomplete(Vec<RejectRecord>),
     /// The rollouts name a checkpoint whose weights the trainer no longer holds.
     Stale,
+}
+
+impl GroupProof {
+    /// For the proof budget ([`crate::select::ProofBudget`]): `Some(true)`
+    /// when the miner's rollouts failed, `Some(false)` when they passed,
+    /// `None` when nothing was proven (stale, incomplete).
+    pub fn miner_failed(&self) -> Option<bool> {
+        match self {
+            GroupProof::Proven { .. } => Some(false),
+            GroupProof::Rejected(_) => Some(true),
+            GroupProof::Incomplete(_) | GroupProof::Stale => None,
+        }
+    }
+}
+
+/// The records of a group that is not the window's whole group: one per
+/// rollout, check `group_size`, no evidence (nothing is posted).
+fn incomplete(info: &WindowInfo, rollouts: &[Rollout]) -> Option<Vec<RejectRecord>> {
+    let n = info.group_size as usize;
+    let mut idx: Vec<u32> = rollouts.iter().map(|r| r.rollout).collect();
+    idx.sort_unstable();
+    if idx.len() == n && idx.iter().enumerate().all(|(i, &r)| r as usize == i) {
+        return None;
+    }
+    let detail = format!("a group of {} rollouts (indices {idx:?}); the window's groups have {n}", idx.len());
+    Some(
+        rollouts
+            .iter()
+            .map(|r| RejectRecord {
+                window: r.window,
+                miner: hex::encode(r.miner),
+                group: r.group,
+                rollout: r.rollout,
+                digest: hex::encode(r.digest()),
+                check: "group_size".to_owned(),
+                position: None,
+                detail: detail.clone(),
+                evidence: None,
+            })
+            .collect(),
+    )
 }
 
 /// Loaded checkpoints (most recent last) and the environments seen.
@@ -216,10 +273,11 @@ impl Prover {
     }
 
     /// Proves one group (rollouts of one miner, window and group index)
-    /// against its window's contract `info`.
+    /// against its window's contract `info`: a whole group only (the
+    /// window's `group_size` rollouts, indices `0..group_size`).
     pub fn prove_group(&mut self, info: &WindowInfo, rollouts: &[Rollout]) -> Result<GroupProof, ProofError> {
-        if rollouts.is_empty() {
-            return Ok(GroupProof::Proven(Vec::new()));
+        if let Some(records) = incomplete(info, rollouts) {
+            return Ok(GroupProof::Incomplete(records));
         }
         let env = self.env(info)?.clone();
         let Some(model) = self.model(&info.checkpoint) else { return Ok(GroupProof::Stale) };
@@ -265,11 +323,29 @@ impl Prover {
                 hidden_positions: &[],
             })
             .collect();
-        let evidence = model.evidence(&reqs)?;
+        let assignments: Vec<_> = rollouts
+            .iter()
+            .zip(&prepared)
+            .map(|(r, prep)| contract.assignment(r, &prep.prompt, vocab, &self.eos))
+            .collect();
+        // The seeded draw of every completion position: the evidence carries
+        // the token the trainer's own logits draw there, which bounds what
+        // an ambiguous position admits.
+        let draws: Vec<Vec<f64>> = rollouts
+            .iter()
+            .zip(&assignments)
+            .map(|(r, a)| {
+                (r.prompt_len as usize..r.tokens.len())
+                    .map(|p| sampling::draw_u(&a.sampling_seed, &r.miner, r.group, r.rollout, p as u32))
+                    .collect()
+            })
+            .collect();
+        let draw_refs: Vec<&[f64]> = draws.iter().map(Vec::as_slice).collect();
+        let evidence = model.evidence_drawn(&reqs, &draw_refs)?;
         let mut old = Vec::with_capacity(rollouts.len());
-        for ((r, ev), prep) in rollouts.iter().zip(&evidence).zip(&prepared) {
-            let a = contract.assignment(r, &prep.prompt, vocab, &self.eos);
-            let v = verify::verify_tokens(r, &a, prep.reward, &ev.positions(), &params)?;
+        let mut rewards = Vec::with_capacity(rollouts.len());
+        for (((r, ev), prep), a) in rollouts.iter().zip(&evidence).zip(&prepared).zip(&assignments) {
+            let v = verify::verify_tokens(r, a, prep.reward, &ev.positions(), &params)?;
             match RejectRecord::of_verdict(r, &v) {
                 Some(mut rec) => {
                     // The reference figure of a log-prob failure: the trainer's own log-prob there.
@@ -284,12 +360,17 @@ impl Prover {
                     }
                     rejected.push(rec)
                 }
-                // Of the sampling distribution softmax(logits / T), as the loss's.
                 None => {
-                    old.push(crate::train::tempered_old_logprobs(r.sampling.temperature, &ev.logprob, &ev.prob_temp))
+                    // Of the sampling distribution softmax(logits / T), as the loss's.
+                    old.push(crate::train::tempered_old_logprobs(r.sampling.temperature, &ev.logprob, &ev.prob_temp));
+                    rewards.push(prep.reward);
                 }
             }
         }
-        Ok(if rejected.is_empty() { GroupProof::Proven(old) } else { GroupProof::Rejected(rejected) })
+        Ok(if rejected.is_empty() {
+            GroupProof::Proven { old_logprobs: old, rewards }
+        } else {
+            GroupProof::Rejected(rejected)
+        })
     }
 }

@@ -11,7 +11,16 @@
 //! the trainer's own proof ([`crate::proof`]), called in rank order until a
 //! window's quota is filled, so a group that fails its proof makes room for
 //! the next one instead of costing the window a slot; the old-policy
-//! log-probs are the proof's. Verdicts are a second gate: a failed one
+//! log-probs are the proof's, and so are the rewards: the zero-variance
+//! filter and the advantages are computed again from the rewards the proof
+//! recomputed, never from the claimed ones (a claimed reward is only
+//! checked against the recomputed one, to 1e-6, which would otherwise let a
+//! miner pick the advantages' signs). The proof takes whole groups only (the
+//! window's group size). Proofs have a budget ([`ProofBudget`]): a miner's
+//! first failure in a window ends the proving of its groups there, and a
+//! window spends at most [`SelectConfig::max_failed_proofs`] failed proofs
+//! before it proves only miners a validator passed or the proof already
+//! passed in that window. Verdicts are a second gate: a failed one
 //! drops the miner's window, a pending one does not hold training back.
 //! [`select`] (no proof: the miner's log-probs, groups of windows not yet
 //! judged **held** for the caller to resubmit once the verdict is in) is
@@ -69,7 +78,8 @@ pub enum DropReason {
     InconsistentGroup,
     /// A completion is longer than `max_completion_tokens`.
     TooLong,
-    /// Every reward in the group is equal (no learning signal).
+    /// Every reward in the group is equal (no learning signal): the claimed
+    /// ones before the proof, the recomputed ones after it.
     ZeroVariance,
     /// Ranked below the per-window cap.
     RankedOut,
@@ -77,11 +87,17 @@ pub enum DropReason {
     ProofFailed,
     /// The trainer could not run the proof (its own problem: environment, model).
     Unprovable,
+    /// Not proven: another group of the same miner failed its proof in this
+    /// window ([`ProofBudget`]).
+    MinerFailedProof,
+    /// Not proven: the window's failed-proof budget is spent and no
+    /// validator or proof passed this miner in the window ([`ProofBudget`]).
+    ProofBudget,
 }
 
 impl DropReason {
     /// Every reason, in order.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 16] = [
         DropReason::BadLogprobs,
         DropReason::InconsistentLengths,
         DropReason::TokenOutOfRange,
@@ -96,6 +112,8 @@ impl DropReason {
         DropReason::RankedOut,
         DropReason::ProofFailed,
         DropReason::Unprovable,
+        DropReason::MinerFailedProof,
+        DropReason::ProofBudget,
     ];
 
     /// Metric label.
@@ -115,6 +133,8 @@ impl DropReason {
             DropReason::RankedOut => "ranked_out",
             DropReason::ProofFailed => "proof_failed",
             DropReason::Unprovable => "unprovable",
+            DropReason::MinerFailedProof => "miner_failed_proof",
+            DropReason::ProofBudget => "proof_budget",
         }
     }
 }
@@ -142,7 +162,10 @@ impl GroupKey {
 pub struct SelectConfig {
     /// Largest accepted age in publications (`0` = only the current checkpoint).
     pub max_staleness: u64,
-    /// Required rollouts per group (`None`: any size ≥ 2).
+    /// Required rollouts per group before ranking (`None`: any size ≥ 2).
+    /// The trainer's proof requires the window's group size whatever this
+    /// says ([`crate::proof::Prover::prove_group`]): a subset is rejected
+    /// there, with a record of why.
     pub group_size: Option<usize>,
     /// Groups kept per window after ranking.
     pub max_groups_per_window: usize,
@@ -160,6 +183,19 @@ pub struct SelectConfig {
     /// it wait for the next step.
     #[serde(default = "default_max_train_groups")]
     pub max_train_groups: usize,
+    /// Failed proofs one window may cost ([`ProofBudget`]); past it only
+    /// groups of miners a validator passed, or the proof already passed in
+    /// the window, are proven.
+    #[serde(default = "default_max_failed_proofs")]
+    pub max_failed_proofs: usize,
+}
+
+/// [`SelectConfig::max_failed_proofs`]'s default: a quarter of the default
+/// window quota.
+pub const DEFAULT_MAX_FAILED_PROOFS: usize = 8;
+
+fn default_max_failed_proofs() -> usize {
+    DEFAULT_MAX_FAILED_PROOFS
 }
 
 /// [`SelectConfig::max_train_groups`]'s default.
@@ -171,8 +207,9 @@ fn default_max_train_groups() -> usize {
 
 impl SelectConfig {
     /// grail's defaults for a vocabulary of `vocab_size`: staleness 1, any
-    /// group size, 32 groups per window, 1024-token completions, 0.7/0.3;
-    /// at most [`DEFAULT_MAX_TRAIN_GROUPS`] groups per step.
+    /// group size before the proof, 32 groups per window, 1024-token
+    /// completions, 0.7/0.3; at most [`DEFAULT_MAX_TRAIN_GROUPS`] groups per
+    /// step and [`DEFAULT_MAX_FAILED_PROOFS`] failed proofs per window.
     pub fn new(vocab_size: usize) -> Self {
         SelectConfig {
             max_staleness: 1,
@@ -183,6 +220,7 @@ impl SelectConfig {
             reward_weight: 0.7,
             spread_weight: 0.3,
             max_train_groups: DEFAULT_MAX_TRAIN_GROUPS,
+            max_failed_proofs: DEFAULT_MAX_FAILED_PROOFS,
         }
     }
 }
@@ -194,7 +232,8 @@ pub struct TrainGroup {
     pub key: GroupKey,
     /// Its rollouts, sorted by rollout index.
     pub rollouts: Vec<Rollout>,
-    /// Group-relative advantage of each rollout.
+    /// Group-relative advantage of each rollout: from the claimed rewards
+    /// until the proof, from the recomputed ones after it ([`apply_proof`]).
     pub advantages: Vec<f32>,
     /// Old-policy log-probs of each rollout's completion tokens: the
     /// trainer's own ([`select_proven`]) or the miner's ([`select`]).
@@ -359,16 +398,80 @@ pub fn rank_order(a: (f64, &GroupKey), b: (f64, &GroupKey)) -> std::cmp::Orderin
 }
 
 /// Takes a group's proof: the proven old-policy log-probs replace the
-/// miner's, or the reason it is not trained on (`None`: the proof could not run).
+/// miner's, and the advantages are computed again from the rewards the
+/// proof recomputed (a group whose recomputed rewards are all equal is
+/// dropped as zero-variance, whatever the claimed ones say); or the reason
+/// it is not trained on (`None`: the proof could not run).
 pub fn apply_proof(g: &mut TrainGroup, proof: Option<GroupProof>) -> Result<(), DropReason> {
     match proof {
-        Some(GroupProof::Proven(old)) if old.len() == g.rollouts.len() => {
-            g.old_logprobs = old;
+        Some(GroupProof::Proven { old_logprobs, rewards })
+            if old_logprobs.len() == g.rollouts.len() && rewards.len() == g.rollouts.len() =>
+        {
+            if rewards.iter().all(|&r| r == rewards[0]) {
+                return Err(DropReason::ZeroVariance);
+            }
+            g.advantages = group_advantages(&rewards, 1e-8);
+            g.old_logprobs = old_logprobs;
             Ok(())
         }
-        Some(GroupProof::Proven(_)) | None => Err(DropReason::Unprovable),
+        Some(GroupProof::Proven { .. }) | None => Err(DropReason::Unprovable),
         Some(GroupProof::Rejected(_)) => Err(DropReason::ProofFailed),
+        Some(GroupProof::Incomplete(_)) => Err(DropReason::InconsistentGroup),
         Some(GroupProof::Stale) => Err(DropReason::Stale),
+    }
+}
+
+/// What proving one window may cost (review finding F: one key's garbage
+/// groups, ranked first on their claimed rewards, cost a forward each):
+/// a miner's first failed proof in the window ends the proving of its other
+/// groups there, and once the window has spent
+/// [`SelectConfig::max_failed_proofs`] failed proofs, only groups of miners
+/// a validator passed in the window, or whose groups the proof already
+/// passed there, are proven. So a window costs at most its quota of passing
+/// proofs plus `min(failing miners, max_failed_proofs)` failing ones.
+#[derive(Clone, Debug, Default)]
+pub struct ProofBudget {
+    max_failures: usize,
+    failures: usize,
+    failed: std::collections::HashSet<[u8; 32]>,
+    passed: std::collections::HashSet<[u8; 32]>,
+}
+
+impl ProofBudget {
+    /// The budget of one window.
+    pub fn new(cfg: &SelectConfig) -> Self {
+        Self { max_failures: cfg.max_failed_proofs, ..Self::default() }
+    }
+
+    /// Whether a group of `miner`, whose validators' standing in the window
+    /// is `standing`, may be proven; else why not.
+    pub fn allows(&self, miner: &[u8; 32], standing: Standing) -> Result<(), DropReason> {
+        if self.failed.contains(miner) {
+            return Err(DropReason::MinerFailedProof);
+        }
+        if self.failures >= self.max_failures && standing != Standing::Passed && !self.passed.contains(miner) {
+            return Err(DropReason::ProofBudget);
+        }
+        Ok(())
+    }
+
+    /// Records the outcome of a proof of `miner`'s group: `failed` when the
+    /// miner's rollouts failed it (not when it could not run, was stale or
+    /// was an incomplete group, which cost no forward). Returns whether this
+    /// was the miner's first failure in the window.
+    pub fn record(&mut self, miner: &[u8; 32], failed: bool) -> bool {
+        if failed {
+            self.failures += 1;
+            self.failed.insert(*miner)
+        } else {
+            self.passed.insert(*miner);
+            false
+        }
+    }
+
+    /// Failed proofs spent so far.
+    pub fn failures(&self) -> usize {
+        self.failures
     }
 }
 
@@ -399,13 +502,23 @@ fn select_inner(
     for (_, mut gs) in survivors {
         gs.sort_by(|a, b| rank_order((a.score, &a.key), (b.score, &b.key)));
         let mut kept = 0;
+        let mut budget = ProofBudget::new(cfg);
         for mut g in gs {
             if kept >= cfg.max_groups_per_window {
                 drop(&mut out, DropReason::RankedOut);
                 continue;
             }
             if let Some(prove) = prove.as_mut() {
+                if let Err(reason) = budget.allows(&g.key.miner, standing(&g.key.miner, g.key.window)) {
+                    drop(&mut out, reason);
+                    continue;
+                }
                 let proof = prove(&g);
+                if let Some(p) = &proof
+                    && let Some(failed) = p.miner_failed()
+                {
+                    budget.record(&g.key.miner, failed);
+                }
                 if let Err(reason) = apply_proof(&mut g, proof) {
                     drop(&mut out, reason);
                     continue;
@@ -457,6 +570,86 @@ mod tests {
 
     fn passed(_: &[u8; 32], _: u64) -> Standing {
         Standing::Passed
+    }
+
+    /// A passing proof that recomputed the claimed rewards exactly.
+    fn proven(g: &TrainGroup) -> GroupProof {
+        GroupProof::Proven {
+            old_logprobs: g.rollouts.iter().map(|r| vec![-1.0; r.logprobs.len()]).collect(),
+            rewards: g.rollouts.iter().map(|r| r.reward).collect(),
+        }
+    }
+
+    #[test]
+    fn advantages_and_zero_variance_come_from_the_recomputed_rewards() {
+        // Review finding A: true rewards all 0, claimed [1e-6, 0, 0, 1e-6]
+        // (each within the reward check's 1e-6): the claimed ones would give
+        // advantages [1, -1, -1, 1]; the recomputed ones have no variance.
+        let nudged = group(1, 5, 0, &[1e-6, 0.0, 0.0, 1e-6]);
+        // Claimed [1 + 1e-6, 0, 0, 1], recomputed [1, 0, 0, 1].
+        let mut honest = group(2, 5, 0, &[1.0, 0.0, 0.0, 1.0]);
+        honest[0].reward = 1.0 + 1e-6;
+        let mut rs = nudged;
+        rs.extend(honest);
+        let mut prove = |g: &TrainGroup| {
+            let rewards = if g.key.miner[0] == 1 { vec![0.0; 4] } else { vec![1.0, 0.0, 0.0, 1.0] };
+            let old_logprobs = g.rollouts.iter().map(|r| vec![-1.0; r.logprobs.len()]).collect();
+            Some(GroupProof::Proven { old_logprobs, rewards })
+        };
+        let s = select_proven(rs, &CK, passed, &cfg(), &mut prove);
+        assert_eq!(s.dropped.get(&DropReason::ZeroVariance), Some(&1), "{:?}", s.dropped);
+        assert_eq!(s.kept.len(), 1);
+        assert_eq!(s.kept[0].key.miner, [2; 32]);
+        assert_eq!(s.kept[0].advantages, vec![1.0, -1.0, -1.0, 1.0], "z-scores of the recomputed rewards");
+    }
+
+    #[test]
+    fn garbage_groups_cost_one_proof_per_miner_and_the_window_a_bounded_number() {
+        // Review finding F: 100 high-score groups that fail their proof
+        // (5 miners × 20) and 32 honest ones (2 miners × 16) ranked below
+        // them. Before: 132 proofs. Now: the quota (32) plus one per failing miner.
+        let c = SelectConfig { max_groups_per_window: 32, ..cfg() };
+        let mut rs = Vec::new();
+        for m in 10..15u8 {
+            for g in 0..20 {
+                rs.extend(group(m, 5, g, &[1.0, 1.0, 1.0, 0.0]));
+            }
+        }
+        for m in 1..3u8 {
+            for g in 0..16 {
+                rs.extend(group(m, 5, g, &[1.0, 0.0, 0.0, 0.0]));
+            }
+        }
+        let calls = std::cell::Cell::new(0usize);
+        let mut prove = |g: &TrainGroup| {
+            calls.set(calls.get() + 1);
+            Some(if g.key.miner[0] >= 10 { GroupProof::Rejected(Vec::new()) } else { proven(g) })
+        };
+        let s = select_proven(rs, &CK, passed, &c, &mut prove);
+        assert_eq!(s.kept.len(), 32);
+        assert!(s.kept.iter().all(|g| g.key.miner[0] < 10));
+        assert!(calls.get() <= 32 + 5, "{} proofs", calls.get());
+        assert_eq!(s.dropped[&DropReason::ProofFailed], 5);
+        assert_eq!(s.dropped[&DropReason::MinerFailedProof], 95);
+
+        // 20 Sybil keys of one group each: past the window's failed-proof
+        // budget only miners a validator passed are proven, so the unjudged
+        // Sybils cost at most the budget and the passed miner still trains.
+        let mut rs = Vec::new();
+        for m in 100..120u8 {
+            rs.extend(group(m, 5, 0, &[1.0, 1.0, 1.0, 0.0]));
+        }
+        for g in 0..4 {
+            rs.extend(group(1, 5, g, &[1.0, 0.0, 0.0, 0.0]));
+        }
+        let standing = |m: &[u8; 32], _: u64| {
+            if m[0] == 1 { Standing::Passed } else { Standing::Pending { good_standing: true } }
+        };
+        calls.set(0);
+        let s = select_proven(rs, &CK, standing, &c, &mut prove);
+        assert_eq!(s.kept.len(), 4);
+        assert_eq!(calls.get(), c.max_failed_proofs + 4, "the budget, then the passed miner's groups");
+        assert_eq!(s.dropped[&DropReason::ProofBudget], 20 - c.max_failed_proofs as u64);
     }
 
     #[test]
@@ -551,11 +744,12 @@ mod tests {
 
     #[test]
     fn proven_selection_backfills_rejected_groups_and_holds_nothing() {
-        // Window 5, quota 2: g1 and g2 rank first; g1 fails its proof, so g0
-        // takes its place. A pending miner in good standing is proven and
-        // trained, not held; a failed verdict is still dropped unproven.
+        // Window 5, quota 3: miner 4's g1 and miner 1's g2 rank first; g1
+        // fails its proof, so g0 takes its place. A pending miner in good
+        // standing is proven and trained, not held; a failed verdict is
+        // still dropped unproven.
         let mut rs = group(1, 5, 0, &[1.0, 0.0, 0.0, 0.0]);
-        rs.extend(group(1, 5, 1, &[1.0, 1.0, 1.0, 0.0]));
+        rs.extend(group(4, 5, 1, &[1.0, 1.0, 1.0, 0.0]));
         rs.extend(group(1, 5, 2, &[1.0, 1.0, 0.0, 0.0]));
         rs.extend(group(3, 5, 0, &[1.0, 0.0, 0.0, 0.0])); // pending, good standing
         rs.extend(group(2, 5, 1, &[1.0, 0.0, 1.0, 0.0])); // failed verdict
@@ -568,11 +762,7 @@ mod tests {
         let mut asked = Vec::new();
         let mut prove = |g: &TrainGroup| {
             asked.push((g.key.miner[0], g.key.group));
-            Some(if g.key.miner[0] == 1 && g.key.group == 1 {
-                GroupProof::Rejected(Vec::new())
-            } else {
-                GroupProof::Proven(g.rollouts.iter().map(|r| vec![-1.0; r.logprobs.len()]).collect())
-            })
+            Some(if g.key.miner[0] == 4 { GroupProof::Rejected(Vec::new()) } else { proven(g) })
         };
         let s = select_proven(rs, &CK, standing, &c, &mut prove);
         let kept: Vec<(u8, u32)> = s.kept.iter().map(|g| (g.key.miner[0], g.key.group)).collect();

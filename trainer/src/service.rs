@@ -32,7 +32,13 @@
 //! What the proof found goes back to the coordinator as the trainer's signed
 //! verdict per (window, miner) it looked at: the digests it proved passing
 //! (which refute a validator's false evidence on them) and each failure's
-//! evidence (the trainer's own proof failure bans the miner). A network
+//! evidence (the trainer's own proof failure bans the miner). A miner's
+//! first proof failure in a window is posted at once (with what the proof
+//! passed of it before), and its other groups there are not proven; a
+//! window spends at most [`SelectConfig::max_failed_proofs`] failed proofs
+//! ([`ProofBudget`]). The rest is posted after the round. A group that is
+//! not the window's whole group is refused before any check and recorded
+//! (check `group_size`), never posted. A network
 //! error does not end [`Service::run`]: it reconnects with backoff and
 //! retries the round.
 
@@ -57,8 +63,8 @@ use tributary_protocol::wire::{
 use crate::proof::{GroupProof, ProofConfig, ProofError, Prover, RejectRecord};
 use crate::publish::{Publication, PublishError, Publisher};
 use crate::select::{
-    DropReason, GroupKey, Screened, SelectConfig, Selection, Standing, TrainGroup, apply_proof, checkpoint_problem,
-    rank_order, screen,
+    DropReason, GroupKey, ProofBudget, Screened, SelectConfig, Selection, Standing, TrainGroup, apply_proof,
+    checkpoint_problem, rank_order, screen,
 };
 use crate::state::{self, StateError, write_atomic};
 use crate::train::{Sample, StepStats, TrainConfig, TrainError, Trainer};
@@ -461,9 +467,15 @@ impl Service {
         ranked.sort_by(|a, b| rank_order((a.0, &a.1), (b.0, &b.1)));
         let mut kept = 0usize;
         let mut ahead: HashMap<GroupKey, TrainGroup> = HashMap::new();
+        let mut budget = ProofBudget::new(&cfg);
         for (i, (_, key)) in ranked.iter().enumerate() {
             if kept >= cfg.max_groups_per_window {
                 drop(&mut pick.sel, DropReason::RankedOut, 1);
+                continue;
+            }
+            if let Err(reason) = budget.allows(&key.miner, standing(&key.miner, w)) {
+                ahead.remove(key);
+                drop(&mut pick.sel, reason, 1);
                 continue;
             }
             let mut g = match ahead.remove(key) {
@@ -493,10 +505,24 @@ impl Service {
             };
             let proof = match tokio::task::block_in_place(|| self.prover.prove_group(&info, &g.rollouts)) {
                 Ok(GroupProof::Rejected(recs)) => {
+                    budget.record(&g.key.miner, true);
+                    // The miner's first failure in the window: its verdict
+                    // (what the proof passed of it so far, and this failure)
+                    // goes out now, not after the round; its other groups
+                    // in the window are not proven.
+                    let miner = PublicKey(g.key.miner);
+                    let passed = pick.proven.remove(&(w, miner)).unwrap_or_default();
+                    self.record_rejected(&recs)?;
+                    self.post_verdicts(&recs, BTreeMap::from([((w, miner), passed)])).await?;
                     pick.rejected.extend(recs.iter().cloned());
                     Some(GroupProof::Rejected(recs))
                 }
-                Ok(p @ GroupProof::Proven(_)) => {
+                Ok(GroupProof::Incomplete(recs)) => {
+                    pick.incomplete.extend(recs.iter().cloned());
+                    Some(GroupProof::Incomplete(recs))
+                }
+                Ok(p @ GroupProof::Proven { .. }) => {
+                    budget.record(&g.key.miner, false);
                     let digests = g.rollouts.iter().map(Rollout::digest);
                     pick.proven.entry((w, PublicKey(g.key.miner))).or_default().extend(digests);
                     Some(p)
@@ -653,12 +679,16 @@ impl Service {
         if round.windows.is_empty() {
             return Ok(round);
         }
-        let Pick { mut sel, rejected, proven } = pick;
+        let Pick { mut sel, rejected, incomplete, proven } = pick;
         sel.kept.sort_by_key(|g| g.key);
         sel.record_metrics();
-        self.record_rejected(&rejected)?;
-        self.post_verdicts(&rejected, proven).await?;
+        // Proof failures were recorded and posted when they happened; what
+        // is left: incomplete groups (recorded, never posted) and the
+        // verdicts of miners the proof only passed.
+        self.record_rejected(&incomplete)?;
+        self.post_verdicts(&[], proven).await?;
         round.rejected = rejected;
+        round.rejected.extend(incomplete);
         round.groups = sel.kept.len();
         self.progress.next_window = w;
         if !sel.kept.is_empty() {
@@ -754,11 +784,13 @@ impl Service {
 }
 
 /// What a round has picked so far: the selection, the proof's rejections
-/// and the digests it proved, by (window, miner).
+/// (already recorded and posted), the groups it refused as incomplete, and
+/// the digests it proved of miners with no failure yet, by (window, miner).
 #[derive(Default)]
 struct Pick {
     sel: Selection,
     rejected: Vec<RejectRecord>,
+    incomplete: Vec<RejectRecord>,
     proven: BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>>,
 }
 

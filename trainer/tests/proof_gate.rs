@@ -75,7 +75,12 @@ impl World {
     /// An honest rollout: seeded inverse-CDF sampling from the model until
     /// EOS or the window's limit.
     fn honest(&self, group: u32, rollout: u32) -> Rollout {
-        let task = self.env.task(task_seed(&self.info.seed, &self.miner, group));
+        self.honest_of(self.miner, group, rollout)
+    }
+
+    /// [`World::honest`] for `miner`.
+    fn honest_of(&self, miner: [u8; 32], group: u32, rollout: u32) -> Rollout {
+        let task = self.env.task(task_seed(&self.info.seed, &miner, group));
         let prompt = self.tok.encode(&self.env.prompt_text(&task)).unwrap();
         let mut tokens = prompt.clone();
         let mut logprobs = Vec::new();
@@ -85,7 +90,7 @@ impl World {
             let input = Tensor::from_slice(&ids).view([1, -1]);
             let out = tch::no_grad(|| self.model.forward(&input)).unwrap();
             let last: Vec<f32> = Vec::try_from(out.logits.get(0).get(tokens.len() as i64 - 1)).unwrap();
-            let u = draw_u(&self.info.seed, &self.miner, group, rollout, tokens.len() as u32);
+            let u = draw_u(&self.info.seed, &miner, group, rollout, tokens.len() as u32);
             let s = sample_with_logprob(&last, t, u);
             tokens.push(s.token);
             logprobs.push(s.logprob_t1);
@@ -100,20 +105,24 @@ impl World {
             env: self.info.env,
             group,
             rollout,
-            task_id: task_seed(&self.info.seed, &self.miner, group),
+            task_id: task_seed(&self.info.seed, &miner, group),
             sampling: self.info.sampling,
             sketches: vec![0; tokens.len()],
             tokens,
             prompt_len: prompt.len() as u32,
             logprobs,
             reward,
-            miner: self.miner,
+            miner,
             signature: [0; 64],
         }
     }
 
     fn group(&self, g: u32) -> Vec<Rollout> {
-        (0..GROUP_SIZE).map(|i| self.honest(g, i)).collect()
+        self.group_of(self.miner, g)
+    }
+
+    fn group_of(&self, miner: [u8; 32], g: u32) -> Vec<Rollout> {
+        (0..GROUP_SIZE).map(|i| self.honest_of(miner, g, i)).collect()
     }
 }
 
@@ -176,7 +185,9 @@ fn honest_groups_are_proven_with_the_trainers_own_logprobs() {
     let mut p = w.prover();
     let rs = w.group(0);
     match p.prove_group(&w.info, &rs).unwrap() {
-        GroupProof::Proven(old) => {
+        GroupProof::Proven { old_logprobs: old, rewards } => {
+            let claimed: Vec<f32> = rs.iter().map(|r| r.reward).collect();
+            assert_eq!(rewards, claimed, "honest rewards recomputed exactly");
             assert_eq!(old.len(), rs.len());
             for (o, r) in old.iter().zip(&rs) {
                 assert_eq!(o.len(), r.logprobs.len());
@@ -200,8 +211,10 @@ fn tampered_unchecked_groups_are_dropped_and_the_step_runs() {
     let mut honest = Vec::new();
     let mut all = Vec::new();
     let mut expected = Vec::new();
+    // One miner per group: a miner's first failure in a window ends the
+    // proving of its other groups there (review finding F).
     for g in 0..6 {
-        let mut rs = w.group(g);
+        let mut rs = w.group_of([10 + g as u8; 32], g);
         if g == 0 {
             honest.extend(rs.iter().map(Rollout::digest));
         } else {
@@ -254,4 +267,60 @@ fn tampered_unchecked_groups_are_dropped_and_the_step_runs() {
     let samples = Sample::from_groups(&sel.kept);
     let stats = trainer.step(&samples).expect("the step runs");
     assert!(stats.loss.is_finite());
+}
+
+/// Review finding A: an honest group whose true rewards are all equal,
+/// its claimed rewards nudged inside the reward check's tolerance (1e-6)
+/// to choose the advantages' signs, is dropped as zero-variance: the
+/// filter and the advantages use the rewards the trainer recomputed.
+#[test]
+fn rewards_nudged_inside_the_tolerance_choose_no_advantages() {
+    // At a real arith level the tiny random model never answers right:
+    // every true reward is 0.
+    let mut w = World::new();
+    w.info.difficulty = 100;
+    w.env = Environment::for_window(&w.info, None).unwrap();
+    let rs = w.group(0);
+    assert!(rs.iter().all(|r| r.reward == rs[0].reward), "equal true rewards");
+    let mut nudged = rs.clone();
+    let r0 = nudged[0].reward;
+    nudged[0].reward = r0 + 0.9e-6;
+    assert!(nudged[0].reward != r0 && (nudged[0].reward - r0).abs() <= 1e-6, "inside the tolerance");
+    // Re-signed by the miner (the trainer reads rollouts the door checked;
+    // this world's are unsigned): the reward check still passes.
+    let mut p = w.prover();
+    assert!(matches!(p.prove_group(&w.info, &nudged).unwrap(), GroupProof::Proven { .. }), "within the reward check");
+    let cfg = SelectConfig { group_size: Some(GROUP_SIZE as usize), ..SelectConfig::new(49152) };
+    let mut prove = |g: &TrainGroup| Some(p.prove_group(&w.info, &g.rollouts).unwrap());
+    let sel = select_proven(nudged, &[w.id], passed, &cfg, &mut prove);
+    assert!(sel.kept.is_empty(), "kept with advantages {:?}", sel.kept.first().map(|g| &g.advantages));
+    assert_eq!(sel.dropped.get(&DropReason::ZeroVariance), Some(&1), "{:?}", sel.dropped);
+}
+
+/// Review finding D: a subset of a group (2 of the window's 16) is not
+/// trained on, under the default selection settings: the proof takes whole
+/// groups only, and its records say why.
+#[test]
+fn a_subset_of_a_group_is_dropped_with_a_record() {
+    let mut w = World::new();
+    w.info.group_size = 16;
+    let subset = (0..24)
+        .map(|g| w.group(g))
+        .find(|rs| rs.iter().any(|r| r.reward != rs[0].reward))
+        .expect("an honest pair with different rewards among 24");
+    let mut p = w.prover();
+    let mut records = Vec::new();
+    let mut prove = |g: &TrainGroup| {
+        let proof = p.prove_group(&w.info, &g.rollouts).unwrap();
+        if let GroupProof::Incomplete(r) = &proof {
+            records.extend(r.iter().cloned());
+        }
+        Some(proof)
+    };
+    let sel = select_proven(subset.clone(), &[w.id], passed, &SelectConfig::new(49152), &mut prove);
+    assert!(sel.kept.is_empty(), "a 2-of-16 subset was kept");
+    assert_eq!(sel.dropped.get(&DropReason::InconsistentGroup), Some(&1), "{:?}", sel.dropped);
+    assert_eq!(records.len(), 2, "one record per rollout");
+    assert!(records.iter().all(|r| r.check == "group_size" && r.evidence.is_none()), "{records:?}");
+    assert!(records[0].detail.contains("16"), "{}", records[0].detail);
 }

@@ -170,6 +170,31 @@ pub fn check_reveal(reveal: &Reveal, network: &NetworkId, commitment: &[u8; 32])
     Ok(challenge)
 }
 
+/// Where one party's contribution stands in a window's reveal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inclusion {
+    /// Among the contributions: it is mixed into the challenge.
+    Contributed,
+    /// Listed as withheld: committed, not revealed in time (visible to all).
+    Withheld,
+    /// In neither list. For a party whose commitment the coordinator
+    /// acknowledged, the coordinator dropped it silently: the challenge
+    /// was mixed without this party (review finding H), and the party must
+    /// say so loudly.
+    Absent,
+}
+
+/// Whether `party`'s contribution is in `reveal` ([`Inclusion`]).
+pub fn inclusion(reveal: &Reveal, party: &PublicKey) -> Inclusion {
+    if reveal.contributions.iter().any(|c| c.commit.body.party == *party) {
+        Inclusion::Contributed
+    } else if reveal.withheld.iter().any(|c| c.body.party == *party) {
+        Inclusion::Withheld
+    } else {
+        Inclusion::Absent
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +284,24 @@ mod tests {
         bad.withheld.push(bad.contributions[0].commit.clone());
         assert!(matches!(check_reveal(&bad, &NET, &commitment), Err(BeaconError::Order(_))));
         assert!(matches!(check_reveal(&r, &NetworkId([8; 32]), &commitment), Err(BeaconError::WrongWindow(_))));
+    }
+
+    #[test]
+    fn a_dropped_commitment_is_absent_from_the_reveal() {
+        let coordinator = [3; 32];
+        let parties = [key(1), key(2), key(3)];
+        let mut r = reveal_of(9, coordinator, &parties);
+        assert_eq!(inclusion(&r, &key(1).public()), Inclusion::Contributed);
+        // Committed, not revealed: withheld, in the open.
+        let late = r.contributions.remove(1);
+        r.withheld.push(late.commit.clone());
+        assert_eq!(inclusion(&r, &late.commit.body.party), Inclusion::Withheld);
+        // Acknowledged and dropped: in neither list, though the reveal itself holds.
+        r.withheld.clear();
+        let map = r.contributions.iter().map(|c| (c.commit.body.party, c.secret)).collect();
+        r.challenge = mix(&NET, 9, &coordinator, &map).0;
+        assert!(check_reveal(&r, &NET, &challenge_commitment(9, &coordinator)).is_ok());
+        assert_eq!(inclusion(&r, &late.commit.body.party), Inclusion::Absent);
     }
 
     proptest! {

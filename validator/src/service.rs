@@ -56,6 +56,7 @@ use tributary_net::beacon::{Contributor, ContributorConfig};
 use tributary_net::{Backoff, Client, ClientConfig, ClientError, DownloadError, KeyPin, now_ms};
 use tributary_policy::{PolicyError, ReferenceModel};
 use tributary_protocol::assign;
+use tributary_protocol::beacon::Inclusion;
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{EnvSpec, Environment};
 use tributary_protocol::identity::{Keypair, PublicKey};
@@ -263,7 +264,7 @@ pub struct Service {
     /// Confirmations answered, with the rollouts they cited ([`Service::confirm_pending`]).
     answered: std::collections::BTreeMap<(WindowId, PublicKey), Vec<[u8; 32]>>,
     /// This validator's contributions to each window's challenge (stopped when dropped).
-    _contributor: Contributor,
+    contributor: Contributor,
 }
 
 impl std::fmt::Debug for Service {
@@ -302,7 +303,7 @@ impl Service {
             next_window: Some(next_window),
             posted,
             answered: std::collections::BTreeMap::new(),
-            _contributor: contributor,
+            contributor,
         })
     }
 
@@ -390,6 +391,11 @@ impl Service {
                 let challenge = tributary_protocol::beacon::check_reveal(&r, &network, &info.commitment)
                     .map_err(|e| ServiceError::BadReveal(w, e))?;
                 let me = self.cfg.key.public();
+                // Acknowledged and in neither list: dropped silently (logged at error).
+                let acked = self.contributor.acknowledged(w);
+                if tributary_net::beacon::check_inclusion(&r, &me, acked) == Inclusion::Absent && acked {
+                    metrics::counter!("tributary_validator_contributions_excluded_total").increment(1);
+                }
                 if r.withheld.iter().any(|c| c.body.party == me) {
                     metrics::counter!("tributary_validator_contributions_withheld_total").increment(1);
                     tracing::error!(

@@ -8,7 +8,9 @@
 //! `/api/training` (the trainer's signed step reports: loss, entropy, clip
 //! fractions, groups, delta size; `?from=W`), `/api/checkpoints` (every
 //! relayed checkpoint with its full and delta sizes), `/api/validators`
-//! (each validator, flagged or not, with the refutations of its evidence), `/api/status`
+//! (each validator, flagged or not, with the refutations of its evidence
+//! and the recent windows whose challenge was fixed without its
+//! contribution, [`validator_views`]), `/api/status`
 //! (everything the live status page shows, see [`crate::dashboard`]) and the
 //! status page itself at `/`. `/api/status` and `/api/miners` answer from a
 //! snapshot at most [`crate::dashboard::SNAPSHOT_MS`] old, so any number of
@@ -103,9 +105,47 @@ async fn miners(State(s): State<AppState>) -> Result<Json<crate::dashboard::Mine
 
 /// Each authorised validator (and any flagged key): whether it is flagged
 /// (another party's proof refuted its evidence; its verdicts are set aside
-/// until `coordinator clear-validator`), its refutations and its counted verdicts.
-async fn validators(State(s): State<AppState>) -> Json<Vec<crate::bans::ValidatorStatus>> {
-    Json(s.shared.core().validator_statuses())
+/// until `coordinator clear-validator`), its refutations and its counted
+/// verdicts, and its absent beacon windows ([`ValidatorView`]).
+async fn validators(State(s): State<AppState>) -> Json<Vec<ValidatorView>> {
+    Json(validator_views(&s.shared, now_ms()))
+}
+
+/// Recent windows `/api/validators` looks at for absent contributions.
+pub const BEACON_WINDOWS_SHOWN: u64 = 16;
+
+/// One validator in `/api/validators`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ValidatorView {
+    /// Flag, refutations, verdicts, withheld reveals.
+    #[serde(flatten)]
+    pub status: crate::bans::ValidatorStatus,
+    /// Of the last [`BEACON_WINDOWS_SHOWN`] windows whose challenge is fixed,
+    /// those mixed without this validator's contribution and without
+    /// listing it as withheld: it did not commit, or its commitment was
+    /// refused or dropped (review finding H; the validator itself logs an
+    /// error when the coordinator had acknowledged it).
+    pub beacon_absent: Vec<tributary_protocol::window::WindowId>,
+}
+
+/// What `/api/validators` answers at `now_ms`.
+pub fn validator_views(shared: &Shared, now_ms: u64) -> Vec<ValidatorView> {
+    let core = shared.core();
+    let current = core.current_window(now_ms).unwrap_or(0);
+    let fixed: Vec<u64> =
+        (current.saturating_sub(BEACON_WINDOWS_SHOWN)..=current).filter(|&w| core.challenge_fixed(w, now_ms)).collect();
+    core.validator_statuses()
+        .into_iter()
+        .map(|status| {
+            let key = status.key.parse::<tributary_protocol::identity::PublicKey>().ok();
+            let beacon_absent = fixed
+                .iter()
+                .copied()
+                .filter(|&w| key.is_some_and(|k| core.beacon_book(w).is_none_or(|b| !b.commits.contains_key(&k))))
+                .collect();
+            ValidatorView { status, beacon_absent }
+        })
+        .collect()
 }
 
 async fn checkpoints(State(s): State<AppState>) -> Json<Vec<crate::relay::CheckpointJson>> {

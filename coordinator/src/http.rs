@@ -55,10 +55,10 @@ pub async fn start(
     let state = AppState { shared, history: Arc::default(), stop: stop.clone() };
     let app = axum::Router::new()
         .route("/", get(status))
-        .route("/metrics", get(metrics_page))
-        .route("/api/miners", get(miners))
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
+        .route("/metrics", get(metrics_page))
+        .route("/api/miners", get(miners))
         .route("/api/weights", get(weights_map))
         .route("/api/weights/signed", get(weights))
         .route("/api/weights/history", get(weights_history))

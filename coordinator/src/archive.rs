@@ -25,8 +25,17 @@
 //! object is a typed error, never a silent short window. Writing a window
 //! again (after a crash between segments and manifest) writes the same
 //! segment names (the content is a deterministic function of the stored
-//! window) and then the manifest; an existing manifest that differs is
-//! refused ([`ArchiveError::Conflict`]).
+//! window) and then the manifest.
+//!
+//! The coordinator signs only what it archived (issue 29): the manifest its
+//! archiver wrote after the window closed is also kept in the coordinator's
+//! own database ([`record_manifest`]), and [`Readers`] sign that record,
+//! never bytes read back from the store. A manifest found in the store that
+//! disagrees with the coordinator's (planted by anyone who can write to the
+//! store) is an alarm — an error log and `tributary_archive_conflicts_total`
+//! — and is overwritten; archiving goes on. Every object read back is read
+//! with a size limit ([`ArchiveError::TooLarge`]), and a window is written
+//! segment by segment ([`WindowWriter`]): at most one segment in memory.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -80,9 +89,15 @@ pub enum ArchiveError {
         /// What is wrong.
         what: String,
     },
-    /// The window was archived before with different content.
-    #[error("window {0} is already archived with different content")]
-    Conflict(WindowId),
+    /// An object is larger than a reader of its kind takes: nothing of it
+    /// was kept.
+    #[error("object {key} is larger than {max} bytes")]
+    TooLarge {
+        /// The object key.
+        key: String,
+        /// The most bytes read.
+        max: u64,
+    },
     /// A local file to be stored could not be read.
     #[error("reading {path}: {source}")]
     Io {
@@ -104,6 +119,11 @@ pub enum ArchiveError {
 
 /// Bytes read from a local file per part of a streamed upload.
 const PART_BYTES: usize = 8 << 20;
+
+/// The largest manifest object read back (a manifest lists at most
+/// [`tributary_protocol::wire::MAX_MANIFEST_SEGMENTS`] segments of a few
+/// hundred bytes each).
+pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 
 /// One segment as the manifest lists it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -218,66 +238,62 @@ impl Archive {
     /// Writes `window`'s rollouts (each encoded as stored, with its miner),
     /// segments first and the manifest last; returns the manifest. Rollouts
     /// are kept in (miner, given) order: give each miner's in digest order.
-    /// Idempotent for the same rollouts; refuses different ones for a window
-    /// already archived.
+    /// Idempotent for the same rollouts; over a manifest that differs (a
+    /// planted one, say) it alarms and writes its own ([`WindowWriter::finish`]).
+    /// Holds every rollout: the archiver streams through [`Archive::window_writer`].
     pub async fn put_window(
         &self,
         window: WindowId,
         mut rollouts: Vec<(PublicKey, Vec<u8>)>,
     ) -> Result<Manifest, ArchiveError> {
         rollouts.sort_by_key(|(m, _)| *m);
-        let mut segments = Vec::new();
-        let mut total = 0u64;
-        let mut chunk: Vec<Vec<u8>> = Vec::new();
-        let mut chunk_bytes = 0usize;
-        let mut first = None;
-        let mut it = rollouts.into_iter().peekable();
-        while let Some((m, r)) = it.next() {
-            first.get_or_insert(m);
-            chunk_bytes += r.len();
-            chunk.push(r);
-            let full = it.peek().is_some_and(|(_, next)| chunk_bytes + next.len() > SEGMENT_BYTES);
-            if full || it.peek().is_none() {
-                let seg = Segment { window, rollouts: std::mem::take(&mut chunk) };
-                total += seg.rollouts.len() as u64;
-                let miners = first.take().map(|f| (hex::encode(f.0), hex::encode(m.0)));
-                segments.push(self.put_segment(&seg, miners).await?);
-                chunk_bytes = 0;
-            }
+        let mut w = self.window_writer(window);
+        for (m, r) in rollouts {
+            w.push(m, r).await?;
         }
-        let manifest = Manifest { version: MANIFEST_VERSION, window, rollouts: total, segments };
-        let bytes = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| ArchiveError::Malformed { window, what: format!("manifest: {e}") })?;
-        match self.manifest(window).await? {
-            Some(old) if old == manifest => return Ok(manifest),
-            Some(_) => return Err(ArchiveError::Conflict(window)),
-            None => {}
-        }
-        self.store.put(&manifest_key(window), PutPayload::from(bytes)).await?;
-        Ok(manifest)
+        w.finish().await
     }
 
-    async fn put_segment(&self, seg: &Segment, miners: Option<(String, String)>) -> Result<SegmentEntry, ArchiveError> {
-        let bytes = seg.encode();
-        let hash = blake3::hash(&bytes);
-        let key = store_segment_key(seg.window, hash.as_bytes());
-        let entry = SegmentEntry {
-            key: key.clone(),
-            blake3: hash.to_hex().to_string(),
-            bytes: bytes.len() as u64,
-            rollouts: seg.rollouts.len() as u64,
-            miners,
+    /// A writer of `window`'s segments, fed rollouts in miner order.
+    pub fn window_writer(&self, window: WindowId) -> WindowWriter<'_> {
+        WindowWriter {
+            archive: self,
+            window,
+            segments: Vec::new(),
+            total: 0,
+            chunk: Vec::new(),
+            chunk_bytes: 0,
+            first: None,
+            last: None,
+        }
+    }
+
+    /// Reads an object whole, at most `max` bytes of it (a larger one is
+    /// [`ArchiveError::TooLarge`] before its body is read); `None` if absent.
+    async fn read_capped(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, ArchiveError> {
+        let r = match self.store.get(&Path::from(key)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
         };
-        self.store.put(&Path::from(key), PutPayload::from(bytes)).await?;
-        Ok(entry)
+        let too_large = || ArchiveError::TooLarge { key: key.to_owned(), max };
+        if r.meta.size > max {
+            return Err(too_large());
+        }
+        let bytes = r.bytes().await?;
+        if bytes.len() as u64 > max {
+            return Err(too_large());
+        }
+        Ok(Some(bytes.to_vec()))
     }
 
     /// `window`'s manifest, or `None` if the window is not archived (yet).
+    /// Read with a limit of [`MAX_MANIFEST_BYTES`]. What the store holds is
+    /// not what readers are handed: they get the coordinator's own record
+    /// ([`recorded_manifest`]).
     pub async fn manifest(&self, window: WindowId) -> Result<Option<Manifest>, ArchiveError> {
-        let bytes = match self.store.get(&manifest_key(window)).await {
-            Ok(r) => r.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(bytes) = self.read_capped(manifest_key(window).as_ref(), MAX_MANIFEST_BYTES).await? else {
+            return Ok(None);
         };
         let m: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| ArchiveError::Malformed { window, what: format!("manifest: {e}") })?;
@@ -299,7 +315,18 @@ impl Archive {
         if entry.key != expected {
             return Err(ArchiveError::Malformed { window, what: format!("segment key {} is not its hash", entry.key) });
         }
-        let bytes = self.store.get(&Path::from(entry.key.as_str())).await?.bytes().await?;
+        if entry.bytes > tributary_protocol::wire::MAX_SEGMENT_BYTES {
+            return Err(ArchiveError::TooLarge {
+                key: entry.key.clone(),
+                max: tributary_protocol::wire::MAX_SEGMENT_BYTES,
+            });
+        }
+        let bytes = self.read_capped(&entry.key, entry.bytes).await?.ok_or_else(|| {
+            ArchiveError::Store(object_store::Error::NotFound {
+                path: entry.key.clone(),
+                source: "segment listed in the manifest is missing".into(),
+            })
+        })?;
         if bytes.len() as u64 != entry.bytes || blake3::hash(&bytes).to_hex().as_str() != entry.blake3 {
             return Err(ArchiveError::Corrupt { window, key: entry.key.clone() });
         }
@@ -388,12 +415,10 @@ impl Archive {
 
     /// The signed weights document of `window` as stored, or `None`. The
     /// caller checks its signature ([`WeightsDoc::verify`]).
+    /// Read with a limit of [`tributary_protocol::wire::MAX_WEIGHTS_DOC_LEN`].
     pub async fn weights(&self, window: WindowId) -> Result<Option<WeightsDoc>, ArchiveError> {
-        let bytes = match self.store.get(&Path::from(store_weights_key(window))).await {
-            Ok(r) => r.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
+        let max = u64::from(tributary_protocol::wire::MAX_WEIGHTS_DOC_LEN);
+        let Some(bytes) = self.read_capped(&store_weights_key(window), max).await? else { return Ok(None) };
         let doc: WeightsDoc = postcard::from_bytes(&bytes)
             .map_err(|e| ArchiveError::Malformed { window, what: format!("weights document: {e}") })?;
         if doc.body.window != window {
@@ -402,13 +427,10 @@ impl Archive {
         Ok(Some(doc))
     }
 
-    /// An object's bytes (a checkpoint, a delta), or `None` if absent.
-    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ArchiveError> {
-        match self.store.get(&Path::from(key)).await {
-            Ok(r) => Ok(Some(r.bytes().await?.to_vec())),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+    /// An object's bytes (a checkpoint, a delta), at most `max` of them
+    /// ([`ArchiveError::TooLarge`] past it), or `None` if absent.
+    pub async fn get(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, ArchiveError> {
+        self.read_capped(key, max).await
     }
 
     /// Every rollout of an archived window, in order, or `None` if the window
@@ -420,6 +442,110 @@ impl Archive {
             out.extend(self.read_segment(window, s).await?);
         }
         Ok(Some(out))
+    }
+}
+
+/// Writes one window's segments as rollouts arrive (in miner order), each
+/// segment as soon as the next rollout would not fit in it: at most one
+/// segment's rollouts (and its encoding) are held, not the window.
+#[derive(Debug)]
+pub struct WindowWriter<'a> {
+    archive: &'a Archive,
+    window: WindowId,
+    segments: Vec<SegmentEntry>,
+    total: u64,
+    chunk: Vec<Vec<u8>>,
+    chunk_bytes: usize,
+    first: Option<PublicKey>,
+    last: Option<PublicKey>,
+}
+
+impl WindowWriter<'_> {
+    /// Adds `miner`'s next rollout (miners in key order, each one's in
+    /// digest order); writes the segment before it first when the rollout
+    /// would make it pass [`SEGMENT_BYTES`].
+    pub async fn push(&mut self, miner: PublicKey, rollout: Vec<u8>) -> Result<(), ArchiveError> {
+        if self.last.is_some_and(|l| miner < l) {
+            return Err(ArchiveError::Malformed { window: self.window, what: "rollouts out of miner order".into() });
+        }
+        if !self.chunk.is_empty() && self.chunk_bytes + rollout.len() > SEGMENT_BYTES {
+            self.flush().await?;
+        }
+        self.first.get_or_insert(miner);
+        self.last = Some(miner);
+        self.chunk_bytes += rollout.len();
+        self.chunk.push(rollout);
+        Ok(())
+    }
+
+    /// Rollout bytes held for the segment not written yet.
+    pub fn held_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    async fn flush(&mut self) -> Result<(), ArchiveError> {
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        let seg = Segment { window: self.window, rollouts: std::mem::take(&mut self.chunk) };
+        self.chunk_bytes = 0;
+        let miners = self.first.take().zip(self.last).map(|(f, l)| (hex::encode(f.0), hex::encode(l.0)));
+        let bytes = seg.encode();
+        let rollouts = seg.rollouts.len() as u64;
+        drop(seg);
+        let hash = blake3::hash(&bytes);
+        let key = store_segment_key(self.window, hash.as_bytes());
+        let entry = SegmentEntry {
+            key: key.clone(),
+            blake3: hash.to_hex().to_string(),
+            bytes: bytes.len() as u64,
+            rollouts,
+            miners,
+        };
+        self.archive.store.put(&Path::from(key), PutPayload::from(bytes)).await?;
+        self.total += rollouts;
+        self.segments.push(entry);
+        Ok(())
+    }
+
+    /// Writes the last segment, then the manifest; returns it. A manifest
+    /// already in the store that is the same is left; one that differs, or
+    /// does not read, was not written by this coordinator for this content
+    /// (a planted one, an edit): an alarm (error log,
+    /// `tributary_archive_conflicts_total`), and it is overwritten with the
+    /// coordinator's own, so archiving goes on.
+    pub async fn finish(mut self) -> Result<Manifest, ArchiveError> {
+        self.flush().await?;
+        let window = self.window;
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            window,
+            rollouts: self.total,
+            segments: std::mem::take(&mut self.segments),
+        };
+        let bytes = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| ArchiveError::Malformed { window, what: format!("manifest: {e}") })?;
+        let found = match self.archive.manifest(window).await {
+            Ok(None) => None,
+            Ok(Some(old)) if old == manifest => return Ok(manifest),
+            Ok(Some(old)) => Some(format!("{} rollouts in {} segments", old.rollouts, old.segments.len())),
+            Err(e @ (ArchiveError::Malformed { .. } | ArchiveError::TooLarge { .. })) => Some(e.to_string()),
+            Err(e) => return Err(e),
+        };
+        if let Some(found) = found {
+            metrics::counter!("tributary_archive_conflicts_total").increment(1);
+            tracing::error!(
+                window,
+                found,
+                ours = manifest.rollouts,
+                store = self.archive.url(),
+                "the object store holds a manifest this coordinator did not write for this window \
+                 (someone else can write to the store): it is replaced, and only the coordinator's \
+                 own record is ever signed"
+            );
+        }
+        self.archive.store.put(&manifest_key(window), PutPayload::from(bytes)).await?;
+        Ok(manifest)
     }
 }
 
@@ -483,26 +609,69 @@ impl Manifest {
 /// Manifests signed for readers, newest windows kept.
 const MANIFEST_CACHE: usize = 64;
 
+/// The prefix of the store's meta keys holding each archived window's
+/// manifest as the coordinator wrote it (the record readers are signed).
+pub const MANIFEST_RECORD_PREFIX: &str = "archived_manifest/";
+
+/// Archived windows whose manifest records are kept behind the archive's
+/// progress (readers of older windows read from the coordinator, or not at all).
+pub const MANIFEST_RECORDS_KEPT: u64 = 1024;
+
+/// Records `m` as the manifest this coordinator archived for its window:
+/// the only manifest [`Readers`] sign. Written by the archiver after the
+/// window closed and its segments and manifest are in the store.
+pub fn record_manifest(store: &crate::store::Store, m: &Manifest) -> Result<(), crate::store::StoreError> {
+    // A manifest always serializes (strings and numbers).
+    let bytes = serde_json::to_vec(m).unwrap_or_default();
+    store.put_meta(&format!("{MANIFEST_RECORD_PREFIX}{}", m.window), &bytes)
+}
+
+/// The manifest this coordinator recorded for `window`, or `None`.
+pub fn recorded_manifest(
+    store: &crate::store::Store,
+    window: WindowId,
+) -> Result<Option<Manifest>, crate::store::StoreError> {
+    let Some(bytes) = store.meta(&format!("{MANIFEST_RECORD_PREFIX}{window}"))? else { return Ok(None) };
+    match serde_json::from_slice::<Manifest>(&bytes) {
+        Ok(m) if m.window == window => Ok(Some(m)),
+        Ok(_) | Err(_) => {
+            tracing::error!(window, "the recorded manifest of an archived window does not decode");
+            Ok(None)
+        }
+    }
+}
+
+/// Deletes the manifest records of windows before `before`.
+pub fn prune_manifest_records(store: &crate::store::Store, before: WindowId) -> Result<u64, crate::store::StoreError> {
+    store.prune_window_meta(MANIFEST_RECORD_PREFIX, before)
+}
+
 /// What the coordinator hands validators and the trainer so that they read
 /// closed windows from the store ([`tributary_protocol::wire::WindowManifest`]).
 #[derive(Debug)]
 pub struct Readers {
     archive: Archive,
+    records: Arc<crate::store::Store>,
     public_base: Option<String>,
     cache: std::sync::Mutex<std::collections::BTreeMap<WindowId, Arc<SignedManifest>>>,
 }
 
 impl Readers {
     /// Readers of `archive`, whose objects are public under `public_base`
-    /// (the configured `store_url`) unless the store presigns.
-    pub fn new(archive: Archive, public_base: Option<String>) -> Self {
-        Self { archive, public_base, cache: Default::default() }
+    /// (the configured `store_url`) unless the store presigns; the manifests
+    /// signed are the ones recorded in `records` ([`record_manifest`]).
+    pub fn new(archive: Archive, records: Arc<crate::store::Store>, public_base: Option<String>) -> Self {
+        Self { archive, records, public_base, cache: Default::default() }
     }
 
     /// The answer to a reader's [`tributary_protocol::wire::GetWindowManifest`]
     /// for `window`: the signed manifest and a URL per segment, or no
     /// manifest (not archived yet, a version 1 manifest, no URL a reader can
-    /// use, or the store failed: the reader fetches from the coordinator).
+    /// use, or the record failed to read: the reader fetches from the
+    /// coordinator). The manifest is the coordinator's own record of what
+    /// its archiver wrote after the window closed, never the store's
+    /// `manifest.json`: whoever can write to the store cannot get a window
+    /// signed.
     pub async fn answer(
         &self,
         window: WindowId,
@@ -514,11 +683,11 @@ impl Readers {
         let signed = match cached {
             Some(m) => m,
             None => {
-                let m = match self.archive.manifest(window).await {
+                let m = match recorded_manifest(&self.records, window) {
                     Ok(Some(m)) => m,
                     Ok(None) => return none,
                     Err(e) => {
-                        tracing::warn!(window, error = %e, store = self.archive.url(), "reading a manifest for a reader");
+                        tracing::warn!(window, error = %e, "reading an archived window's record for a reader");
                         return none;
                     }
                 };
@@ -657,9 +826,8 @@ mod tests {
         let m = a.put_window(7, rs.clone()).await.unwrap();
         assert_eq!(m.rollouts, 50);
         assert_eq!(a.read_window(7).await.unwrap(), Some(bytes(&rs)));
-        // Again with the same rollouts: the same manifest; with others: refused.
+        // Again with the same rollouts: the same manifest.
         assert_eq!(a.put_window(7, rs.clone()).await.unwrap(), m);
-        assert!(matches!(a.put_window(7, rollouts(49, 1000)).await, Err(ArchiveError::Conflict(7))));
         // Another handle on the same folder (a reader elsewhere) reads it.
         let b = Archive::open(&format!("file://{}", dir.path().join("objects").display())).unwrap();
         assert_eq!(b.read_window(7).await.unwrap(), Some(bytes(&rs)));
@@ -715,16 +883,22 @@ mod tests {
         assert!(matches!(a.manifest(3).await, Err(ArchiveError::Malformed { window: 3, .. })));
     }
 
+    fn records(dir: &FsPath) -> Arc<crate::store::Store> {
+        Arc::new(crate::store::Store::open(&dir.join("coordinator.redb")).unwrap())
+    }
+
     #[tokio::test]
     async fn readers_get_a_signed_manifest_with_a_url_per_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Archive::local(dir.path()).unwrap();
+        let a = Archive::local(&dir.path().join("objects")).unwrap();
+        let db = records(dir.path());
         let key = Keypair::generate();
         let m = a.put_window(4, rollouts(30, 100)).await.unwrap();
+        record_manifest(&db, &m).unwrap();
         // No URL a reader can follow (a local store, no store_url): no manifest.
-        let none = Readers::new(a.clone(), None).answer(4, &key, 1).await;
+        let none = Readers::new(a.clone(), db.clone(), None).answer(4, &key, 1).await;
         assert_eq!((none.manifest, none.urls.len()), (None, 0));
-        let r = Readers::new(a.clone(), Some("https://cdn.example/net/".into()));
+        let r = Readers::new(a.clone(), db.clone(), Some("https://cdn.example/net/".into()));
         let ans = r.answer(4, &key, 1).await;
         let signed = ans.checked(4, &key.public()).unwrap().unwrap();
         assert_eq!(signed.body.rollouts, 30);
@@ -742,6 +916,106 @@ mod tests {
         v1.version = 1;
         v1.segments.iter_mut().for_each(|s| s.miners = None);
         assert!(v1.signed(&key).is_none());
+    }
+
+    /// Issue 29 item 4: a manifest in the store that this coordinator did
+    /// not record is never signed, and a record is signed as recorded,
+    /// whatever the store's `manifest.json` says.
+    #[tokio::test]
+    async fn readers_sign_only_the_coordinators_own_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::local(&dir.path().join("objects")).unwrap();
+        let db = records(dir.path());
+        let key = Keypair::generate();
+        let r = Readers::new(a.clone(), db.clone(), Some("https://cdn.example/".into()));
+        // Planted: a whole window in the store, no record.
+        a.put_window(6, rollouts(3, 100)).await.unwrap();
+        assert_eq!(r.answer(6, &key, 1).await.manifest, None, "a planted manifest was signed");
+        // The coordinator's record (no rollouts) is what readers get, though
+        // the store still holds the planted manifest.
+        let ours = Manifest { version: MANIFEST_VERSION, window: 6, rollouts: 0, segments: vec![] };
+        record_manifest(&db, &ours).unwrap();
+        let ans = r.answer(6, &key, 1).await;
+        assert_eq!(ans.checked(6, &key.public()).unwrap().unwrap().body.rollouts, 0);
+        assert_eq!(a.manifest(6).await.unwrap().unwrap().rollouts, 3);
+        // Records go with their window's retention.
+        record_manifest(&db, &Manifest { window: 9, ..ours.clone() }).unwrap();
+        assert_eq!(prune_manifest_records(&db, 7).unwrap(), 1);
+        assert_eq!(recorded_manifest(&db, 6).unwrap(), None);
+        assert!(recorded_manifest(&db, 9).unwrap().is_some());
+    }
+
+    /// Issue 29 item 4: a manifest already in the store that differs from
+    /// the coordinator's (planted before the window closed) is overwritten
+    /// with the coordinator's, not a conflict that stops the archiver.
+    #[tokio::test]
+    async fn a_planted_manifest_is_overwritten_not_a_stuck_archiver() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::local(dir.path()).unwrap();
+        a.put_window(7, rollouts(49, 1000)).await.unwrap();
+        let rs = rollouts(50, 1000);
+        let m = a.put_window(7, rs.clone()).await.expect("the archiver goes on");
+        assert_eq!(a.manifest(7).await.unwrap(), Some(m));
+        assert_eq!(a.read_window(7).await.unwrap(), Some(bytes(&rs)));
+        // Garbage where a manifest goes: replaced as well.
+        std::fs::create_dir_all(dir.path().join("windows/00000000000000000008")).unwrap();
+        std::fs::write(dir.path().join("windows/00000000000000000008/manifest.json"), b"{not json").unwrap();
+        assert_eq!(a.put_window(8, rs.clone()).await.unwrap().rollouts, 50);
+    }
+
+    /// Issue 29 item 7: every object is read with a limit; a larger one is a
+    /// typed error before its body is read.
+    #[tokio::test]
+    async fn objects_past_their_limit_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::local(dir.path()).unwrap();
+        let mdir = dir.path().join("windows/00000000000000000003");
+        std::fs::create_dir_all(&mdir).unwrap();
+        std::fs::write(mdir.join("manifest.json"), vec![b' '; MAX_MANIFEST_BYTES as usize + 1]).unwrap();
+        assert!(matches!(a.manifest(3).await, Err(ArchiveError::TooLarge { .. })));
+        std::fs::create_dir_all(dir.path().join("deltas")).unwrap();
+        std::fs::write(dir.path().join("deltas/x.delta"), [7u8; 11]).unwrap();
+        assert!(matches!(a.get("deltas/x.delta", 10).await, Err(ArchiveError::TooLarge { max: 10, .. })));
+        assert_eq!(a.get("deltas/x.delta", 11).await.unwrap(), Some(vec![7u8; 11]));
+        assert_eq!(a.get("deltas/none.delta", 11).await.unwrap(), None);
+        // A segment longer than its manifest entry says.
+        let m = a.put_window(4, rollouts(10, 100)).await.unwrap();
+        let seg = dir.path().join(&m.segments[0].key);
+        let mut long = std::fs::read(&seg).unwrap();
+        long.extend_from_slice(&[0; 4096]);
+        std::fs::write(&seg, &long).unwrap();
+        assert!(matches!(a.read_window(4).await, Err(ArchiveError::TooLarge { .. })));
+        // A weights document past the protocol's limit is never read.
+        let wpath = dir.path().join(store_weights_key(5));
+        std::fs::create_dir_all(wpath.parent().unwrap()).unwrap();
+        let f = std::fs::File::create(&wpath).unwrap();
+        f.set_len(u64::from(tributary_protocol::wire::MAX_WEIGHTS_DOC_LEN) + 1).unwrap();
+        assert!(matches!(a.weights(5).await, Err(ArchiveError::TooLarge { .. })));
+    }
+
+    /// Issue 29 item 7: the archiver streams: a segment is in the store as
+    /// soon as the next rollout does not fit, and the writer holds at most
+    /// one segment's rollouts; rollouts out of miner order are refused.
+    #[tokio::test]
+    async fn a_window_is_written_segment_by_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Archive::local(dir.path()).unwrap();
+        let mut w = a.window_writer(2);
+        let seg_dir = dir.path().join("windows/00000000000000000002");
+        let written = || std::fs::read_dir(&seg_dir).map(|d| d.count()).unwrap_or(0);
+        w.push(PublicKey([0; 32]), vec![0; 30 << 20]).await.unwrap();
+        w.push(PublicKey([1; 32]), vec![1; 30 << 20]).await.unwrap();
+        assert_eq!(written(), 0);
+        w.push(PublicKey([2; 32]), vec![2; 30 << 20]).await.unwrap();
+        assert_eq!(written(), 1, "the first segment is written once the third rollout does not fit");
+        assert_eq!(w.held_bytes(), 30 << 20);
+        let err = w.push(PublicKey([1; 32]), vec![1; 10]).await;
+        assert!(matches!(err, Err(ArchiveError::Malformed { window: 2, .. })));
+        let m = w.finish().await.unwrap();
+        assert_eq!((m.rollouts, m.segments.len()), (3, 2));
+        // The same rollouts through put_window: the same manifest.
+        let rs: Vec<(PublicKey, Vec<u8>)> = (0..3u8).map(|i| (PublicKey([i; 32]), vec![i; 30 << 20])).collect();
+        assert_eq!(a.put_window(2, rs).await.unwrap(), m);
     }
 
     #[test]

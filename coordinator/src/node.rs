@@ -440,7 +440,7 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
     if let Some(archive) = &archive {
         // Before retention's first pass: nothing leaves the relay before it is stored.
         tasks.push(spawn_checkpoint_store(&shared, archive.clone(), cfg.store_url.clone()));
-        shared.set_readers(crate::archive::Readers::new(archive.clone(), cfg.store_url.clone()));
+        shared.set_readers(crate::archive::Readers::new(archive.clone(), shared.store.clone(), cfg.store_url.clone()));
     }
     let fingerprint = crate::net::fingerprint(&cert);
     let server = Server::start(cfg.listen, cert, cert_key, shared.clone())?;

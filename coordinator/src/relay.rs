@@ -24,7 +24,8 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tributary_protocol::checkpoint::{CheckpointError, ContentId, content_id_of};
@@ -38,6 +39,15 @@ use tributary_protocol::wire::{
 
 /// Bytes served per chunk (below [`tributary_protocol::wire::MAX_CHUNK_LEN`]).
 pub const CHUNK_LEN: usize = 4 << 20;
+
+/// Bytes a server reads and writes at a time while it sends a chunk
+/// ([`ChunkReader`]): what a connection whose peer stops reading holds.
+pub const PIECE_LEN: usize = 256 << 10;
+
+/// How long the write of one piece of a chunk may take by default: a peer
+/// that reads slower than [`PIECE_LEN`] in this time (13 KiB/s) is
+/// disconnected and resumes from what it holds.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Relay failures.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +94,140 @@ fn remove_file(path: &Path) -> Result<u64, RelayError> {
         Ok(()) => Ok(len),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(io(path)(e)),
+    }
+}
+
+/// A chunk of a payload open for sending ([`Relay::open_chunk`]): its
+/// length is known before its bytes are read, so a server writes the frame
+/// header, then the bytes a piece at a time.
+#[derive(Debug)]
+pub struct ChunkReader {
+    file: File,
+    path: PathBuf,
+    len: usize,
+    remaining: usize,
+    kind: &'static str,
+    served: Arc<AtomicU64>,
+}
+
+impl ChunkReader {
+    /// The chunk's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the chunk is empty (the offset is at or past the end).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    /// The next up to `max` bytes of the chunk (empty once all are read).
+    ///
+    /// Blocking (reads a file).
+    pub fn read_piece(&mut self, max: usize) -> Result<Vec<u8>, RelayError> {
+        let n = self.remaining.min(max);
+        let mut buf = vec![0u8; n];
+        self.file.read_exact(&mut buf).map_err(io(&self.path))?;
+        self.remaining -= n;
+        metrics::counter!("tributary_relay_bytes_total", "kind" => self.kind).increment(n as u64);
+        self.served.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(buf)
+    }
+}
+
+/// The relay's budget of payload bytes read for answers and not yet handed
+/// to QUIC (KiB): one global pool, of which each key may hold at most its
+/// share, so that a few keys whose connections stop reading cannot take
+/// it all. A permit covers one piece ([`PIECE_LEN`]) and is released once
+/// the piece is written, or when the write's deadline passes and the
+/// connection is closed.
+#[derive(Debug)]
+pub struct RelayBudget {
+    total: Arc<tokio::sync::Semaphore>,
+    total_kib: usize,
+    per_key_kib: u32,
+    keys: Mutex<HashMap<PublicKey, Arc<tokio::sync::Semaphore>>>,
+    write_deadline_ms: AtomicU64,
+}
+
+/// A piece's share of the [`RelayBudget`]: the key's and the global, both
+/// returned when it drops.
+#[derive(Debug)]
+pub struct RelayPermit {
+    _key: tokio::sync::OwnedSemaphorePermit,
+    _total: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl RelayBudget {
+    /// A budget of `total_mib` MiB (at least two pieces), each key's share
+    /// `total_mib / 16` (at least one piece), and `write_deadline` per piece.
+    pub fn new(total_mib: u32, write_deadline: Duration) -> Self {
+        let piece_kib = PIECE_LEN >> 10;
+        let total_kib = (total_mib as usize * 1024).max(2 * piece_kib);
+        let per_key_kib = u32::try_from((total_kib / 16).max(piece_kib)).unwrap_or(u32::MAX);
+        Self {
+            total: Arc::new(tokio::sync::Semaphore::new(total_kib)),
+            total_kib,
+            per_key_kib,
+            keys: Mutex::new(HashMap::new()),
+            write_deadline_ms: AtomicU64::new(u64::try_from(write_deadline.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    /// How long writing one piece may take.
+    pub fn write_deadline(&self) -> Duration {
+        Duration::from_millis(self.write_deadline_ms.load(Ordering::Relaxed).max(1))
+    }
+
+    /// Sets how long writing one piece may take (tests, and operators'
+    /// tools, shorten it).
+    pub fn set_write_deadline(&self, d: Duration) {
+        self.write_deadline_ms.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Each key's share, in KiB.
+    pub fn per_key_kib(&self) -> u32 {
+        self.per_key_kib
+    }
+
+    /// KiB held now, in all.
+    pub fn inflight_kib(&self) -> usize {
+        self.total_kib.saturating_sub(self.total.available_permits())
+    }
+
+    /// KiB `key` holds now.
+    pub fn key_inflight_kib(&self, key: &PublicKey) -> usize {
+        lock(&self.keys).get(key).map_or(0, |s| (self.per_key_kib as usize).saturating_sub(s.available_permits()))
+    }
+
+    /// Waits for `kib` of `key`'s share (behind the key's own earlier
+    /// requests only), then for as much of the global pool (first come,
+    /// first served among keys within their share).
+    pub async fn acquire(&self, key: PublicKey, kib: u32) -> RelayPermit {
+        let kib = kib.clamp(1, self.per_key_kib);
+        let share = lock(&self.keys)
+            .entry(key)
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(self.per_key_kib as usize)))
+            .clone();
+        // Neither semaphore is ever closed.
+        let key_permit = share.acquire_many_owned(kib).await.expect("the relay budget is never closed");
+        let total = self.total.clone().acquire_many_owned(kib).await.expect("the relay budget is never closed");
+        RelayPermit { _key: key_permit, _total: total }
+    }
+
+    /// Forgets the keys that hold and wait for nothing.
+    pub fn prune(&self) {
+        lock(&self.keys).retain(|_, s| Arc::strong_count(s) > 1);
+    }
+
+    /// Keys with a share held or awaited (or not pruned yet).
+    pub fn keys(&self) -> usize {
+        lock(&self.keys).len()
     }
 }
 
@@ -152,7 +296,7 @@ pub struct Relay {
     /// Wakes the task that writes new checkpoints to the store.
     uploads: tokio::sync::Notify,
     /// Payload bytes served to peers ([`Relay::read`]) since the start.
-    served: AtomicU64,
+    served: Arc<AtomicU64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -194,7 +338,7 @@ impl Relay {
             announcements: Mutex::new(HashMap::new()),
             store: Mutex::new(None),
             uploads: tokio::sync::Notify::new(),
-            served: AtomicU64::new(0),
+            served: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -437,6 +581,18 @@ impl Relay {
     ///
     /// Blocking (reads a file).
     pub fn read(&self, what: Payload, offset: u64) -> Result<Vec<u8>, RelayError> {
+        let mut chunk = self.open_chunk(what, offset)?;
+        chunk.read_piece(CHUNK_LEN)
+    }
+
+    /// The chunk of a payload from `offset` (up to [`CHUNK_LEN`] bytes, none
+    /// at or past the end), open to be read piece by piece
+    /// ([`ChunkReader::read_piece`]): a server that sends it holds one piece
+    /// at a time, never the chunk. The file stays readable if retention
+    /// deletes it meanwhile.
+    ///
+    /// Blocking (opens a file).
+    pub fn open_chunk(&self, what: Payload, offset: u64) -> Result<ChunkReader, RelayError> {
         let path = match what {
             Payload::Full(id) => {
                 if !lock(&self.entries).contains_key(&id) {
@@ -452,17 +608,13 @@ impl Relay {
                 self.delta_path(&base, &id)
             }
         };
-        let mut f = File::open(&path).map_err(io(&path))?;
-        let len = f.metadata().map_err(io(&path))?.len();
+        let mut file = File::open(&path).map_err(io(&path))?;
+        let len = file.metadata().map_err(io(&path))?.len();
         let start = offset.min(len);
-        f.seek(SeekFrom::Start(start)).map_err(io(&path))?;
-        let n = usize::try_from(len - start).unwrap_or(usize::MAX).min(CHUNK_LEN);
-        let mut buf = vec![0u8; n];
-        f.read_exact(&mut buf).map_err(io(&path))?;
+        file.seek(SeekFrom::Start(start)).map_err(io(&path))?;
+        let remaining = usize::try_from(len - start).unwrap_or(usize::MAX).min(CHUNK_LEN);
         let kind = if matches!(what, Payload::Full(_)) { "full" } else { "delta" };
-        metrics::counter!("tributary_relay_bytes_total", "kind" => kind).increment(n as u64);
-        self.served.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(buf)
+        Ok(ChunkReader { file, path, len: remaining, remaining, kind, served: self.served.clone() })
     }
 
     /// The entries retention deletes: all but the `keep` most recent
@@ -715,5 +867,58 @@ mod tests {
         assert!(r.read(Payload::Full(id), u64::MAX).unwrap().is_empty());
         // A delta that was never published is not served.
         assert!(r.read(Payload::Delta { base: id, id: ContentId([2; 32]) }, 0).is_err());
+    }
+
+    #[test]
+    fn a_chunk_is_read_piece_by_piece_and_deleted_files_stay_readable() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Relay::open(dir.path(), vec![]).unwrap();
+        let id = ContentId([1; 32]);
+        let data: Vec<u8> = (0..CHUNK_LEN + 100).map(|i| (i * 7) as u8).collect();
+        std::fs::write(r.full_path(&id), &data).unwrap();
+        r.insert(entry(1, 0, None, 0, data.len() as u64));
+        let mut c = r.open_chunk(Payload::Full(id), 50).unwrap();
+        assert_eq!((c.len(), c.remaining()), (CHUNK_LEN, CHUNK_LEN));
+        // Retention deletes the file while the chunk is being sent.
+        std::fs::remove_file(r.full_path(&id)).unwrap();
+        let mut got = Vec::new();
+        loop {
+            let p = c.read_piece(PIECE_LEN).unwrap();
+            if p.is_empty() {
+                break;
+            }
+            assert!(p.len() <= PIECE_LEN);
+            got.extend(p);
+        }
+        assert_eq!(got, data[50..50 + CHUNK_LEN]);
+        assert_eq!(c.remaining(), 0);
+    }
+
+    /// Issue 29 item 2: a key holds at most its share of the relay budget;
+    /// another key is served from the rest meanwhile, and what is released
+    /// goes back to the pool.
+    #[tokio::test]
+    async fn a_key_holds_at_most_its_share_of_the_relay_budget() {
+        let b = RelayBudget::new(16, WRITE_DEADLINE);
+        let piece = (PIECE_LEN >> 10) as u32;
+        assert_eq!(b.per_key_kib(), 1024);
+        let (greedy, honest) = (PublicKey([1; 32]), PublicKey([2; 32]));
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(b.acquire(greedy, piece).await);
+        }
+        assert_eq!(b.key_inflight_kib(&greedy), 1024);
+        // The greedy key's next piece waits for its own share...
+        let more = tokio::time::timeout(Duration::from_millis(100), b.acquire(greedy, piece)).await;
+        assert!(more.is_err(), "a key took more than its share");
+        // ... while another key is served at once.
+        let h = tokio::time::timeout(Duration::from_millis(100), b.acquire(honest, piece)).await;
+        assert!(h.is_ok(), "another key was not served");
+        assert_eq!(b.inflight_kib(), 1024 + 256);
+        drop(held);
+        drop(h);
+        assert_eq!(b.inflight_kib(), 0);
+        b.prune();
+        assert_eq!(b.keys(), 0);
     }
 }

@@ -11,7 +11,10 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::store_key;
 
-use crate::archive::{ARCHIVED_UPTO, Archive, ArchiveError, WEIGHTS_PER_PASS, WEIGHTS_STORED_UPTO, archived_upto};
+use crate::archive::{
+    ARCHIVED_UPTO, Archive, ArchiveError, MANIFEST_RECORDS_KEPT, WEIGHTS_PER_PASS, WEIGHTS_STORED_UPTO, archived_upto,
+    prune_manifest_records, record_manifest,
+};
 use crate::relay::RelayError;
 use crate::server::Shared;
 use crate::store::StoreError;
@@ -68,8 +71,12 @@ pub fn apply_retention(shared: &Shared, keep: u64, now_ms: u64) -> Result<Vec<Co
 /// archived yet, oldest first, then records how far it got; returns the
 /// windows archived. The first run starts `keep_windows` before the current
 /// window (older windows may already be pruned; 0 keeps all: window 0) and
-/// records that start. A failure stops the pass;
-/// the next one retries from the same window.
+/// records that start. A window is streamed from redb to the store a page
+/// at a time ([`crate::archive::WindowWriter`]: one segment in memory at
+/// most); its manifest is then recorded in redb
+/// ([`crate::archive::record_manifest`], the only manifest readers are
+/// signed) before the progress moves past it. A failure stops the pass; the
+/// next one retries from the same window.
 pub async fn archive_closed_windows(
     sh: &std::sync::Arc<Shared>,
     archive: &Archive,
@@ -91,39 +98,17 @@ pub async fn archive_closed_windows(
     let mut done = Vec::new();
     while next < current && sh.core().closed(next, now_ms) {
         let window = next;
+        let m = archive_window(sh, archive, window).await?;
         let sh2 = sh.clone();
-        let rollouts = tokio::task::spawn_blocking(move || {
-            // A commit that began before the close may still add to the
-            // window: wait for it, as a fetch does.
-            drop(sh2.hold_commits());
-            // Miner by miner (key order), each miner's in digest order.
-            let mut all = Vec::new();
-            let mut after_miner = None;
-            loop {
-                let (miners, next) = sh2.store.window_index(window, after_miner.as_ref(), 256 << 10, |_| true)?;
-                for w in miners {
-                    let mut after = None;
-                    loop {
-                        let (items, more) = sh2.store.rollouts(window, Some(&w.miner), after, 256)?;
-                        all.extend(items.into_iter().map(|r| (w.miner, r)));
-                        match more {
-                            Some(d) => after = Some(d),
-                            None => break,
-                        }
-                    }
-                }
-                match next {
-                    Some(m) if Some(m) != after_miner => after_miner = Some(m),
-                    _ => break,
-                }
-            }
-            Ok::<_, StoreError>(all)
+        let m2 = m.clone();
+        tokio::task::spawn_blocking(move || {
+            record_manifest(&sh2.store, &m2)?;
+            sh2.store.put_meta(ARCHIVED_UPTO, &(window + 1).to_le_bytes())?;
+            prune_manifest_records(&sh2.store, (window + 1).saturating_sub(MANIFEST_RECORDS_KEPT)).map(drop)
         })
         .await
-        .map_err(|e| ArchiveError::Malformed { window, what: format!("reader task: {e}") })?
-        .map_err(|e| ArchiveError::Malformed { window, what: format!("store: {e}") })?;
-        let m = archive.put_window(window, rollouts).await?;
-        sh.store.put_meta(ARCHIVED_UPTO, &(window + 1).to_le_bytes()).map_err(store_err)?;
+        .map_err(|e| ArchiveError::Malformed { window, what: format!("store task: {e}") })?
+        .map_err(store_err)?;
         tracing::info!(
             window,
             rollouts = m.rollouts,
@@ -136,6 +121,59 @@ pub async fn archive_closed_windows(
         next = window + 1;
     }
     Ok(done)
+}
+
+/// Rollout bytes read from redb per page while archiving.
+const ARCHIVE_PAGE_BYTES: usize = 8 << 20;
+
+/// Writes one closed window: miner by miner (key order), each miner's
+/// rollouts in digest order, a page at a time, into the store's segments.
+async fn archive_window(
+    sh: &std::sync::Arc<Shared>,
+    archive: &Archive,
+    window: WindowId,
+) -> Result<crate::archive::Manifest, ArchiveError> {
+    let failed = |e: StoreError| ArchiveError::Malformed { window, what: format!("store: {e}") };
+    let joined = |e: tokio::task::JoinError| ArchiveError::Malformed { window, what: format!("reader task: {e}") };
+    // A commit that began before the close may still add to the window:
+    // wait for it, as a fetch does.
+    let sh2 = sh.clone();
+    tokio::task::spawn_blocking(move || drop(sh2.hold_commits())).await.map_err(joined)?;
+    let mut writer = archive.window_writer(window);
+    let mut after_miner = None;
+    loop {
+        let am = after_miner;
+        let sh2 = sh.clone();
+        let (miners, next) =
+            tokio::task::spawn_blocking(move || sh2.store.window_index(window, am.as_ref(), 256 << 10, |_| true))
+                .await
+                .map_err(joined)?
+                .map_err(failed)?;
+        for w in miners {
+            let mut after = None;
+            loop {
+                let sh2 = sh.clone();
+                let (items, more) = tokio::task::spawn_blocking(move || {
+                    sh2.store.rollouts_within(window, Some(&w.miner), after, 256, ARCHIVE_PAGE_BYTES)
+                })
+                .await
+                .map_err(joined)?
+                .map_err(failed)?;
+                for r in items {
+                    writer.push(w.miner, r).await?;
+                }
+                match more {
+                    Some(d) => after = Some(d),
+                    None => break,
+                }
+            }
+        }
+        match next {
+            Some(m) if Some(m) != after_miner => after_miner = Some(m),
+            _ => break,
+        }
+    }
+    writer.finish().await
 }
 
 /// Writes every relayed checkpoint the store does not hold yet (its full

@@ -135,3 +135,51 @@ async fn without_an_archive_retention_is_unchanged_and_nothing_is_written() {
     assert_eq!(archive::archived_upto(&node.shared.store).unwrap(), None);
     assert!(!dir.path().join("coord/objects").exists());
 }
+
+/// Issue 29 item 4: whoever can write to the object store cannot get its
+/// content signed by the coordinator. A forged manifest (and segment, with a
+/// rollout of a key the coordinator never saw) planted for a future window
+/// is never handed to a reader; when that window closes the archiver writes
+/// the coordinator's own record over it and goes on with later windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_planted_in_the_store_is_never_signed_and_later_windows_still_archive() {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("coordinator=info").try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::dev(dir.path().join("coord"));
+    cfg.window_ms = 1_000;
+    cfg.grace_ms = 100;
+    cfg.archive = Some("objects".into());
+    cfg.store_url = Some("http://127.0.0.1:9/objects/".into());
+    let node = within(node::start(&cfg, ContentId([1; 32]))).await.unwrap();
+    let now = now_ms();
+    let forged_window = node.shared.core().current_window(now).expect("a window is open") + 2;
+
+    // Someone with write access to the store plants a whole window.
+    let forger = Archive::open(dir.path().join("coord/objects").to_str().unwrap()).unwrap();
+    let stranger = Keypair::from_seed([77; 32]).public();
+    let forged = forger.put_window(forged_window, vec![(stranger, vec![5; 300])]).await.unwrap();
+    assert_eq!(forged.rollouts, 1);
+
+    let vkey = tributary_protocol::dev::key(Role::Validator);
+    let mut v = within(Session::connect(node.quic, &node.fingerprint, &vkey, Role::Validator)).await.unwrap();
+    let ask = |w| Frame::GetWindowManifest(GetWindowManifest { window: w });
+    let Frame::WindowManifest(ans) = within(v.request(&ask(forged_window))).await.unwrap() else { panic!() };
+    assert_eq!(ans.manifest, None, "the coordinator signed a manifest it never wrote");
+
+    // The forged window closes; it and the one after it are archived.
+    within(async {
+        loop {
+            if archive::archived_upto(&node.shared.store).unwrap().is_some_and(|u| u > forged_window + 1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // Readers now get the coordinator's own record (nothing was submitted),
+    // and the store holds it too.
+    let Frame::WindowManifest(ans) = within(v.request(&ask(forged_window))).await.unwrap() else { panic!() };
+    let signed = ans.checked(forged_window, &node.shared.key.public()).unwrap().expect("archived window signed");
+    assert_eq!(signed.body.rollouts, 0);
+    assert_eq!(forger.manifest(forged_window).await.unwrap().map(|m| m.rollouts), Some(0));
+}

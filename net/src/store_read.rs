@@ -92,6 +92,28 @@ const HELD_WINDOWS: usize = 4;
 /// A presigned URL is renewed this long before it expires.
 const RENEW_BEFORE_MS: u64 = 60_000;
 
+/// The total deadline of one segment's GET: this much time, plus the
+/// segment's length at [`MIN_BYTES_PER_SEC`]. A store that drips its answer
+/// cannot hold a reader past it (the per-read timeout alone restarts at
+/// every byte).
+const DEADLINE_BASE: Duration = Duration::from_secs(30);
+
+/// The slowest transfer a segment's deadline allows for.
+const MIN_BYTES_PER_SEC: u64 = 256 << 10;
+
+/// How long one segment's GET may take in all.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    base: Duration,
+    min_bytes_per_sec: u64,
+}
+
+impl Deadline {
+    fn for_len(&self, bytes: u64) -> Duration {
+        self.base + Duration::from_millis(bytes.saturating_mul(1000) / self.min_bytes_per_sec.max(1))
+    }
+}
+
 /// A window's manifest as held: checked, with its segment URLs.
 #[derive(Debug)]
 struct Held {
@@ -127,8 +149,9 @@ pub struct StoreSource {
     windows: Arc<Mutex<BTreeMap<WindowId, Known>>>,
     /// The last segment downloaded (miners are read in key order, so a
     /// segment holding several is downloaded once).
-    last: Arc<Mutex<Option<(String, Loaded)>>>,
+    last: Arc<Mutex<Option<(String, [u8; 32], Loaded)>>>,
     stats: Arc<Mutex<StoreReadStats>>,
+    deadline: Deadline,
 }
 
 impl Default for StoreSource {
@@ -143,7 +166,8 @@ fn now_ms() -> u64 {
 
 impl StoreSource {
     /// A source with HTTP timeouts of 5 s to connect, 15 s to the headers
-    /// and 30 s between two reads of a body.
+    /// and 30 s between two reads of a body, and a total deadline per
+    /// segment of 30 s plus its length at 256 KiB/s.
     pub fn new() -> Self {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -156,7 +180,15 @@ impl StoreSource {
             windows: Default::default(),
             last: Default::default(),
             stats: Default::default(),
+            deadline: Deadline { base: DEADLINE_BASE, min_bytes_per_sec: MIN_BYTES_PER_SEC },
         }
+    }
+
+    /// The same source with another total deadline per segment: `base` plus
+    /// the segment's length at `min_bytes_per_sec`.
+    pub fn with_deadline(mut self, base: Duration, min_bytes_per_sec: u64) -> Self {
+        self.deadline = Deadline { base, min_bytes_per_sec };
+        self
     }
 
     /// What it read so far.
@@ -217,13 +249,15 @@ impl StoreSource {
     /// A segment's rollouts with their miners: the last one downloaded, or
     /// downloaded now and checked against the manifest.
     async fn segment(&self, window: WindowId, seg: &ManifestSegment, url: &str) -> Result<Loaded, StoreReadError> {
-        if let Some((k, l)) = &*self.last.lock().unwrap_or_else(|p| p.into_inner())
+        if let Some((k, h, l)) = &*self.last.lock().unwrap_or_else(|p| p.into_inner())
             && *k == seg.key
+            && *h == seg.blake3
         {
             return Ok(l.clone());
         }
         let (agent, seg2, url) = (self.agent.clone(), seg.clone(), url.to_owned());
-        let bytes = tokio::task::spawn_blocking(move || get(&agent, &seg2, &url))
+        let total = self.deadline.for_len(seg.bytes);
+        let bytes = tokio::task::spawn_blocking(move || get(&agent, &seg2, &url, total))
             .await
             .map_err(|e| StoreReadError::Malformed { key: seg.key.clone(), what: format!("download task: {e}") })??;
         let loaded = Arc::new(check_segment(window, seg, &bytes)?);
@@ -232,7 +266,7 @@ impl StoreSource {
             s.segments += 1;
             s.bytes += bytes.len() as u64;
         }
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((seg.key.clone(), loaded.clone()));
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((seg.key.clone(), seg.blake3, loaded.clone()));
         Ok(loaded)
     }
 
@@ -257,13 +291,20 @@ impl StoreSource {
     }
 }
 
-/// GETs a segment: status 200 and at most the signed length.
-fn get(agent: &ureq::Agent, seg: &ManifestSegment, url: &str) -> Result<Vec<u8>, StoreReadError> {
+/// GETs a segment: status 200 and at most the signed length, all of it
+/// within `total` (a timeout is [`StoreReadError::Request`] or [`StoreReadError::Body`]).
+fn get(agent: &ureq::Agent, seg: &ManifestSegment, url: &str, total: Duration) -> Result<Vec<u8>, StoreReadError> {
     let key = || seg.key.clone();
     if seg.bytes > MAX_SEGMENT_BYTES {
         return Err(StoreReadError::Corrupt { key: key() });
     }
-    let resp = agent.get(url).call().map_err(|e| StoreReadError::Request { key: key(), source: Box::new(e) })?;
+    let resp = agent
+        .get(url)
+        .config()
+        .timeout_global(Some(total))
+        .build()
+        .call()
+        .map_err(|e| StoreReadError::Request { key: key(), source: Box::new(e) })?;
     let status = resp.status().as_u16();
     if status != 200 {
         return Err(StoreReadError::Status { key: key(), status });
@@ -320,5 +361,60 @@ impl WindowSource for StoreSource {
         miner: PublicKey,
     ) -> SourceFuture<'a, Vec<Vec<u8>>> {
         Box::pin(async move { self.read_miner(session, window, miner).await.map_err(Into::into) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A store that sends a 200 with `len` bytes announced, then one byte
+    /// every 20 ms (it would take `len` × 20 ms), each within any per-read timeout.
+    fn dripping_store(len: usize) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else { return };
+            let mut req = [0u8; 4096];
+            let _ = std::io::Read::read(&mut s, &mut req);
+            let _ = write!(s, "HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+            for _ in 0..len {
+                if s.write_all(&[0]).and_then(|()| s.flush()).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        format!("http://{addr}/windows/seg.bin")
+    }
+
+    /// Issue 29 item 7: a store that drips a segment cannot hold a reader
+    /// past the segment's total deadline: the reader gets a typed error (and
+    /// falls back to the coordinator) instead of waiting for 1,000 × 20 ms.
+    #[test]
+    fn a_dripping_store_cannot_hold_a_reader_past_its_deadline() {
+        let url = dripping_store(1000);
+        let seg = ManifestSegment {
+            key: "windows/seg.bin".into(),
+            blake3: [0; 32],
+            bytes: 1000,
+            rollouts: 1,
+            first_miner: PublicKey([0; 32]),
+            last_miner: PublicKey([0; 32]),
+        };
+        let source = StoreSource::new().with_deadline(Duration::from_millis(500), 1 << 30);
+        let (agent, total) = (source.agent.clone(), source.deadline.for_len(seg.bytes));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            let _ = tx.send(get(&agent, &seg, &url, total));
+        });
+        let res = rx.recv_timeout(Duration::from_secs(8)).expect("the reader is still held by the dripping store");
+        assert!(
+            matches!(res, Err(StoreReadError::Request { .. } | StoreReadError::Body { .. })),
+            "a timeout error expected: {res:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(8));
     }
 }

@@ -59,6 +59,25 @@ pub struct CheckpointChunk {
     pub data: Blob,
 }
 
+impl CheckpointChunk {
+    /// The bytes of a [`super::Frame::CheckpointChunk`] frame that come
+    /// before its `len` data bytes: the frame header and the body up to the
+    /// data. A sender that writes this, then the data, sends the frame's
+    /// encoding without holding the chunk twice (or whole).
+    pub fn frame_prefix(id: ContentId, offset: u64, len: usize) -> Vec<u8> {
+        // The body of an empty chunk ends with the data's length, a varint 0.
+        let empty = super::Frame::CheckpointChunk(CheckpointChunk { id, offset, data: Blob(Vec::new()) }).encode();
+        let mut varint = [0u8; 10];
+        let n = postcard::to_slice(&(len as u64), &mut varint).map_or(1, |b| b.len());
+        let mut out = Vec::with_capacity(empty.len() + n);
+        let body = (empty.len() - super::HEADER_LEN - 1 + n + len) as u32;
+        out.extend_from_slice(&body.to_le_bytes());
+        out.extend_from_slice(&empty[4..empty.len() - 1]);
+        out.extend_from_slice(&varint[..n]);
+        out
+    }
+}
+
 /// Asks for part of a stored **full** checkpoint (the GGUF file whose
 /// content id is `id`), from `offset`: resumable by asking again from the
 /// bytes already held. Answered with one [`CheckpointChunk`].

@@ -387,3 +387,16 @@ fn beacon_frames_round_trip_and_a_reveal_of_256_validators_fits() {
         assert_eq!(Frame::decode(&bytes).unwrap(), (f, bytes.len()));
     }
 }
+
+#[test]
+fn a_chunk_frame_is_its_prefix_then_its_data() {
+    for len in [0usize, 1, 127, 128, 300, 16_384, 4 << 20] {
+        let id = ContentId([len as u8; 32]);
+        let offset = (len as u64) * 3 + 1;
+        let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let mut bytes = CheckpointChunk::frame_prefix(id, offset, len);
+        bytes.extend_from_slice(&data);
+        let f = Frame::CheckpointChunk(CheckpointChunk { id, offset, data: Blob(data) });
+        assert_eq!(bytes, f.encode(), "{len} bytes");
+    }
+}

@@ -844,6 +844,9 @@ fn report_ambiguity(figs: &[Figures], p: &VerifyParams) {
 /// generated honestly by llama.cpp with the same seeded draws, and its
 /// reward. The branch passes every check (one off-draw position), so the
 /// miner may report whichever reward it prefers.
+/// Alternatives re-generated per branched position (the nearest to the draw).
+const BRANCH_ALTERNATIVES: usize = 4;
+
 fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -> Result<()> {
     use edge_miner::backend::{DrawKey, GroupRequest};
     let p = &run.params;
@@ -882,6 +885,11 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
                 })
                 .map(|a| a as u32)
                 .collect();
+            // The nearest few to the reference's draw: each is a whole
+            // re-generation (prompt included), ~20 s on the loaded 2-core box.
+            let mut admitted = admitted;
+            admitted.sort_by_key(|&a| a.abs_diff(drawn));
+            admitted.truncate(BRANCH_ALTERNATIVES);
             found = Some((pos, admitted));
             break;
         }

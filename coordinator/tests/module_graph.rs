@@ -162,16 +162,16 @@ fn references(code: &str) -> BTreeMap<String, usize> {
 }
 
 /// Strongly connected components of two or more nodes (Tarjan).
-fn cycles(graph: &BTreeMap<String, BTreeMap<String, usize>>) -> Vec<Vec<String>> {
-    struct State<'g> {
-        graph: &'g BTreeMap<String, BTreeMap<String, usize>>,
+fn cycles<V>(graph: &BTreeMap<String, BTreeMap<String, V>>) -> Vec<Vec<String>> {
+    struct State<'g, V> {
+        graph: &'g BTreeMap<String, BTreeMap<String, V>>,
         index: BTreeMap<&'g str, usize>,
         low: BTreeMap<&'g str, usize>,
         stack: Vec<&'g str>,
         on_stack: BTreeSet<&'g str>,
         out: Vec<Vec<String>>,
     }
-    fn visit<'g>(s: &mut State<'g>, v: &'g str) {
+    fn visit<'g, V>(s: &mut State<'g, V>, v: &'g str) {
         let n = s.index.len();
         s.index.insert(v, n);
         s.low.insert(v, n);
@@ -223,34 +223,69 @@ fn cycles(graph: &BTreeMap<String, BTreeMap<String, usize>>) -> Vec<Vec<String>>
     s.out
 }
 
-/// Module → the crate modules it names, with the line of the first mention.
-fn module_graph() -> BTreeMap<String, BTreeMap<String, usize>> {
+/// Module → the crate modules it names, with where each is first named
+/// (`file:line`). A module split into a folder (`core/mod.rs`,
+/// `core/admission.rs`, ...) is one node: its files may name each other
+/// freely, and what any of them names is the module's edge.
+fn module_graph() -> BTreeMap<String, BTreeMap<String, String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut sources = BTreeMap::new();
+    // Module name → its files (path relative to src, text).
+    let mut sources: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for entry in std::fs::read_dir(&src).expect("coordinator/src") {
         let path = entry.expect("dir entry").path();
+        let name = path.file_stem().expect("file name").to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !path.join("mod.rs").exists() {
+                continue; // not a module folder (e.g. src/bin)
+            }
+            let mut files: Vec<_> = std::fs::read_dir(&path)
+                .expect("module folder")
+                .map(|e| e.expect("dir entry").path())
+                .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+                .collect();
+            files.sort();
+            for f in files {
+                let rel = format!("{name}/{}", f.file_name().expect("file name").to_string_lossy());
+                let text = std::fs::read_to_string(&f).expect("read module file");
+                sources.entry(name.clone()).or_default().push((rel, text));
+            }
+            continue;
+        }
         if path.extension().is_none_or(|e| e != "rs") {
             continue;
         }
-        let name = path.file_stem().expect("file name").to_string_lossy().into_owned();
         // lib.rs declares the modules; main.rs is the binary, another crate.
         if name == "lib" || name == "main" {
             continue;
         }
-        sources.insert(name, std::fs::read_to_string(&path).expect("read module"));
+        let text = std::fs::read_to_string(&path).expect("read module");
+        sources.entry(name.clone()).or_default().push((format!("{name}.rs"), text));
     }
     assert!(sources.len() >= 10, "coordinator/src holds the modules: {:?}", sources.keys());
     sources
         .iter()
-        .map(|(name, text)| {
-            let code = code_only(text);
-            let edges = references(without_tests(&code))
-                .into_iter()
-                .filter(|(to, _)| to != name && sources.contains_key(to))
-                .collect();
+        .map(|(name, files)| {
+            let mut edges = BTreeMap::new();
+            for (file, text) in files {
+                let code = code_only(text);
+                for (to, line) in references(without_tests(&code)) {
+                    if &to != name && sources.contains_key(&to) {
+                        edges.entry(to).or_insert_with(|| format!("{file}:{line}"));
+                    }
+                }
+            }
             (name.clone(), edges)
         })
         .collect()
+}
+
+#[test]
+fn a_module_split_into_a_folder_is_one_node_with_its_files_edges() {
+    let graph = module_graph();
+    // core/ and server/ are folders; server names core from several of its files.
+    assert!(graph.contains_key("core") && graph.contains_key("server"), "{:?}", graph.keys());
+    assert!(graph["server"].contains_key("core"), "server -> core: {:?}", graph["server"]);
+    assert!(graph["server"]["core"].starts_with("server/"), "{:?}", graph["server"]["core"]);
 }
 
 #[test]
@@ -280,7 +315,7 @@ fn the_coordinators_modules_form_no_import_cycle() {
         for from in scc {
             for (to, line) in &graph[from] {
                 if scc.contains(to) {
-                    report.push_str(&format!("  {from} -> {to}  (src/{from}.rs:{line})\n"));
+                    report.push_str(&format!("  {from} -> {to}  (src/{line})\n"));
                 }
             }
         }

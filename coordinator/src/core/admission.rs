@@ -1,0 +1,263 @@
+//! Admission at the door: the checks a decoded rollout passes before it is
+//! stored (window, assignment, contract, dedupe, the window's budget), its
+//! two-phase reservation ([`Core::admit`], [`Core::commit`], [`Core::abort`]) and
+//! what each miner stored.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::env::EnvId;
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::rollout::SamplingParams;
+use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{RejectReason, Role};
+
+use super::*;
+
+/// A decoded, signature-checked rollout's facts that the door checks need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Window claimed.
+    pub window: WindowId,
+    /// Checkpoint used.
+    pub checkpoint: ContentId,
+    /// Environment.
+    pub env: EnvId,
+    /// Group index within the miner's assignment.
+    pub group: u32,
+    /// Index within the group.
+    pub index: u32,
+    /// The task id the rollout claims.
+    pub task_id: u64,
+    /// The miner named in the rollout (its signer).
+    pub miner: PublicKey,
+    /// Digest of the whole rollout.
+    pub digest: [u8; 32],
+    /// Hash of the prompt and completion tokens (what cross-miner copies share).
+    pub content: [u8; 32],
+    /// What the generation contract is checked against.
+    pub shape: Shape,
+}
+
+/// The facts of a rollout the window's generation contract bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// Sampling parameters it claims.
+    pub sampling: SamplingParams,
+    /// Prompt tokens.
+    pub prompt_len: u32,
+    /// Completion tokens.
+    pub completion_len: u32,
+    /// Its largest token id.
+    pub max_token: u32,
+    /// Its encoded length (what it costs to store).
+    pub bytes: u32,
+}
+
+impl Eq for Shape {}
+
+impl Shape {
+    /// The shape of a rollout restored from the store (admitted when it was
+    /// stored; restoring checks nothing).
+    pub const RESTORED: Shape = Shape {
+        sampling: SamplingParams { temperature: 0.0, max_new_tokens: 0 },
+        prompt_len: 0,
+        completion_len: 0,
+        max_token: 0,
+        bytes: 0,
+    };
+}
+
+/// What one miner stored in one window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Submitted {
+    /// Rollouts stored.
+    pub rollouts: u32,
+    /// The groups they belong to.
+    pub groups: BTreeSet<u32>,
+}
+
+/// Per-window bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct WindowBook {
+    pub(super) digests: HashSet<[u8; 32]>,
+    pub(super) slots: HashMap<PublicKey, HashSet<(u32, u32)>>,
+    /// Bytes of the rollouts reserved or stored.
+    pub(super) bytes: u64,
+    /// Those bytes by miner (each key's share of the budget).
+    pub(super) miner_bytes: HashMap<PublicKey, u64>,
+}
+
+impl Core {
+    /// Every door check on a decoded, signature-checked rollout from the
+    /// authenticated `peer`; on success its slot, digest and content are reserved.
+    pub fn admit(&mut self, now_ms: u64, peer: &PublicKey, c: &Candidate) -> Result<(), RejectReason> {
+        self.observe(now_ms);
+        let result = self.check(now_ms, peer, c);
+        match result {
+            Ok(()) => {
+                let book = self.books.entry(c.window).or_default();
+                book.digests.insert(c.digest);
+                book.slots.entry(c.miner).or_default().insert((c.group, c.index));
+                book.bytes += u64::from(c.shape.bytes);
+                *book.miner_bytes.entry(c.miner).or_default() += u64::from(c.shape.bytes);
+            }
+            Err(reason) => self.count_rejection(Some(peer), reason),
+        }
+        result
+    }
+
+    pub(super) fn check(&self, now_ms: u64, peer: &PublicKey, c: &Candidate) -> Result<(), RejectReason> {
+        if c.miner != *peer {
+            return Err(RejectReason::WrongMiner);
+        }
+        if !self.cfg.access.permits(Role::Miner, peer) {
+            return Err(RejectReason::NotAllowed);
+        }
+        if !self.cfg.schedule.accepts(c.window, now_ms) {
+            return Err(RejectReason::WrongWindow);
+        }
+        if self.is_banned(peer, c.window) {
+            return Err(RejectReason::Banned);
+        }
+        if c.checkpoint != self.checkpoint_for(c.window) {
+            return Err(RejectReason::StaleCheckpoint);
+        }
+        if c.env != self.cfg.env {
+            return Err(RejectReason::WrongEnv);
+        }
+        self.check_contract(&c.shape)?;
+        if c.group >= self.cfg.groups_per_miner
+            || c.index >= self.cfg.group_size
+            || c.task_id != self.assigned_task(c.window, peer, c.group)
+        {
+            return Err(RejectReason::Unassigned);
+        }
+        if let Some(book) = self.books.get(&c.window)
+            && (book.digests.contains(&c.digest)
+                || book.slots.get(peer).is_some_and(|s| s.contains(&(c.group, c.index))))
+        {
+            return Err(RejectReason::Duplicate);
+        }
+        self.check_budget(c)?;
+        Ok(())
+    }
+
+    /// The window's generation contract: the coordinator's sampling settings
+    /// (bitwise), at most `max_new_tokens` completion tokens, a prompt no
+    /// longer than `max_prompt_tokens`, token ids within the vocabulary. A
+    /// rollout outside it can only fail validation, and would cost storage
+    /// and bandwidth up to ~100× an honest one's.
+    pub fn check_contract(&self, s: &Shape) -> Result<(), RejectReason> {
+        let want = &self.cfg.sampling;
+        let sampling_ok = s.sampling.temperature.to_bits() == want.temperature.to_bits()
+            && s.sampling.max_new_tokens == want.max_new_tokens;
+        let vocab_ok = self.cfg.vocab_size.is_none_or(|v| s.max_token < v);
+        if !sampling_ok
+            || s.completion_len > want.max_new_tokens
+            || s.prompt_len > self.cfg.max_prompt_tokens
+            || !vocab_ok
+        {
+            return Err(RejectReason::Schema);
+        }
+        Ok(())
+    }
+
+    /// The window's storage budget: bytes in all, and distinct miners.
+    pub(super) fn check_budget(&self, c: &Candidate) -> Result<(), RejectReason> {
+        let Some(book) = self.books.get(&c.window) else { return Ok(()) };
+        if book.bytes.saturating_add(u64::from(c.shape.bytes)) > self.cfg.max_window_bytes {
+            return Err(RejectReason::RateLimited);
+        }
+        let known = book.slots.get(&c.miner).is_some_and(|s| !s.is_empty());
+        let here = book.slots.values().filter(|s| !s.is_empty()).count();
+        if !known && here >= self.cfg.max_window_miners as usize {
+            return Err(RejectReason::RateLimited);
+        }
+        // A fair share per key: the budget divided among the keys storing in
+        // this window (this one counted) or in the previous one, never less
+        // than an even split among `max_window_miners`. Keys that submit
+        // first cannot take it all before the others do.
+        let before = c.window.checked_sub(1).and_then(|w| self.books.get(&w));
+        let last = before.map_or(0, |b| b.slots.values().filter(|s| !s.is_empty()).count());
+        let was_there = before.is_some_and(|b| b.slots.get(&c.miner).is_some_and(|s| !s.is_empty()));
+        let keys = (here + usize::from(!known)).max(last + usize::from(!was_there)).max(1) as u64;
+        let floor = self.cfg.max_window_bytes / u64::from(self.cfg.max_window_miners.max(1));
+        let share = (self.cfg.max_window_bytes / keys).max(floor);
+        let mine = book.miner_bytes.get(&c.miner).copied().unwrap_or(0);
+        if mine > 0 && mine.saturating_add(u64::from(c.shape.bytes)) > share {
+            return Err(RejectReason::RateLimited);
+        }
+        Ok(())
+    }
+
+    /// What window `window` holds against its budget: (bytes, miners).
+    pub fn window_usage(&self, window: WindowId) -> (u64, usize) {
+        self.books.get(&window).map_or((0, 0), |b| (b.bytes, b.slots.values().filter(|s| !s.is_empty()).count()))
+    }
+
+    /// The reserved rollout is durable: count it.
+    pub fn commit(&mut self, c: &Candidate) {
+        self.miners.entry(c.miner).or_default().accepted += 1;
+        let s = self.submitted.entry((c.window, c.miner)).or_default();
+        s.rollouts = s.rollouts.saturating_add(1);
+        s.groups.insert(c.group);
+        self.committees.borrow_mut().remove(&c.window);
+    }
+
+    /// What `miner` stored in `window` (while the weights may still look at it).
+    pub fn submitted(&self, window: WindowId, miner: &PublicKey) -> Option<&Submitted> {
+        self.submitted.get(&(window, *miner))
+    }
+
+    /// Storing the reserved rollout failed: release its reservations.
+    pub fn abort(&mut self, c: &Candidate) {
+        if let Some(book) = self.books.get_mut(&c.window) {
+            book.digests.remove(&c.digest);
+            if let Some(s) = book.slots.get_mut(&c.miner) {
+                s.remove(&(c.group, c.index));
+            }
+            book.bytes = book.bytes.saturating_sub(u64::from(c.shape.bytes));
+            if let Some(b) = book.miner_bytes.get_mut(&c.miner) {
+                *b = b.saturating_sub(u64::from(c.shape.bytes));
+            }
+        }
+        self.count_rejection(Some(&c.miner), RejectReason::Internal);
+    }
+
+    /// Re-adds a rollout found in the store at startup (no checks).
+    pub fn restore(&mut self, c: &Candidate) {
+        let book = self.books.entry(c.window).or_default();
+        book.digests.insert(c.digest);
+        book.slots.entry(c.miner).or_default().insert((c.group, c.index));
+        book.bytes += u64::from(c.shape.bytes);
+        *book.miner_bytes.entry(c.miner).or_default() += u64::from(c.shape.bytes);
+        self.commit(c);
+    }
+
+    /// Counts a rejection decided outside [`Core::admit`] (decode, signature, rate limit).
+    pub fn count_rejection(&mut self, peer: Option<&PublicKey>, reason: RejectReason) {
+        let slot = match peer {
+            Some(p) => &mut self.miners.entry(*p).or_default().rejected,
+            None => &mut self.rejected_anonymous,
+        };
+        *slot.entry(reason.as_str()).or_default() += 1;
+    }
+
+    /// The (group, index) slots of `miner` stored in `window`.
+    pub fn progress(&self, window: WindowId, miner: &PublicKey) -> Vec<(u32, u32)> {
+        let mut v: Vec<_> = self
+            .books
+            .get(&window)
+            .and_then(|b| b.slots.get(miner))
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    /// Rollouts stored in `window`.
+    pub fn window_count(&self, window: WindowId) -> usize {
+        self.books.get(&window).map_or(0, |b| b.digests.len())
+    }
+}

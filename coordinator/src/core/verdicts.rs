@@ -1,0 +1,306 @@
+//! Verdicts: recording and applying validators', the trainer's and the
+//! coordinator's own verdicts, confirmation of failures by a miner's committee,
+//! the failures waiting for a confirmer, and each miner's standing.
+
+use std::collections::BTreeMap;
+
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{
+    Confirmation, Confirmations, MAX_CONFIRMATION_DIGESTS, MAX_CONFIRMATION_GROUPS, MAX_CONFIRMATIONS_PAGE,
+    MinerStanding, Role, VerdictBody,
+};
+
+use crate::bans::Party;
+
+use super::*;
+
+/// Why a verdict was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum VerdictError {
+    /// The signer is neither a configured validator nor the trainer.
+    #[error("not a configured validator or the trainer")]
+    Unauthorized,
+    /// The signature does not verify.
+    #[error("bad signature")]
+    BadSignature,
+    /// The window's submissions have not closed.
+    #[error("window not closed")]
+    NotClosed,
+    /// Inconsistent counts.
+    #[error("valid exceeds checked")]
+    Inconsistent,
+}
+
+impl Core {
+    /// Tells the core whether the coordinator re-checks model-free evidence
+    /// itself ([`crate::bans::Rechecker`]; assumed until told otherwise).
+    /// Without it a confirmer is asked for that evidence too.
+    pub fn set_model_free_recheck(&mut self, rechecks: bool) {
+        self.model_free_recheck = rechecks;
+    }
+
+    /// The failures waiting for `confirmer`'s proof, in (window, miner)
+    /// order after `after`, at most `limit` (and [`MAX_CONFIRMATIONS_PAGE`]).
+    /// A failure waits for the other members of the miner's committee when
+    /// a member's counted verdict claims it, nobody has confirmed it yet, and
+    /// its hard evidence cites rollouts the coordinator cannot re-check itself
+    /// (model-based checks) that the confirmer's own verdict does not cover;
+    /// a claim resting on a count of soft failures asks for the prover's
+    /// groups instead. Answered by the confirmer's verdict on the miner.
+    pub fn confirmations(
+        &self,
+        confirmer: &PublicKey,
+        after: Option<(WindowId, PublicKey)>,
+        limit: u32,
+    ) -> Confirmations {
+        let limit = limit.clamp(1, MAX_CONFIRMATIONS_PAGE) as usize;
+        let start = match after {
+            Some(a) => std::ops::Bound::Excluded(a),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut items = Vec::new();
+        for (w, m) in self.disputed.range((start, std::ops::Bound::Unbounded)) {
+            if let Some(c) = self.confirmation_for(confirmer, *w, m) {
+                if items.len() == limit {
+                    let next = items.last().map(|c: &Confirmation| (c.window, c.miner));
+                    return Confirmations { items, next };
+                }
+                items.push(c);
+            }
+        }
+        Confirmations { items, next: None }
+    }
+
+    /// What `confirmer` is asked to prove of `miner` in `window`, if anything.
+    pub(super) fn confirmation_for(
+        &self,
+        confirmer: &PublicKey,
+        window: WindowId,
+        miner: &PublicKey,
+    ) -> Option<Confirmation> {
+        if !self.pending(window, miner) {
+            return None;
+        }
+        let duty = self.duty(window, miner)?;
+        if !duty.committee.contains(confirmer) {
+            return None;
+        }
+        let by = self.verdicts.get(&(window, *miner))?;
+        let claims: Vec<&VerdictBody> = by
+            .values()
+            .filter(|v| {
+                v.validator != *confirmer
+                    && duty.committee.contains(&v.validator)
+                    && self.party(&v.validator) == Party::Validator
+                    && self.claims_failure(v)
+            })
+            .collect();
+        if claims.is_empty() {
+            return None;
+        }
+        let own = by.get(confirmer);
+        let covered =
+            |d: &[u8; 32]| own.is_some_and(|o| o.passed.contains(d) || o.evidence.iter().any(|e| e.digest == *d));
+        let mut digests: Vec<[u8; 32]> = Vec::new();
+        let mut groups = Vec::new();
+        for v in &claims {
+            let hard: Vec<_> = v.evidence.iter().filter(|e| e.hard).collect();
+            for e in &hard {
+                let needs_model = !e.check.model_free() || !self.model_free_recheck;
+                if needs_model && !covered(&e.digest) && !digests.contains(&e.digest) {
+                    digests.push(e.digest);
+                }
+            }
+            if !v.hard_failure && own.is_none() {
+                groups.clone_from(&duty.groups);
+            }
+        }
+        digests.truncate(MAX_CONFIRMATION_DIGESTS);
+        groups.truncate(MAX_CONFIRMATION_GROUPS);
+        if digests.is_empty() && groups.is_empty() {
+            return None;
+        }
+        Some(Confirmation {
+            window,
+            miner: *miner,
+            claimants: claims.iter().map(|v| v.validator).collect(),
+            digests,
+            groups,
+        })
+    }
+
+    /// Records a verdict of a validator or of the trainer's proof: checks the
+    /// signer and timing, then applies it ([`Core::apply_verdict`]).
+    pub fn record_verdict(&mut self, now_ms: u64, body: &VerdictBody, signature_ok: bool) -> Result<(), VerdictError> {
+        if !self.cfg.access.permits(Role::Validator, &body.validator)
+            && !self.cfg.access.permits(Role::Trainer, &body.validator)
+        {
+            return Err(VerdictError::Unauthorized);
+        }
+        if !signature_ok {
+            return Err(VerdictError::BadSignature);
+        }
+        if now_ms < self.cfg.schedule.closes_at(body.window) {
+            return Err(VerdictError::NotClosed);
+        }
+        // A validator proves what the fixed challenge assigns it; before
+        // that its committee (what confirms a failure) is not known.
+        if self.party(&body.validator) == Party::Validator && !self.challenge_fixed(body.window, now_ms) {
+            return Err(VerdictError::NotClosed);
+        }
+        if body.valid > body.checked {
+            return Err(VerdictError::Inconsistent);
+        }
+        self.apply_verdict(body);
+        Ok(())
+    }
+
+    /// What the verdicts say about every miner known in `window`: passed or
+    /// failed once judged (failed: a confirmed failure, [`crate::bans`]);
+    /// `Suspect` while a failure waits for confirmation, or if unjudged but
+    /// banned or failed within the ban span.
+    pub fn standing(&self, window: WindowId) -> Vec<(PublicKey, MinerStanding)> {
+        let mut out: BTreeMap<PublicKey, MinerStanding> = BTreeMap::new();
+        for ((_, miner), by) in self.verdicts.range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32]))) {
+            let st = if by.values().any(|v| self.fails(v)) {
+                MinerStanding::Failed
+            } else if by.values().any(|v| self.claims_failure(v)) {
+                MinerStanding::Suspect
+            } else {
+                MinerStanding::Passed
+            };
+            out.insert(*miner, st);
+        }
+        for v in self.tribunal.trainer_verdicts(window) {
+            if self.claims_failure(v) {
+                out.insert(v.miner, MinerStanding::Failed);
+            }
+        }
+        for (miner, m) in &self.miners {
+            let recent = m.failures.iter().any(|w| *w <= window && window <= w.saturating_add(self.cfg.ban_windows));
+            if !out.contains_key(miner) && (recent || self.is_banned(miner, window)) {
+                out.insert(*miner, MinerStanding::Suspect);
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Whether a verdict fails its miner (and so bans it for `ban_windows`):
+    /// it claims a failure, its signer counts (not a flagged validator), and
+    /// the failure of its miner's window is confirmed ([`Core::confirmed`]).
+    pub fn fails(&self, v: &VerdictBody) -> bool {
+        self.claims_failure(v) && !self.tribunal.is_flagged(&v.validator) && self.confirmed(v.window, &v.miner)
+    }
+
+    /// Whether a verdict says its miner failed: a hard failure, or (where
+    /// soft failures count, [`CoreConfig::soft_failure_threshold`] > 0) soft
+    /// failures past the binomial gate.
+    pub fn claims_failure(&self, v: &VerdictBody) -> bool {
+        v.hard_failure || (self.soft_failures_count() && v.soft_failures >= self.soft_ban_threshold(v.checked))
+    }
+
+    /// Whether soft failures ban and weigh ([`CoreConfig::soft_failure_threshold`] > 0).
+    pub fn soft_failures_count(&self) -> bool {
+        self.cfg.soft_failure_threshold > 0
+    }
+
+    /// Whether `miner`'s failure in `window` is confirmed: by the
+    /// coordinator itself (a door penalty, a model-free re-check), by the
+    /// trainer's proof, or by two validators whose verdicts count and who
+    /// are both members of the miner's committee for the window
+    /// ([`Core::in_committee`]): a validator outside it, or one proving
+    /// extras, can claim a failure but not confirm one.
+    pub fn confirmed(&self, window: WindowId, miner: &PublicKey) -> bool {
+        if self.tribunal.trainer_verdict(window, miner).is_some_and(|v| self.claims_failure(v)) {
+            return true;
+        }
+        let mut validators = 0;
+        for v in self.verdicts.get(&(window, *miner)).into_iter().flat_map(|by| by.values()) {
+            if self.claims_failure(v) {
+                match self.party(&v.validator) {
+                    Party::Validator if self.in_committee(window, miner, &v.validator) => validators += 1,
+                    Party::Validator => {}
+                    Party::Coordinator | Party::Trainer => return true,
+                }
+            }
+        }
+        validators >= 2
+    }
+
+    /// Whether a counted verdict fails `miner` in `window` but nobody confirmed it yet.
+    pub fn pending(&self, window: WindowId, miner: &PublicKey) -> bool {
+        let claimed =
+            self.verdicts.get(&(window, *miner)).is_some_and(|by| by.values().any(|v| self.claims_failure(v)));
+        claimed && !self.confirmed(window, miner)
+    }
+
+    /// Sets the coordinator's own key: its verdicts (door penalties,
+    /// re-checks) confirm a failure by themselves. Set before restoring verdicts.
+    pub fn set_coordinator(&mut self, key: PublicKey) {
+        self.coordinator = Some(key);
+    }
+
+    /// The role of a verdict's signer.
+    pub fn party(&self, signer: &PublicKey) -> Party {
+        if self.coordinator.as_ref() == Some(signer) {
+            Party::Coordinator
+        } else if self.cfg.access.permits(Role::Trainer, signer) {
+            Party::Trainer
+        } else {
+            Party::Validator
+        }
+    }
+
+    /// The verdicts recorded on `miner` in `window`, by validator.
+    pub fn verdicts_on(&self, window: WindowId, miner: &PublicKey) -> Vec<VerdictBody> {
+        self.verdicts.get(&(window, *miner)).map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Applies a verdict without checks (startup restore): its evidence
+    /// and passing proofs go to the ban rules ([`crate::bans`]), which may
+    /// flag a validator whose evidence they refute (its verdicts are set
+    /// aside); the trainer's verdict is kept apart from the validators'
+    /// (it is no sample for the weights); a confirmed failure bans.
+    pub fn apply_verdict(&mut self, body: &VerdictBody) {
+        let party = self.party(&body.validator);
+        let provers: BTreeMap<[u8; 32], Vec<(PublicKey, Party)>> =
+            body.hard_failed().map(|d| (*d, self.provers_of(body.window, &body.miner, d))).collect();
+        let provers = |d: &[u8; 32]| provers.get(d).cloned().unwrap_or_default();
+        for flagged in self.tribunal.note(body, party, provers) {
+            tracing::warn!(validator = %flagged, "validator flagged: another party's proof refutes its evidence");
+            self.set_aside_verdicts(&flagged);
+        }
+        let key = (body.window, body.miner);
+        // A validator withholding its reveals when its verdict came: set aside like a refuted one.
+        let aside = self.tribunal.is_flagged(&body.validator)
+            || (party == Party::Validator && self.withholding_at(&body.validator, body.window));
+        if party != Party::Trainer {
+            let book = if aside { &mut self.set_aside } else { &mut self.verdicts };
+            book.entry(key).or_default().insert(body.validator, body.clone());
+        }
+        if party == Party::Validator && !aside && self.claims_failure(body) {
+            self.disputed.insert(key);
+        }
+        if self.claims_failure(body) && !aside && self.confirmed(key.0, &key.1) {
+            self.ban(key.0, key.1);
+        }
+    }
+
+    /// Who proved `miner`'s rollout `digest` of `window` passing, in the
+    /// verdicts that count (validators not set aside, and the trainer).
+    pub(super) fn provers_of(&self, window: WindowId, miner: &PublicKey, digest: &[u8; 32]) -> Vec<(PublicKey, Party)> {
+        let mut out: Vec<(PublicKey, Party)> = self
+            .verdicts
+            .get(&(window, *miner))
+            .into_iter()
+            .flat_map(|by| by.values())
+            .filter(|v| v.passed.contains(digest))
+            .map(|v| (v.validator, self.party(&v.validator)))
+            .collect();
+        if let Some(t) = self.tribunal.trainer_verdict(window, miner).filter(|t| t.passed.contains(digest)) {
+            out.push((t.validator, Party::Trainer));
+        }
+        out
+    }
+}

@@ -1,0 +1,103 @@
+//! Weights: the superlinear weights over the windows ending at an interval,
+//! and when each interval's document is due.
+
+use std::collections::BTreeMap;
+
+use tributary_protocol::identity::PublicKey;
+use tributary_protocol::verify;
+use tributary_protocol::window::WindowId;
+use tributary_protocol::wire::{VerdictBody, WeightsBody};
+
+use super::*;
+
+impl Core {
+    /// Superlinear weights over the `weight_windows` windows ending at
+    /// `upto`, normalised by what each miner was asked to do and by what was
+    /// checked (grail's A/C, over the whole span rather than per window).
+    ///
+    /// Per miner: `A` = rollouts it stored in the span, each window capped at
+    /// `unique_cap_per_window` (the door already caps it at what the miner
+    /// was assigned, `groups_per_miner × group_size`); `C` = rollouts checked
+    /// and `S` = soft-failed ones, from the most conservative verdict of each
+    /// window it was judged in. The score is `A · q`, where `q` is the share
+    /// of checked rollouts that passed *beyond an honest miner's own noise*:
+    /// `q = 1 − max(0, S − h·C − 2·√(h(1−h)C)) / C` with `h` the calibrated
+    /// honest soft-failure rate ([`verify::HONEST_SOFT_FAILURE_RATE`]). The
+    /// weight is `score^weight_exponent`, normalised. Zero if the miner failed
+    /// a verdict in the span or is banned, or was never judged in the span.
+    ///
+    /// Why this and not a sum of per-window extrapolations: a window in which
+    /// the budget left a miner unjudged no longer counts as zero work (`A`
+    /// counts every window it stored rollouts in, `q` pools every window it
+    /// was checked in), and an honest miner's soft-failure noise is not
+    /// rewarded or punished, so two identical honest miners get the same
+    /// score unless the noise goes past two standard deviations — under
+    /// exponent 4 a 5 % difference in score is a 22 % difference in weight.
+    /// A miner that soft-fails more than honest miners do loses one unit of
+    /// `q` per excess failure; a hard failure still bans. When the coordinator
+    /// holds no count for a judged window (verdicts restored without their
+    /// rollouts), that window's most conservative `estimated_valid` stands in.
+    pub fn weights(&self, upto: WindowId, coordinator: PublicKey) -> WeightsBody {
+        let from = upto.saturating_sub(self.cfg.weight_windows.saturating_sub(1));
+        let cap = self.cfg.unique_cap_per_window;
+        let lo = |w| (w, PublicKey([0; 32]));
+        let hi = |w| (w, PublicKey([0xff; 32]));
+        #[derive(Default)]
+        struct Tally {
+            asked: u64,
+            stand_in: u64,
+            checked: u64,
+            soft: u64,
+            judged: bool,
+            failed: bool,
+        }
+        let mut tallies: BTreeMap<PublicKey, Tally> = BTreeMap::new();
+        for ((_, miner), s) in self.submitted.range(lo(from)..=hi(upto)) {
+            tallies.entry(*miner).or_default().asked += u64::from(s.rollouts).min(cap);
+        }
+        for ((w, miner), by_validator) in self.verdicts.range(lo(from)..=hi(upto)) {
+            let t = tallies.entry(*miner).or_default();
+            t.failed |= by_validator.values().any(|v| self.fails(v));
+            // The most conservative verdict: the lowest share of valid rollouts.
+            let Some(v) = by_validator.values().filter(|v| v.checked > 0).min_by(|a, b| {
+                let share = |v: &VerdictBody| f64::from(v.valid) / f64::from(v.checked);
+                share(a).total_cmp(&share(b)).then(a.valid.cmp(&b.valid))
+            }) else {
+                continue;
+            };
+            t.judged = true;
+            t.checked += u64::from(v.checked);
+            t.soft += u64::from(v.checked.saturating_sub(v.valid));
+            if !self.submitted.contains_key(&(*w, *miner)) {
+                t.stand_in += u64::from(v.estimated_valid.max(v.valid)).min(cap);
+            }
+        }
+        let h = verify::HONEST_SOFT_FAILURE_RATE;
+        let scores: Vec<(PublicKey, f64)> = tallies
+            .into_iter()
+            .filter(|(miner, t)| t.judged && !t.failed && !self.is_banned(miner, upto))
+            .map(|(miner, t)| {
+                let c = t.checked as f64;
+                let tolerated = h * c + 2.0 * (h * (1.0 - h) * c).sqrt();
+                let q = match (c > 0.0, self.soft_failures_count()) {
+                    (false, _) => 0.0,
+                    (true, false) => 1.0,
+                    (true, true) => 1.0 - (t.soft as f64 - tolerated).max(0.0) / c,
+                };
+                let score = t.asked as f64 * q.clamp(0.0, 1.0) + t.stand_in as f64;
+                (miner, score.powi(self.cfg.weight_exponent))
+            })
+            .filter(|(_, s)| *s > 0.0)
+            .collect();
+        let sum: f64 = scores.iter().map(|(_, s)| s).sum();
+        let weights = if sum > 0.0 { scores.into_iter().map(|(k, s)| (k, s / sum)).collect() } else { Vec::new() };
+        WeightsBody { window: upto, weights, coordinator }
+    }
+
+    /// The latest interval whose signed weights document is due at `now_ms`:
+    /// window `W`'s once `W + 1` has ended (its verdicts are posted during
+    /// `W + 1`). `None` before window 2.
+    pub fn weights_interval(&self, now_ms: u64) -> Option<WindowId> {
+        self.current_window(now_ms)?.checked_sub(2)
+    }
+}

@@ -1,7 +1,13 @@
 //! The core's unit tests.
 
 use super::*;
+use tributary_protocol::beacon;
+use tributary_protocol::env::task_seed;
 use tributary_protocol::identity::Keypair;
+use tributary_protocol::wire::{
+    BeaconCommit, BeaconReveal, CheckpointBody, MinerStanding, NetworkId, RejectReason, TrainerStatsBody,
+    TrainerStatsError,
+};
 
 const LEN: u64 = 1_000;
 

@@ -1,9 +1,12 @@
-//! Bans need evidence (issue 16 item 2).
+//! Bans need evidence (issue 16 item 2), refutations cannot be forged
+//! (issue 28 items 3 and 7).
 //!
 //! A validator's failing verdict carries, per failed rollout, what a second
 //! party needs to re-check it ([`FailureEvidence`]: digest, check, position,
-//! figures), and the digests of the rollouts it proved passing. A failure
-//! bans its miner only once it is *confirmed*:
+//! figures), and the digests of the rollouts it proved passing. Evidence
+//! and passes count only on digests of the verdict's miner and window that
+//! the store holds (a claim on any other digest is void). A failure bans
+//! its miner only once it is *confirmed*:
 //!
 //! - by the coordinator itself: its door penalties, or a failure it re-ran
 //!   without a model ([`Rechecker`]: the protocol's model-free checks,
@@ -13,16 +16,30 @@
 //!   the confirmation is stored like any verdict;
 //! - by the trainer's own proof (the gradient gate posts a verdict for the
 //!   failures it found);
-//! - by a second validator posting a failing verdict on the same miner and
-//!   window (a rollout digest names its miner and window).
+//! - by a second member of the miner's committee posting a failing verdict
+//!   on the same miner and window (a rollout digest names its miner and
+//!   window).
 //!
-//! A single unconfirmed failure is *pending*: the miner's standing for that
-//! window is `Suspect`, and it is not banned. When another party's passing
-//! proof of the same rollout refutes a validator's hard evidence, that
-//! validator is *flagged*: its verdicts stop counting (they are set aside,
-//! not deleted) until an operator clears it (`coordinator clear-validator`).
-//! The trainer's proof has no sketch check and no cross-miner copy check,
-//! so its passes refute neither.
+//! A single unconfirmed failure from a member of the miner's committee is
+//! *pending*: the miner's standing for that window is `Suspect`, it is paid
+//! nothing for the weights' span, and it is not banned. A claim from a
+//! validator outside the committee is sent to the committee for
+//! confirmation and holds nobody `Suspect`.
+//!
+//! Refutation. Only a member of the miner's committee, or the trainer, may
+//! refute: when its passing proof of a rollout contradicts a validator's
+//! hard evidence on it, that validator is *flagged*: its verdicts stop
+//! counting (they are set aside, not deleted) until an operator clears it
+//! (`coordinator clear-validator`). The trainer's proof has no sketch check
+//! and no cross-miner copy check, so its passes refute neither. A failure
+//! the coordinator or the trainer proved itself (the coordinator's
+//! re-check, the trainer's proof; both recorded as claims) is never
+//! refuted: a validator's pass of that rollout, before or after, flags the
+//! validator that passed it; every refutation of a claim on that miner's
+//! rollouts of that window is withdrawn (the miner is proven to cheat there),
+//! and so is every refutation the contradicted validator's passes made. A
+//! colluder passing its partner's rollouts ahead of time flags the honest
+//! prover only until a proof catches the partner.
 //!
 //! [`Tribunal`] is the sans-IO bookkeeping [`crate::core::Core`] keeps;
 //! [`Rechecker`] is the model-free re-check the server runs on stored rollouts.
@@ -63,9 +80,15 @@ impl Party {
             Party::Coordinator => false,
         }
     }
+
+    /// Whether its failures are proofs the ban rules take without a second
+    /// party (the coordinator's re-check, the trainer's proof).
+    pub fn proves_failures(self) -> bool {
+        matches!(self, Party::Coordinator | Party::Trainer)
+    }
 }
 
-/// A validator's hard evidence that another party's passing proof contradicts.
+/// A validator's evidence or pass that another party's proof contradicts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Refutation {
     /// The window.
@@ -74,12 +97,16 @@ pub struct Refutation {
     pub miner: PublicKey,
     /// The rollout (hex digest).
     pub digest: String,
-    /// The check the validator said failed.
+    /// The check the validator said failed, or (`passed`) the check the
+    /// rollout it passed was proven to fail.
     pub check: &'static str,
-    /// Who proved the rollout passing.
+    /// Who proved the opposite.
     pub by: PublicKey,
     /// Its role.
     pub by_party: Party,
+    /// Whether the validator *passed* a rollout the coordinator or the
+    /// trainer proved failing (otherwise its failure claim was refuted).
+    pub passed: bool,
 }
 
 /// What `/api/validators` shows of one validator.
@@ -108,18 +135,49 @@ pub struct ValidatorStatus {
 /// Refutations listed per validator in [`ValidatorStatus`].
 pub const SHOWN_REFUTATIONS: usize = 8;
 
-/// Hard evidence a validator posted on one rollout.
+/// Hard evidence a party posted on one rollout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Claim {
     check: FailedCheck,
     miner: PublicKey,
+    party: Party,
 }
 
-/// The ban rules' bookkeeping: passing proofs and failure claims per
-/// rollout, the trainer's verdicts, refutations and operator clears.
+/// What the core knows, when a verdict is noted, that the ban rules ask.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// The miner's committee in the verdict's window.
+    pub committee: Vec<PublicKey>,
+    /// Which of the verdict's digests (passed and cited) the store holds
+    /// for its miner and window: nothing else counts.
+    pub held: BTreeSet<[u8; 32]>,
+    /// For each digest the verdict cites: who proved it passing in the
+    /// verdicts that count (validators not set aside, and the trainer).
+    pub provers: BTreeMap<[u8; 32], Vec<(PublicKey, Party)>>,
+}
+
+impl Facts {
+    /// Whether `by`'s pass may refute a validator's claim: a member of the
+    /// miner's committee, or the trainer.
+    fn may_refute(&self, by: &PublicKey, party: Party) -> bool {
+        party == Party::Trainer || (party == Party::Validator && self.committee.contains(by))
+    }
+}
+
+/// What noting a verdict changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Noted {
+    /// Validators it flagged.
+    pub flagged: Vec<PublicKey>,
+    /// Validators no longer flagged (a refutation of theirs was withdrawn).
+    pub unflagged: Vec<PublicKey>,
+}
+
+/// The ban rules' bookkeeping: failure claims per rollout, the trainer's
+/// verdicts, refutations and operator clears.
 #[derive(Debug, Default)]
 pub struct Tribunal {
-    /// (window, digest) → validator → its hard evidence on the rollout.
+    /// (window, digest) → claimant → its hard evidence on the rollout.
     claims: BTreeMap<(WindowId, [u8; 32]), BTreeMap<PublicKey, Claim>>,
     /// (window, miner) → the trainer's verdict.
     trainer: BTreeMap<(WindowId, PublicKey), VerdictBody>,
@@ -146,56 +204,94 @@ impl Tribunal {
         self.trainer.range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32]))).map(|(_, v)| v)
     }
 
-    /// Records `v`'s hard evidence, signed by `party`, and refutes the
-    /// claims its passing digests contradict; returns the validators this
-    /// newly flags. `provers` answers who else proved a rollout of `v`'s
-    /// miner and window passing (the verdicts that count, which the caller
-    /// keeps; keeping every passing digest here again cost ~0.2 KiB each).
-    pub fn note(
-        &mut self,
-        v: &VerdictBody,
-        party: Party,
-        provers: impl Fn(&[u8; 32]) -> Vec<(PublicKey, Party)>,
-    ) -> Vec<PublicKey> {
+    /// The failure the coordinator or the trainer proved on the rollout, other than `except`'s.
+    fn proven_failure(&self, key: &(WindowId, [u8; 32]), except: &PublicKey) -> Option<(PublicKey, Claim)> {
+        self.claims.get(key)?.iter().find(|(k, c)| *k != except && c.party.proves_failures()).map(|(k, c)| (*k, *c))
+    }
+
+    /// Records `v`'s hard evidence (on held digests), signed by `party`, and
+    /// applies the refutation rules to it and to its passes ([`Facts`]).
+    pub fn note(&mut self, v: &VerdictBody, party: Party, facts: &Facts) -> Noted {
         let was: BTreeSet<PublicKey> = self.refuted.keys().filter(|k| self.is_flagged(k)).copied().collect();
         if party == Party::Trainer {
             self.trainer.insert((v.window, v.miner), v.clone());
         }
         if party != Party::Coordinator {
-            for d in &v.passed {
+            for d in v.passed.iter().filter(|d| facts.held.contains(*d)) {
                 let key = (v.window, *d);
+                if let Some((by, proof)) = self.proven_failure(&key, &v.validator) {
+                    // A pass against the coordinator's or the trainer's proof.
+                    if party == Party::Validator {
+                        self.refute(v.validator, key, proof, by, true);
+                    }
+                    continue;
+                }
+                if !facts.may_refute(&v.validator, party) || self.is_flagged(&v.validator) {
+                    continue;
+                }
                 let claims: Vec<(PublicKey, Claim)> =
                     self.claims.get(&key).map(|c| c.iter().map(|(k, c)| (*k, *c)).collect()).unwrap_or_default();
                 for (claimant, c) in claims {
-                    if claimant != v.validator && party.refutes(c.check) {
-                        self.refute(claimant, key, c, v.validator, party);
+                    if claimant != v.validator && c.party == Party::Validator && party.refutes(c.check) {
+                        self.refute(claimant, key, Claim { party, ..c }, v.validator, false);
                     }
                 }
             }
         }
-        if party == Party::Validator {
-            for e in v.evidence.iter().filter(|e| e.hard) {
-                let key = (v.window, e.digest);
-                let claim = Claim { check: e.check, miner: v.miner };
-                self.claims.entry(key).or_default().insert(v.validator, claim);
-                for (by, by_party) in provers(&e.digest) {
-                    if by != v.validator && by_party.refutes(e.check) && !self.is_flagged(&by) {
-                        self.refute(v.validator, key, claim, by, by_party);
+        for e in v.evidence.iter().filter(|e| e.hard && facts.held.contains(&e.digest)) {
+            let key = (v.window, e.digest);
+            let claim = Claim { check: e.check, miner: v.miner, party };
+            self.claims.entry(key).or_default().insert(v.validator, claim);
+            let provers = facts.provers.get(&e.digest).map(Vec::as_slice).unwrap_or_default();
+            if party.proves_failures() {
+                // Every validator that passed it is contradicted.
+                for (by, by_party) in provers {
+                    if *by_party == Party::Validator && *by != v.validator {
+                        self.refute(*by, key, claim, v.validator, true);
+                    }
+                }
+                // The miner is proven to cheat in this window: no claim on
+                // its rollouts there stays refuted (a colluder's pass of the
+                // rollout a prover cited refuted it on the colluder's word).
+                for r in self.refuted.values_mut() {
+                    r.retain(|_, x| x.passed || x.window != v.window || x.miner != v.miner);
+                }
+            } else if self.proven_failure(&key, &v.validator).is_none() {
+                for (by, by_party) in provers {
+                    if *by != v.validator
+                        && facts.may_refute(by, *by_party)
+                        && by_party.refutes(e.check)
+                        && !self.is_flagged(by)
+                    {
+                        self.refute(v.validator, key, Claim { party: *by_party, ..claim }, *by, false);
                     }
                 }
             }
         }
-        self.refuted.keys().filter(|k| self.is_flagged(k) && !was.contains(k)).copied().collect()
+        // A validator whose pass a proof contradicts refutes nobody: the
+        // refutations its passes made are withdrawn.
+        let liars: BTreeSet<PublicKey> =
+            self.refuted.iter().filter(|(_, r)| r.values().any(|x| x.passed)).map(|(k, _)| *k).collect();
+        if !liars.is_empty() {
+            for r in self.refuted.values_mut() {
+                r.retain(|_, x| x.passed || !liars.contains(&x.by));
+            }
+        }
+        let now: BTreeSet<PublicKey> = self.refuted.keys().filter(|k| self.is_flagged(k)).copied().collect();
+        Noted { flagged: now.difference(&was).copied().collect(), unflagged: was.difference(&now).copied().collect() }
     }
 
-    fn refute(&mut self, validator: PublicKey, key: (WindowId, [u8; 32]), c: Claim, by: PublicKey, by_party: Party) {
+    /// Records that `by` (of `c.party`) contradicts `validator` on `key`:
+    /// its claim `c` there (`passed`: its pass, against the proof `c`).
+    fn refute(&mut self, validator: PublicKey, key: (WindowId, [u8; 32]), c: Claim, by: PublicKey, passed: bool) {
         self.refuted.entry(validator).or_default().entry(key).or_insert_with(|| Refutation {
             window: key.0,
             miner: c.miner,
             digest: hex::encode(key.1),
             check: c.check.as_str(),
             by,
-            by_party,
+            by_party: c.party,
+            passed,
         });
     }
 
@@ -366,7 +462,8 @@ mod tests {
         }
     }
 
-    /// The verdicts noted so far, standing in for the core's (who proved what passing).
+    /// The verdicts noted so far, standing in for the core's (who proved
+    /// what passing); every key is in the committee and every digest held.
     #[derive(Default)]
     struct Book(Vec<(VerdictBody, Party)>);
 
@@ -379,11 +476,14 @@ mod tests {
                     .map(|(b, p)| (b.validator, *p))
                     .collect::<Vec<_>>()
             };
-            let provers: BTreeMap<[u8; 32], Vec<(PublicKey, Party)>> =
-                v.hard_failed().map(|d| (*d, provers(d))).collect();
-            let flagged = t.note(v, party, |d| provers.get(d).cloned().unwrap_or_default());
+            let facts = Facts {
+                committee: (0..10).map(key).collect(),
+                held: v.passed.iter().copied().chain(v.evidence.iter().map(|e| e.digest)).collect(),
+                provers: v.hard_failed().map(|d| (*d, provers(d))).collect(),
+            };
+            let noted = t.note(v, party, &facts);
             self.0.push((v.clone(), party));
-            flagged
+            noted.flagged
         }
     }
 
@@ -430,5 +530,35 @@ mod tests {
         book.note(&mut t, &body(v, miner, vec![], &[([5; 32], FailedCheck::Sampling)]), Party::Validator);
         assert_eq!(book.note(&mut t, &body(v, miner, vec![[5; 32]], &[]), Party::Validator), vec![]);
         assert_eq!(book.note(&mut t, &body(key(4), miner, vec![[5; 32]], &[]), Party::Coordinator), vec![]);
+    }
+
+    /// Issue 28 item 3: a failure the coordinator proved is never refuted: a
+    /// committee member's pass that refuted the claimant first is turned
+    /// around once the coordinator's re-check lands (the claimant is no longer
+    /// flagged, the passer is), and a later pass flags its validator too.
+    #[test]
+    fn a_pass_against_a_proven_failure_flags_the_passer() {
+        let (prover, colluder, late, coordinator, miner) = (key(1), key(2), key(3), key(4), key(9));
+        let mut t = Tribunal::default();
+        let mut book = Book::default();
+        book.note(&mut t, &body(prover, miner, vec![], &[([5; 32], FailedCheck::Reward)]), Party::Validator);
+        assert_eq!(book.note(&mut t, &body(colluder, miner, vec![[5; 32]], &[]), Party::Validator), vec![prover]);
+        let own = body(coordinator, miner, vec![], &[([5; 32], FailedCheck::Reward)]);
+        let provers = vec![(colluder, Party::Validator)];
+        let facts = Facts {
+            committee: vec![prover, colluder],
+            held: [[5; 32]].into_iter().collect(),
+            provers: [([5; 32], provers)].into_iter().collect(),
+        };
+        let noted = t.note(&own, Party::Coordinator, &facts);
+        assert_eq!(noted, Noted { flagged: vec![colluder], unflagged: vec![prover] });
+        assert_eq!(book.note(&mut t, &body(late, miner, vec![[5; 32]], &[]), Party::Validator), vec![late]);
+        let s = t.statuses([prover, colluder, late], |_| 0);
+        assert!(
+            s.iter().any(|v| v.key == colluder.to_string()
+                && v.refutations[0].passed
+                && v.refutations[0].by == coordinator)
+        );
+        assert!(!t.is_flagged(&prover));
     }
 }

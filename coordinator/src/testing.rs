@@ -43,6 +43,24 @@ pub fn candidate(core: &Core, window: WindowId, miner: PublicKey, group: u32, in
     }
 }
 
+/// Makes `core` hold `groups` whole groups of `miner` in `window` as if
+/// they were stored ([`Core::restore`]: no door checks, nothing on disk)
+/// and returns their digests: what a verdict lists as proved passing for
+/// the miner to be paid (issue 28: weights count proven work on stored
+/// digests only).
+pub fn stored_groups(core: &mut Core, window: WindowId, miner: PublicKey, groups: u32) -> Vec<[u8; 32]> {
+    let size = core.config().group_size;
+    let mut digests = Vec::new();
+    for g in 0..groups {
+        for i in 0..size {
+            let c = candidate(core, window, miner, g, i, 1000);
+            core.restore(&c);
+            digests.push(c.digest);
+        }
+    }
+    digests
+}
+
 /// The content id of test publication `i` ([`store_publication`]).
 pub fn publication_id(i: u8) -> ContentId {
     ContentId([10 + i; 32])

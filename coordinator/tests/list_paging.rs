@@ -221,7 +221,10 @@ async fn a_weights_document_is_read_back_whole_across_small_parts() {
     // Passing verdicts on twenty miners of window 0.
     let miners: BTreeSet<PublicKey> = (0..20u8).map(|i| Keypair::from_seed([60 + i; 32]).public()).collect();
     for m in &miners {
-        let body = VerdictBody { checked: 4, valid: 4, estimated_valid: 4, ..VerdictBody::empty(0, *m, key.public()) };
+        // Only proven work is paid: each miner's stored group, proved passing.
+        let passed = coordinator::testing::stored_groups(&mut node.shared.core(), 0, *m, 1);
+        let body =
+            VerdictBody { checked: 4, valid: 4, estimated_valid: 4, passed, ..VerdictBody::empty(0, *m, key.public()) };
         let verdict = Verdict::sign(body, &key, &v.network());
         assert!(matches!(within(v.request(&Frame::PostVerdict(verdict))).await.unwrap(), Frame::VerdictAck(_)));
     }

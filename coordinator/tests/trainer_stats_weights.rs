@@ -118,6 +118,8 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     let closes = schedule.closes_at(0);
     tokio::time::sleep(std::time::Duration::from_millis(closes.saturating_sub(now()) + 20)).await;
     let miner = Keypair::from_seed([6; 32]).public();
+    // Only proven work is paid: the miner's stored group, proved passing.
+    let passed = coordinator::testing::stored_groups(&mut node.shared.core(), 0, miner, 1);
     let verdict = Verdict::sign(
         VerdictBody {
             window: 0,
@@ -129,7 +131,7 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
             hard_failure: false,
             soft_failures: 0,
             reasons: vec![],
-            passed: vec![],
+            passed,
             evidence: vec![],
         },
         &validator,

@@ -1,6 +1,11 @@
 //! Network simulator bench (issue 16 item 5): [`coordinator::sim`] over the
 //! sans-IO core at several network sizes, seeded, no model.
 //!
+//! `netsim --economics [WINDOWS] [SEEDS]` (defaults 20 windows, 5 seeds)
+//! prints issue 28's tables instead: each cheater strategy
+//! ([`coordinator::sim::Strategy`]) against sixteen honest miners, with 1, 2
+//! and 3 validators, at two validator budgets (docs/benchmarks.md section 5b).
+//!
 //! `netsim [N[,N...]] [WINDOWS] [SEEDS]` (defaults `10,100,1000,10000 20`;
 //! SEEDS defaults to ⌈1000/N⌉ runs per size, at most 20, one at N ≥ 1000);
 //! `netsim --help` says so. Each size runs [`SimConfig::network`]: two
@@ -16,7 +21,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use coordinator::sim::{Sim, SimConfig, SimReport};
+use coordinator::sim::{Sim, SimConfig, SimReport, Strategy, economics};
 
 struct Counting;
 
@@ -53,6 +58,7 @@ const HELP: &str = "\
 netsim: the network simulator over the coordinator's sans-IO core (issue 16), seeded, no model.
 
 usage: netsim [N[,N...]] [WINDOWS] [SEEDS]
+       netsim --economics [WINDOWS] [SEEDS]
        netsim --help
 
   N        miners per network, comma-separated (default 10,100,1000,10000)
@@ -63,11 +69,66 @@ Each network: two identical honest miners, 10 % lazy, 20 % cheaters (1, 5, 25, 1
 rollouts), the rest honest; 32 groups of 16 rollouts per miner; committees of 2 (one
 prover, one confirmer on demand); validators of 4096 rollouts, enough for one group of
 every miner. Prints a markdown table (docs/benchmarks.md section 5).
+
+--economics: each cheater strategy (fake tokens at 1, 10, 100 %; a reward nudged inside
+the tolerance; group subsets; a validator colluding with a cheater; 8 Sybil keys storing
+garbage) against 16 honest miners, with 1, 2 and 3 validators (the first colluding where
+the strategy has one), at the default validator budget (4096) and at two groups of every
+miner; WINDOWS windows (default 20) x SEEDS runs (default 5). Prints the cheater's
+earnings / an honest miner's, windows until ban, honest false bans, trainer proofs wasted
+(docs/benchmarks.md section 5b).
 ";
+
+/// Issue 28 item 9: the economics table, at the default validator budget
+/// (4096 rollouts) and at two groups of every miner per window.
+fn print_economics(windows: u64, seeds: u64) {
+    for (title, budget) in
+        [("validator budget 4096 (the default)", Some(4096)), ("validator budget: two groups of every miner", None)]
+    {
+        println!("{title}; {windows} windows x {seeds} seeds:");
+        println!();
+        economics_table(windows, seeds, budget);
+        println!();
+    }
+}
+
+fn economics_table(windows: u64, seeds: u64, budget: Option<u32>) {
+    println!(
+        "| strategy | V | cheater ÷ honest earnings (goal ≤ 0.05) | windows to ban (mean; never / keys) | honest false bans | trainer groups wasted / window (of proved) | colluder flagged (runs) | honest validator flagged (runs) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for strategy in Strategy::ALL {
+        for validators in 1..=3 {
+            let r = economics(strategy, validators, windows, seeds, budget);
+            let ban = r.windows_to_ban.map_or("-".to_owned(), |b| format!("{b:.2}"));
+            let colluder = if matches!(strategy, Strategy::Colluding(_)) {
+                format!("{}/{}", r.colluder_flagged, r.runs)
+            } else {
+                "-".to_owned()
+            };
+            println!(
+                "| {} | {validators} | {:.4} | {ban}; {}/{} | {} | {:.2} ({:.2}) | {colluder} | {}/{} |",
+                strategy.name(),
+                r.earnings_ratio,
+                r.never_banned,
+                r.cheaters,
+                r.false_bans,
+                r.wasted_per_window,
+                r.trainer_per_window,
+                r.honest_flagged,
+                r.runs,
+            );
+        }
+    }
+}
 
 fn main() {
     if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
         print!("{HELP}");
+        return;
+    }
+    if std::env::args().nth(1).as_deref() == Some("--economics") {
+        print_economics(arg(2).unwrap_or(20), arg(3).unwrap_or(5));
         return;
     }
     let sizes: Vec<usize> = std::env::args()

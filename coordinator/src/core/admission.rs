@@ -75,6 +75,29 @@ pub struct Submitted {
     pub rollouts: u32,
     /// The groups they belong to.
     pub groups: BTreeSet<u32>,
+    /// Rollouts stored per group: a group counts as work only whole (issue 28 item 4).
+    pub per_group: BTreeMap<u32, u32>,
+    /// Keyed 8-byte fingerprints of the digests stored, sorted: what
+    /// [`Core::holds`] answers from (8 bytes a rollout, not 32; the key is
+    /// the coordinator's secret, so a made-up digest matches one with
+    /// probability 2⁻⁶⁴ per stored rollout).
+    prints: Vec<u64>,
+}
+
+impl Submitted {
+    /// The groups stored whole (`size` rollouts each).
+    pub fn whole_groups(&self, size: u32) -> impl Iterator<Item = u32> + '_ {
+        self.per_group.iter().filter(move |(_, n)| **n >= size).map(|(g, _)| *g)
+    }
+
+    /// Rollouts in whole groups.
+    pub fn whole_rollouts(&self, size: u32) -> u64 {
+        self.whole_groups(size).count() as u64 * u64::from(size)
+    }
+
+    fn holds(&self, print: u64) -> bool {
+        self.prints.binary_search(&print).is_ok()
+    }
 }
 
 /// Per-window bookkeeping.
@@ -199,10 +222,32 @@ impl Core {
     /// The reserved rollout is durable: count it.
     pub fn commit(&mut self, c: &Candidate) {
         self.miners.entry(c.miner).or_default().accepted += 1;
+        let print = self.fingerprint(&c.digest);
         let s = self.submitted.entry((c.window, c.miner)).or_default();
         s.rollouts = s.rollouts.saturating_add(1);
         s.groups.insert(c.group);
+        *s.per_group.entry(c.group).or_default() += 1;
+        if let Err(i) = s.prints.binary_search(&print) {
+            s.prints.insert(i, print);
+        }
         self.committees.borrow_mut().remove(&c.window);
+    }
+
+    /// The keyed fingerprint of a digest ([`Submitted`]): the first 8 bytes of
+    /// its blake3 keyed by a key derived from the master secret.
+    fn fingerprint(&self, digest: &[u8; 32]) -> u64 {
+        let key = blake3::derive_key("tributary coordinator stored-digest fingerprints v1", &self.cfg.master);
+        let h = blake3::keyed_hash(&key, digest);
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h.as_bytes()[..8]);
+        u64::from_le_bytes(b)
+    }
+
+    /// Whether the store holds `digest` among `miner`'s rollouts of `window`
+    /// (what the core keeps of them: the span the verdicts are kept for).
+    /// Evidence and passes count only on such digests (issue 28 items 3, 7).
+    pub fn holds(&self, window: WindowId, miner: &PublicKey, digest: &[u8; 32]) -> bool {
+        self.submitted.get(&(window, *miner)).is_some_and(|s| s.holds(self.fingerprint(digest)))
     }
 
     /// What `miner` stored in `window` (while the weights may still look at it).

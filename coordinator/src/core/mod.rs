@@ -265,10 +265,11 @@ impl Core {
         self.disputed.retain(|(w, _)| *w >= horizon);
         self.committees.borrow_mut().retain(|w, _| *w >= horizon);
         self.withheld_logged.borrow_mut().retain(|w| *w >= horizon);
-        // The weights of window `W` are signed once `W + 1` ends and look back
-        // `weight_windows` windows from `W`.
-        let keep_from = self.current_window(now_ms).unwrap_or(0).saturating_sub(self.cfg.weight_windows + 2);
-        self.submitted.retain(|(w, _), _| *w >= keep_from);
+        // What was stored (counts, whole groups, digest fingerprints) as long as
+        // the verdicts: their evidence and committees are read from it
+        // (`Core::holds`, `Core::duty`; issue 28), and the weights of window `W`
+        // look back `weight_windows` windows from `W`.
+        self.submitted.retain(|(w, _), _| *w >= horizon);
     }
 
     /// Rejections not tied to an authenticated miner.

@@ -334,6 +334,28 @@ fn failing(window: WindowId, m: PublicKey, digest: [u8; 32]) -> VerdictBody {
     v
 }
 
+/// The digest of `m`'s stored rollout number `n` in window `w` (slot
+/// `n mod groups·size`, in group order): evidence counts only on stored
+/// digests (issue 28 item 7).
+fn dig(core: &Core, w: WindowId, m: PublicKey, n: u32) -> [u8; 32] {
+    let (groups, size) = (core.config().groups_per_miner, core.config().group_size);
+    let n = n % (groups * size);
+    cand(core, w, m, n / size, n % size).digest
+}
+
+/// `v` listing every rollout of its miner and window the store holds as
+/// proved passing: only proven work is paid (issue 28 item 2).
+fn proving(core: &Core, mut v: VerdictBody) -> VerdictBody {
+    let (groups, size) = (core.config().groups_per_miner, core.config().group_size);
+    for n in 0..groups * size {
+        let d = dig(core, v.window, v.miner, n);
+        if core.holds(v.window, &v.miner, &d) {
+            v.add_passed(d);
+        }
+    }
+    v
+}
+
 #[test]
 fn verdicts_bans_and_weights() {
     let mut core = Core::new(cfg_two_validators());
@@ -346,15 +368,19 @@ fn verdicts_bans_and_weights() {
     forged.validator = miner(50);
     assert_eq!(core.record_verdict(closed, &forged, true), Err(VerdictError::Unauthorized));
     assert_eq!(core.record_verdict(closed, &verdict(1, a, 10, false), false), Err(VerdictError::BadSignature));
-    core.record_verdict(closed, &verdict(1, a, 20, false), true).unwrap();
-    core.record_verdict(closed, &verdict(1, b, 10, false), true).unwrap();
+    // a stored twice what b did; c a group.
+    store(&mut core, 1, a, 2);
+    store(&mut core, 1, b, 1);
+    core.record_verdict(closed, &proving(&core, verdict(1, a, 8, false)), true).unwrap();
+    core.record_verdict(closed, &proving(&core, verdict(1, b, 4, false)), true).unwrap();
     // Confirmations come from the miner's committee: c stored a group.
     store(&mut core, 1, c, 1);
-    core.record_verdict(closed, &verdict(1, c, 30, true), true).unwrap();
+    let cited = dig(&core, 1, c, 1);
+    core.record_verdict(closed, &failing(1, c, cited), true).unwrap();
     // One validator's failure waits for a second party.
     assert!(!core.is_banned(&c, 2) && core.pending(1, &c));
     assert!(core.standing(1).contains(&(c, MinerStanding::Suspect)));
-    core.record_verdict(closed, &by(101, verdict(1, c, 30, true)), true).unwrap();
+    core.record_verdict(closed, &by(101, failing(1, c, cited)), true).unwrap();
     assert!(core.standing(1).contains(&(c, MinerStanding::Failed)));
     // c is banned for windows 2..=4, and not in window 5.
     assert!(core.is_banned(&c, 2) && core.is_banned(&c, 4));
@@ -363,7 +389,7 @@ fn verdicts_bans_and_weights() {
     assert_eq!(core.admit(at(3), &c, &cc), Err(RejectReason::Banned));
     let w = core.weights(1, miner(99));
     let get = |k| w.weights.iter().find(|(m, _)| *m == k).map(|(_, w)| *w);
-    // share^4: 20^4 / (20^4 + 10^4) = 16/17.
+    // stored^4: 8^4 / (8^4 + 4^4) = 16/17.
     assert!((get(a).unwrap() - 16.0 / 17.0).abs() < 1e-12);
     assert!((get(b).unwrap() - 1.0 / 17.0).abs() < 1e-12);
     assert_eq!(get(c), None);
@@ -402,12 +428,12 @@ fn soft_failures_neither_ban_nor_weigh_by_default() {
     for m in [sat, twin] {
         store(&mut core, 1, m, 1);
     }
-    let mut soft = verdict(1, sat, 40, false);
+    let mut soft = proving(&core, verdict(1, sat, 40, false));
     soft.checked = 64;
     soft.soft_failures = 24;
     core.record_verdict(closed, &soft, true).unwrap();
     core.record_verdict(closed, &by(101, soft), true).unwrap();
-    let mut clean = verdict(1, twin, 64, false);
+    let mut clean = proving(&core, verdict(1, twin, 64, false));
     clean.checked = 64;
     core.record_verdict(closed, &clean, true).unwrap();
     core.record_verdict(closed, &by(101, clean), true).unwrap();
@@ -432,7 +458,8 @@ fn door_penalties_fail_the_window_and_standing_reports_it() {
     core.apply_verdict(&p);
     assert!(core.door_penalty(at(1), 1, &a, RejectReason::BadSignature, coord).is_none());
     assert!(core.is_banned(&a, 2));
-    core.apply_verdict(&verdict(1, b, 8, false));
+    store(&mut core, 1, b, 1);
+    core.apply_verdict(&proving(&core, verdict(1, b, 4, false)));
     let st = core.standing(1);
     assert_eq!(
         st,
@@ -508,11 +535,13 @@ fn weights_interval_waits_for_the_next_window_to_end() {
 #[test]
 fn weights_cap() {
     let mut c = cfg();
-    c.unique_cap_per_window = 10;
+    c.unique_cap_per_window = 4;
     c.weight_windows = 1;
     let mut core = Core::new(c);
-    core.apply_verdict(&verdict(1, miner(1), 1000, false));
-    core.apply_verdict(&verdict(1, miner(2), 10, false));
+    store(&mut core, 1, miner(1), 2);
+    store(&mut core, 1, miner(2), 1);
+    core.apply_verdict(&proving(&core, verdict(1, miner(1), 8, false)));
+    core.apply_verdict(&proving(&core, verdict(1, miner(2), 4, false)));
     let w = core.weights(1, miner(99));
     assert_eq!(w.weights.len(), 2);
     assert!(w.weights.iter().all(|(_, x)| (*x - 0.5).abs() < 1e-12));
@@ -554,12 +583,14 @@ fn a_refuted_validator_is_flagged_and_its_verdicts_set_aside_until_cleared() {
     let good = second().validator;
     // Confirmations come from the committee of a miner that stored work.
     store(&mut core, 1, other, 1);
-    core.record_verdict(closed, &failing(1, honest, [5; 32]), true).unwrap();
+    store(&mut core, 1, honest, 2);
+    let (d5, d6, d7) = (dig(&core, 1, honest, 5), dig(&core, 1, honest, 6), dig(&core, 1, other, 3));
+    core.record_verdict(closed, &failing(1, honest, d5), true).unwrap();
     assert!(!core.is_banned(&honest, 2) && core.pending(1, &honest));
     assert!(!core.is_flagged(&liar));
     let mut pass = by(101, verdict(1, honest, 2, false));
-    pass.add_passed([5; 32]);
-    pass.add_passed([6; 32]);
+    pass.add_passed(d5);
+    pass.add_passed(d6);
     core.record_verdict(closed, &pass, true).unwrap();
     assert!(core.is_flagged(&liar) && !core.is_flagged(&good));
     assert!(!core.is_banned(&honest, 2) && !core.pending(1, &honest));
@@ -568,11 +599,11 @@ fn a_refuted_validator_is_flagged_and_its_verdicts_set_aside_until_cleared() {
     let st = core.validator_statuses();
     let s = st.iter().find(|s| s.key == liar.to_string()).unwrap();
     assert!(s.flagged && s.refuted == 1 && s.verdicts == 0, "{s:?}");
-    assert_eq!(s.refutations[0].digest, hex::encode([5; 32]));
+    assert_eq!(s.refutations[0].digest, hex::encode(d5));
     // While flagged, its failures confirm nothing: with the good
     // validator's failure on `other`, that one waits for another party.
-    core.record_verdict(closed, &failing(1, other, [7; 32]), true).unwrap();
-    core.record_verdict(closed, &by(101, failing(1, other, [7; 32])), true).unwrap();
+    core.record_verdict(closed, &failing(1, other, d7), true).unwrap();
+    core.record_verdict(closed, &by(101, failing(1, other, d7)), true).unwrap();
     assert!(!core.is_banned(&other, 2) && core.pending(1, &other));
     // Cleared: its verdicts count again, and the two failures on `other` ban.
     assert_eq!(core.clear_validator(&liar), 1);
@@ -582,7 +613,8 @@ fn a_refuted_validator_is_flagged_and_its_verdicts_set_aside_until_cleared() {
     // A restart replays the verdicts, then the operator's clear.
     let mut again = Core::new(cfg_two_validators());
     store(&mut again, 1, other, 1);
-    for v in [failing(1, honest, [5; 32]), pass, failing(1, other, [7; 32]), by(101, failing(1, other, [7; 32]))] {
+    store(&mut again, 1, honest, 2);
+    for v in [failing(1, honest, d5), pass, failing(1, other, d7), by(101, failing(1, other, d7))] {
         again.apply_verdict(&v);
     }
     assert!(again.is_flagged(&liar));
@@ -598,22 +630,27 @@ fn the_trainers_proof_confirms_a_failure_and_refutes_false_evidence() {
     let mut core = Core::new(cfg_two_validators());
     let closed = at(2) + 200;
     let (cheat, honest) = (miner(1), miner(2));
-    core.record_verdict(closed, &failing(1, cheat, [5; 32]), true).unwrap();
+    store(&mut core, 1, cheat, 2);
+    store(&mut core, 0, honest, 1);
+    let d5 = dig(&core, 1, cheat, 5);
+    core.record_verdict(closed, &failing(1, cheat, d5), true).unwrap();
     assert!(!core.is_banned(&cheat, 2));
-    core.record_verdict(closed, &by(77, failing(1, cheat, [5; 32])), true).unwrap();
+    core.record_verdict(closed, &by(77, failing(1, cheat, d5)), true).unwrap();
     assert!(core.is_banned(&cheat, 2));
     assert_eq!(core.standing(1), vec![(cheat, MinerStanding::Failed)]);
     assert_eq!(core.verdicts_on(1, &cheat).len(), 1, "the trainer's verdict is not a validator's");
     // The trainer alone, on a window no validator judged: failed there.
-    core.record_verdict(closed, &by(77, failing(0, honest, [8; 32])), true).unwrap();
+    core.record_verdict(closed, &by(77, failing(0, honest, dig(&core, 0, honest, 0))), true).unwrap();
     assert!(core.standing(0).contains(&(honest, MinerStanding::Failed)));
     // A false sampling failure that the trainer proved passing flags its validator.
     let mut c = cfg_two_validators();
     c.access.validators.remove(&second().validator);
     let mut core = Core::new(c);
-    core.record_verdict(closed, &failing(1, honest, [9; 32]), true).unwrap();
+    store(&mut core, 1, honest, 2);
+    let d9 = dig(&core, 1, honest, 1);
+    core.record_verdict(closed, &failing(1, honest, d9), true).unwrap();
     let mut pass = by(77, verdict(1, honest, 1, false));
-    pass.add_passed([9; 32]);
+    pass.add_passed(d9);
     core.record_verdict(closed, &pass, true).unwrap();
     assert!(core.is_flagged(&Keypair::from_seed([100; 32]).public()));
     assert!(!core.is_banned(&honest, 2));
@@ -646,13 +683,13 @@ fn weights_are_normalised_by_what_was_asked_and_checked() {
             store(&mut core, w, m, 2);
         }
     }
-    core.apply_verdict(&verdict(1, a, 8, false));
+    core.apply_verdict(&proving(&core, verdict(1, a, 8, false)));
     for w in 1..=3 {
-        core.apply_verdict(&verdict(w, b, 8, false));
+        core.apply_verdict(&proving(&core, verdict(w, b, 8, false)));
     }
     // d: 32 checked in all, 8 of them soft failures (25 %, honest ≤ 6.7 %).
     for w in 1..=2 {
-        let mut v = verdict(w, d, 16, false);
+        let mut v = proving(&core, verdict(w, d, 16, false));
         v.valid = 12;
         v.soft_failures = 4;
         core.apply_verdict(&v);
@@ -664,7 +701,7 @@ fn weights_are_normalised_by_what_was_asked_and_checked() {
     let q = (get(d) / get(a)).powf(0.25);
     assert!((0.85..0.95).contains(&q), "q = {q}");
     // One soft failure in 8 (within honest noise) costs nothing.
-    let mut v = verdict(2, a, 8, false);
+    let mut v = proving(&core, verdict(2, a, 8, false));
     v.valid = 7;
     v.soft_failures = 1;
     core.apply_verdict(&v);
@@ -678,8 +715,8 @@ fn weights_are_normalised_by_what_was_asked_and_checked() {
     let mut lin = Core::new(c);
     store(&mut lin, 1, a, 2);
     store(&mut lin, 1, b, 1);
-    lin.apply_verdict(&verdict(1, a, 8, false));
-    lin.apply_verdict(&verdict(1, b, 4, false));
+    lin.apply_verdict(&proving(&lin, verdict(1, a, 8, false)));
+    lin.apply_verdict(&proving(&lin, verdict(1, b, 4, false)));
     let weights = lin.weights(1, miner(99));
     let get = |k| weights.weights.iter().find(|(m, _)| *m == k).map_or(0.0, |(_, x)| *x);
     assert!((get(a) - 2.0 / 3.0).abs() < 1e-12 && (get(b) - 1.0 / 3.0).abs() < 1e-12);
@@ -843,7 +880,8 @@ fn a_ban_needs_two_members_of_the_miners_committee() {
     assert_eq!(committee.len(), 2);
     let outsider = *core.config().access.validators.iter().find(|v| !committee.contains(v)).unwrap();
     let signer = |k: &PublicKey| (100..=102u8).find(|s| Keypair::from_seed([*s; 32]).public() == *k).unwrap();
-    let claim = |k: &PublicKey| by(signer(k), failing(1, m, [7; 32]));
+    let cited = dig(&core, 1, m, 7);
+    let claim = |k: &PublicKey| by(signer(k), failing(1, m, cited));
     core.record_verdict(closed, &claim(&committee[0]), true).unwrap();
     core.record_verdict(closed, &claim(&outsider), true).unwrap();
     assert!(!core.confirmed(1, &m), "a validator outside the committee does not confirm");
@@ -869,33 +907,35 @@ fn a_failure_waits_for_its_confirmer_and_only_the_confirming_verdict_bans() {
     let duty = core.duty(1, &m).unwrap();
     let (prover, confirmer) = (duty.committee[0], duty.committee[1]);
     assert_eq!(duty.confirmers(), [confirmer]);
-    core.record_verdict(closed, &by(signer(&prover), failing(1, m, [7; 32])), true).unwrap();
+    let (d7, d8) = (dig(&core, 1, m, 7), dig(&core, 1, m, 0));
+    core.record_verdict(closed, &by(signer(&prover), failing(1, m, d7)), true).unwrap();
     assert!(!core.is_banned(&m, 2), "one model-based failure bans nobody");
     assert_eq!(core.standing(1), vec![(m, MinerStanding::Suspect)]);
     let page = core.confirmations(&confirmer, None, 10);
     assert_eq!(page.items.len(), 1, "a pending confirmation for the other member");
     let c = &page.items[0];
-    assert_eq!((c.window, c.miner, c.digests.clone(), c.claimants.clone()), (1, m, vec![[7; 32]], vec![prover]));
+    assert_eq!((c.window, c.miner, c.digests.clone(), c.claimants.clone()), (1, m, vec![d7], vec![prover]));
     assert!(c.groups.is_empty());
     assert!(core.confirmations(&prover, None, 10).items.is_empty(), "nothing for the claimant itself");
     // A verdict of the confirmer that does not cover the cited rollout leaves it waiting.
     let mut unrelated = by(signer(&confirmer), verdict(1, m, 1, false));
-    unrelated.add_passed([8; 32]);
+    unrelated.add_passed(d8);
     core.record_verdict(closed, &unrelated, true).unwrap();
     assert!(!core.is_banned(&m, 2));
     assert_eq!(core.confirmations(&confirmer, None, 10).items.len(), 1);
     // The confirming verdict (the cited rollout fails for it too) bans.
-    core.record_verdict(closed, &by(signer(&confirmer), failing(1, m, [7; 32])), true).unwrap();
+    core.record_verdict(closed, &by(signer(&confirmer), failing(1, m, d7)), true).unwrap();
     assert!(core.is_banned(&m, 2), "the confirming verdict bans");
     assert!(core.confirmations(&confirmer, None, 10).items.is_empty(), "answered");
 
     // The confirmer proves the cited rollout passing: no ban, the claimant is flagged.
     let duty = core.duty(1, &honest).unwrap();
     let (prover, confirmer) = (duty.committee[0], duty.committee[1]);
-    core.record_verdict(closed, &by(signer(&prover), failing(1, honest, [9; 32])), true).unwrap();
+    let d9 = dig(&core, 1, honest, 1);
+    core.record_verdict(closed, &by(signer(&prover), failing(1, honest, d9)), true).unwrap();
     assert_eq!(core.confirmations(&confirmer, None, 10).items.len(), 1);
     let mut pass = by(signer(&confirmer), verdict(1, honest, 1, false));
-    pass.add_passed([9; 32]);
+    pass.add_passed(d9);
     core.record_verdict(closed, &pass, true).unwrap();
     assert!(!core.is_banned(&honest, 2));
     assert!(core.is_flagged(&prover), "refuted by the confirmer's proof");
@@ -905,7 +945,7 @@ fn a_failure_waits_for_its_confirmer_and_only_the_confirming_verdict_bans() {
     let mut core = Core::new(cfg_two_validators());
     store(&mut core, 1, m, 2);
     let duty = core.duty(1, &m).unwrap();
-    let mut reward = by(signer(&duty.committee[0]), failing(1, m, [7; 32]));
+    let mut reward = by(signer(&duty.committee[0]), failing(1, m, dig(&core, 1, m, 7)));
     reward.evidence[0].check = tributary_protocol::wire::FailedCheck::Reward;
     core.record_verdict(closed, &reward, true).unwrap();
     assert!(core.confirmations(&duty.committee[1], None, 10).items.is_empty());
@@ -927,7 +967,8 @@ fn confirmations_are_paged() {
         }
         for n in 1..=3 {
             let duty = core.duty(w, &miner(n)).unwrap();
-            core.record_verdict(closed, &by(signer(&duty.committee[0]), failing(w, miner(n), [n; 32])), true).unwrap();
+            let cited = dig(&core, w, miner(n), u32::from(n));
+            core.record_verdict(closed, &by(signer(&duty.committee[0]), failing(w, miner(n), cited)), true).unwrap();
             if duty.committee[1] == confirmer {
                 want.push((w, miner(n)));
             }

@@ -87,13 +87,14 @@ impl Core {
             return None;
         }
         let by = self.verdicts.get(&(window, *miner))?;
+        // A member's claim, or an outsider's hard evidence (sent to the committee).
         let claims: Vec<&VerdictBody> = by
             .values()
             .filter(|v| {
                 v.validator != *confirmer
-                    && duty.committee.contains(&v.validator)
+                    && (duty.committee.contains(&v.validator) || v.hard_failure)
                     && self.party(&v.validator) == Party::Validator
-                    && self.claims_failure(v)
+                    && self.claim_holds(v)
             })
             .collect();
         if claims.is_empty() {
@@ -108,11 +109,12 @@ impl Core {
             let hard: Vec<_> = v.evidence.iter().filter(|e| e.hard).collect();
             for e in &hard {
                 let needs_model = !e.check.model_free() || !self.model_free_recheck;
-                if needs_model && !covered(&e.digest) && !digests.contains(&e.digest) {
+                let held = self.holds(window, miner, &e.digest);
+                if needs_model && held && !covered(&e.digest) && !digests.contains(&e.digest) {
                     digests.push(e.digest);
                 }
             }
-            if !v.hard_failure && own.is_none() {
+            if !v.hard_failure && own.is_none() && duty.committee.contains(&v.validator) {
                 groups.clone_from(&duty.groups);
             }
         }
@@ -158,14 +160,16 @@ impl Core {
 
     /// What the verdicts say about every miner known in `window`: passed or
     /// failed once judged (failed: a confirmed failure, [`crate::bans`]);
-    /// `Suspect` while a failure waits for confirmation, or if unjudged but
-    /// banned or failed within the ban span.
+    /// `Suspect` while a failure claimed by a member of its committee waits
+    /// for confirmation ([`Core::counted_claim`]: a claim on a digest the
+    /// store lacks, or from outside the committee, holds nobody `Suspect`),
+    /// or if unjudged but banned or failed within the ban span.
     pub fn standing(&self, window: WindowId) -> Vec<(PublicKey, MinerStanding)> {
         let mut out: BTreeMap<PublicKey, MinerStanding> = BTreeMap::new();
         for ((_, miner), by) in self.verdicts.range((window, PublicKey([0; 32]))..=(window, PublicKey([0xff; 32]))) {
             let st = if by.values().any(|v| self.fails(v)) {
                 MinerStanding::Failed
-            } else if by.values().any(|v| self.claims_failure(v)) {
+            } else if by.values().any(|v| self.counted_claim(v)) {
                 MinerStanding::Suspect
             } else {
                 MinerStanding::Passed
@@ -173,7 +177,7 @@ impl Core {
             out.insert(*miner, st);
         }
         for v in self.tribunal.trainer_verdicts(window) {
-            if self.claims_failure(v) {
+            if self.claim_holds(v) {
                 out.insert(v.miner, MinerStanding::Failed);
             }
         }
@@ -190,7 +194,32 @@ impl Core {
     /// it claims a failure, its signer counts (not a flagged validator), and
     /// the failure of its miner's window is confirmed ([`Core::confirmed`]).
     pub fn fails(&self, v: &VerdictBody) -> bool {
-        self.claims_failure(v) && !self.tribunal.is_flagged(&v.validator) && self.confirmed(v.window, &v.miner)
+        self.counted_claim(v) && !self.tribunal.is_flagged(&v.validator) && self.confirmed(v.window, &v.miner)
+    }
+
+    /// Whether `v`'s failure claim stands on evidence (issue 28 item 7): a
+    /// hard failure that is the coordinator's own (its door penalties cite
+    /// no rollout) or cites a rollout of its miner and window that the store
+    /// holds ([`Core::holds`]); or, where soft failures count, soft failures
+    /// past the gate. A claim on digests the store lacks is void.
+    pub fn claim_holds(&self, v: &VerdictBody) -> bool {
+        let hard = v.hard_failure
+            && (self.party(&v.validator) == Party::Coordinator
+                || v.hard_failed().any(|d| self.holds(v.window, &v.miner, d)));
+        hard || (self.soft_failures_count() && v.soft_failures >= self.soft_ban_threshold(v.checked))
+    }
+
+    /// Whether `v`'s signer judges its miner with standing: the coordinator,
+    /// the trainer, or a member of the miner's committee for the window.
+    pub fn member(&self, v: &VerdictBody) -> bool {
+        self.party(&v.validator) != Party::Validator || self.in_committee(v.window, &v.miner, &v.validator)
+    }
+
+    /// A claim that counts against its miner: it holds ([`Core::claim_holds`])
+    /// and comes from a member ([`Core::member`]). An outsider's claim is
+    /// only sent to the committee for confirmation ([`Core::confirmations`]).
+    pub fn counted_claim(&self, v: &VerdictBody) -> bool {
+        self.claim_holds(v) && self.member(v)
     }
 
     /// Whether a verdict says its miner failed: a hard failure, or (where
@@ -212,12 +241,12 @@ impl Core {
     /// ([`Core::in_committee`]): a validator outside it, or one proving
     /// extras, can claim a failure but not confirm one.
     pub fn confirmed(&self, window: WindowId, miner: &PublicKey) -> bool {
-        if self.tribunal.trainer_verdict(window, miner).is_some_and(|v| self.claims_failure(v)) {
+        if self.tribunal.trainer_verdict(window, miner).is_some_and(|v| self.claim_holds(v)) {
             return true;
         }
         let mut validators = 0;
         for v in self.verdicts.get(&(window, *miner)).into_iter().flat_map(|by| by.values()) {
-            if self.claims_failure(v) {
+            if self.claim_holds(v) {
                 match self.party(&v.validator) {
                     Party::Validator if self.in_committee(window, miner, &v.validator) => validators += 1,
                     Party::Validator => {}
@@ -228,10 +257,14 @@ impl Core {
         validators >= 2
     }
 
-    /// Whether a counted verdict fails `miner` in `window` but nobody confirmed it yet.
+    /// Whether a verdict that counts (a member's, or an outsider's hard
+    /// evidence on stored rollouts) fails `miner` in `window` but nobody
+    /// confirmed it yet.
     pub fn pending(&self, window: WindowId, miner: &PublicKey) -> bool {
-        let claimed =
-            self.verdicts.get(&(window, *miner)).is_some_and(|by| by.values().any(|v| self.claims_failure(v)));
+        let claimed = self
+            .verdicts
+            .get(&(window, *miner))
+            .is_some_and(|by| by.values().any(|v| self.claim_holds(v) && (v.hard_failure || self.member(v))));
         claimed && !self.confirmed(window, miner)
     }
 
@@ -258,18 +291,33 @@ impl Core {
     }
 
     /// Applies a verdict without checks (startup restore): its evidence
-    /// and passing proofs go to the ban rules ([`crate::bans`]), which may
-    /// flag a validator whose evidence they refute (its verdicts are set
-    /// aside); the trainer's verdict is kept apart from the validators'
-    /// (it is no sample for the weights); a confirmed failure bans.
+    /// and passing proofs on rollouts the store holds go to the ban rules
+    /// ([`crate::bans`]), which may flag a validator whose evidence they
+    /// refute or whose pass the coordinator's or the trainer's proof
+    /// contradicts (its verdicts are set aside); the trainer's verdict is
+    /// kept apart from the validators' (it is no sample for the weights); a
+    /// confirmed failure bans.
     pub fn apply_verdict(&mut self, body: &VerdictBody) {
         let party = self.party(&body.validator);
-        let provers: BTreeMap<[u8; 32], Vec<(PublicKey, Party)>> =
-            body.hard_failed().map(|d| (*d, self.provers_of(body.window, &body.miner, d))).collect();
-        let provers = |d: &[u8; 32]| provers.get(d).cloned().unwrap_or_default();
-        for flagged in self.tribunal.note(body, party, provers) {
-            tracing::warn!(validator = %flagged, "validator flagged: another party's proof refutes its evidence");
+        let (w, m) = (body.window, body.miner);
+        let committee = self.duty(w, &m).map(|d| d.committee).unwrap_or_default();
+        let held: BTreeSet<[u8; 32]> = body
+            .passed
+            .iter()
+            .chain(body.evidence.iter().map(|e| &e.digest))
+            .filter(|d| self.holds(w, &m, d))
+            .copied()
+            .collect();
+        let provers =
+            body.hard_failed().filter(|d| held.contains(*d)).map(|d| (*d, self.provers_of(w, &m, d))).collect();
+        let noted = self.tribunal.note(body, party, &crate::bans::Facts { committee, held, provers });
+        for flagged in noted.flagged {
+            tracing::warn!(validator = %flagged, "validator flagged: another party's proof contradicts its verdict");
             self.set_aside_verdicts(&flagged);
+        }
+        for back in noted.unflagged {
+            tracing::info!(validator = %back, "validator no longer flagged: the failure it claimed was proven");
+            self.restore_set_aside(&back);
         }
         let key = (body.window, body.miner);
         // A validator withholding its reveals when its verdict came: set aside like a refuted one.
@@ -279,10 +327,10 @@ impl Core {
             let book = if aside { &mut self.set_aside } else { &mut self.verdicts };
             book.entry(key).or_default().insert(body.validator, body.clone());
         }
-        if party == Party::Validator && !aside && self.claims_failure(body) {
+        if party == Party::Validator && !aside && self.claim_holds(body) {
             self.disputed.insert(key);
         }
-        if self.claims_failure(body) && !aside && self.confirmed(key.0, &key.1) {
+        if self.counted_claim(body) && !aside && self.confirmed(key.0, &key.1) {
             self.ban(key.0, key.1);
         }
     }

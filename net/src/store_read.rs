@@ -142,6 +142,9 @@ pub struct StoreReadStats {
     pub manifest_requests: u64,
 }
 
+/// The last segment downloaded: its object key, its hash and what it held.
+type LastSegment = (String, [u8; 32], Loaded);
+
 /// A [`WindowSource`] over the object store's archived windows.
 #[derive(Debug, Clone)]
 pub struct StoreSource {
@@ -149,7 +152,7 @@ pub struct StoreSource {
     windows: Arc<Mutex<BTreeMap<WindowId, Known>>>,
     /// The last segment downloaded (miners are read in key order, so a
     /// segment holding several is downloaded once).
-    last: Arc<Mutex<Option<(String, [u8; 32], Loaded)>>>,
+    last: Arc<Mutex<Option<LastSegment>>>,
     stats: Arc<Mutex<StoreReadStats>>,
     deadline: Deadline,
 }

@@ -167,6 +167,7 @@ fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
         let hidden_full: Vec<f32> = Vec::try_from(full.hidden.get(0).flatten(0, -1))?;
         let dh = hidden_full.iter().zip(&ev.hidden).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(dh <= 1e-5, "evidence hidden rows differ from forward by {dh}");
+        #[allow(clippy::needless_range_loop)] // j indexes the evidence, the draws and the positions together
         for j in 0..ev.len() {
             let p = prompt.len() + j;
             let row: Vec<f32> = Vec::try_from(full.logits.get(0).get(p as i64 - 1))?;

@@ -6,7 +6,7 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::prf::{PrfStream, Seed};
 use tributary_protocol::rollout::{Rollout, SamplingParams};
-use tributary_protocol::sampling::{self, SampleCheck, draw_u, sample_with_logprob, token_stats, token_stats_at};
+use tributary_protocol::sampling::{self, SampleCheck, draw_u, sample_with_logprob, token_stats_at};
 use tributary_protocol::sketch::{self, SketchKey};
 use tributary_protocol::verify::*;
 

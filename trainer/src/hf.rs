@@ -507,7 +507,7 @@ pub fn import(dir: &Path, tokenizer_src: &Checkpoint, out: &Path, opts: ImportOp
         order.extend(GGUF_BLOCK.iter().map(|(g, _)| format!("blk.{l}.{g}")));
     }
     order.extend(["output_norm.weight".into(), "output.weight".into()]);
-    let mut write_tensor = |w: &mut GgufWriter<'_>, name: &str, t: &Tensor| -> Result<(), HfError> {
+    let write_tensor = |w: &mut GgufWriter<'_>, name: &str, t: &Tensor| -> Result<(), HfError> {
         let dims: Vec<u64> = t.size().iter().rev().map(|&x| x as u64).collect();
         let v: Vec<f32> = Vec::try_from(&t.f_contiguous()?.f_flatten(0, -1)?)?;
         let (ty, bytes) = if dims.len() >= 2 && !opts.f32 {

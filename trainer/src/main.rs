@@ -77,6 +77,11 @@ enum Cmd {
         #[arg(long)]
         hf: PathBuf,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: tributary_net::cli::Shell,
+    },
 }
 
 /// `trainer run`'s flags: each overrides the config file's key of the same
@@ -94,11 +99,6 @@ struct RunArgs {
     common: CoordinatorArgs,
     /// Genesis checkpoint (default with --dev: the dev tiny model).
     #[arg(long)]
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
-    Completions {
-        /// The shell.
-        shell: tributary_net::cli::Shell,
-    },
     model: Option<PathBuf>,
     /// Trainer key file (default with --dev: the dev trainer key).
     #[arg(long)]
@@ -365,6 +365,7 @@ fn run(args: RunArgs) -> Result<()> {
         tributary_net::announce(format_args!("trainer={}", cfg.key.public()));
         let mut s = Service::open_with(cfg, proof).await?;
         let stop = tributary_net::shutdown::on_stop_signal();
+        tributary_net::shutdown::notify_ready();
         s.run(stop).await?;
         anyhow::Ok(())
     })
@@ -383,7 +384,6 @@ fn trainer_main(cli: Cli) -> Result<()> {
         Cmd::InitBase { src, out } => {
             let src = src.unwrap_or_else(assets::smollm2_q4_1);
             let out = out.unwrap_or_else(assets::smollm2_bf16);
-        tributary_net::shutdown::notify_ready();
             init::init_base(&src, &out)?;
         }
         Cmd::InitTiny { seed, out, tokenizer_src, family } => {
@@ -413,10 +413,10 @@ fn trainer_main(cli: Cli) -> Result<()> {
             trainer::hf::export(&ckpt, &hf)?;
             println!("exported {} ({}) to {}", path.display(), ckpt.content_id(), hf.display());
         }
-    }
-    Ok(())
-}
         Cmd::Completions { shell } => {
             use clap::CommandFactory;
             tributary_net::cli::print_completions(Cli::command(), shell);
         }
+    }
+    Ok(())
+}

@@ -745,7 +745,7 @@ mod tests {
         let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
         for s in &batch {
             let lp = tempered_logprobs_by_hand(&reference, s, f64::from(s.temperature));
-            loss = loss - lp.sum(Kind::Float) * f64::from(s.advantage) / n as f64;
+            loss -= lp.sum(Kind::Float) * f64::from(s.advantage) / n as f64;
         }
         loss.backward();
         let got = grads(&tr);

@@ -418,8 +418,8 @@ fn report(dir: &Path, base: &str) -> Result<()> {
             o.rate(|r| r.ended)
         );
     }
-    let rules: [(&str, &dyn Fn(&Row) -> bool); 2] =
-        [("strict", &|r: &Row| r.strict), ("lenient", &|r: &Row| r.lenient)];
+    type Rule<'a> = (&'a str, &'a dyn Fn(&Row) -> bool);
+    let rules: [Rule<'_>; 2] = [("strict", &|r: &Row| r.strict), ("lenient", &|r: &Row| r.lenient)];
     for col in &columns {
         let base_default = all.get(&(col.clone(), base.to_owned(), "default".to_owned()));
         let base_styles: Vec<(&String, &Outcomes)> =

@@ -191,8 +191,28 @@ fn honest_groups_are_proven_with_the_trainers_own_logprobs() {
             assert_eq!(old.len(), rs.len());
             for (o, r) in old.iter().zip(&rs) {
                 assert_eq!(o.len(), r.logprobs.len());
-                let worst = o.iter().zip(&r.logprobs).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(worst < 1e-3, "trainer and miner log-probs differ by {worst}");
+                // Independently of the prover: one forward of the model, then
+                // log softmax(logits / T) of each sampled token in f64. The
+                // miner's claimed log-probs are of the raw (T = 1) model.
+                let t = f64::from(r.sampling.temperature);
+                let ids: Vec<i64> = r.tokens.iter().map(|&x| i64::from(x)).collect();
+                let batch = Tensor::from_slice(&ids).view([1, -1]);
+                let logits = tch::no_grad(|| w.model.forward(&batch)).unwrap().logits;
+                let (mut worst_t, mut worst_1) = (0f64, 0f64);
+                for (j, (&got, &claimed)) in o.iter().zip(&r.logprobs).enumerate() {
+                    let p = r.prompt_len as usize + j;
+                    let row: Vec<f32> = Vec::try_from(logits.get(0).get(p as i64 - 1)).unwrap();
+                    let tok = r.tokens[p] as usize;
+                    let log_softmax = |scale: f64| {
+                        let m = row.iter().map(|&x| f64::from(x) / scale).fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = row.iter().map(|&x| (f64::from(x) / scale - m).exp()).sum();
+                        f64::from(row[tok]) / scale - m - z.ln()
+                    };
+                    worst_t = worst_t.max((f64::from(got) - log_softmax(t)).abs());
+                    worst_1 = worst_1.max((f64::from(claimed) - log_softmax(1.0)).abs());
+                }
+                assert!(worst_t < 1e-3, "trainer's old log-probs vs log softmax(logits / {t}): {worst_t}");
+                assert!(worst_1 < 1e-3, "miner's claimed log-probs vs the raw model: {worst_1}");
             }
         }
         other => panic!("{other:?}"),

@@ -241,7 +241,8 @@ fn module_graph() -> BTreeMap<String, BTreeMap<String, String>> {
             let mut files: Vec<_> = std::fs::read_dir(&path)
                 .expect("module folder")
                 .map(|e| e.expect("dir entry").path())
-                .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+                // A folder's tests.rs is its `#[cfg(test)] mod tests;`: test code, not part of the graph.
+                .filter(|p| p.extension().is_some_and(|e| e == "rs") && !p.ends_with("tests.rs"))
                 .collect();
             files.sort();
             for f in files {

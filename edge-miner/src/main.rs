@@ -99,7 +99,7 @@ struct GenerateArgs {
     /// Environment: arith, sat or gsm8k (gsm8k needs --gsm8k).
     #[arg(long)]
     env: EnvId,
-    /// GSM8K JSONL file (for --env gsm8k; as `run --gsm8k`). `--data` is its old spelling.
+    /// GSM8K JSONL file (for --env gsm8k; as `run --gsm8k`). (The old flag name still works.)
     #[arg(long = "gsm8k", alias = "data")]
     data: Option<PathBuf>,
     /// Difficulty of the arith environment (default 102, the coordinator's).

@@ -655,7 +655,7 @@ fn check_config_refuses_values_that_cannot_work() {
     let (ok, t) = coordinator_check(&good);
     assert!(ok, "{t}");
     assert!(t.contains(&format!("model={}", tmp.path().join("etc/base.gguf").display())), "{t}");
-    for (key, value) in [("difficulty", "5000"), ("group_size", "1"), ("temperature", "-1.0"), ("window_ms", "0")] {
+    for (key, value) in [("difficulty", "5000"), ("group_size", "1"), ("temperature", "-1.5"), ("window_ms", "0")] {
         let (ok, t) = coordinator_check(&set(&good, key, value));
         assert!(!ok, "{key} = {value} accepted:\n{t}");
         assert!(t.contains(&format!("`{key} = {value}`")), "{key}: {t}");

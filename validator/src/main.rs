@@ -279,7 +279,7 @@ struct CheckArgs {
     /// Most padded tokens per reference forward pass.
     #[arg(long, default_value_t = 8192)]
     batch_tokens: usize,
-    /// GSM8K JSONL file (default: the one each record names). `--data` is its old spelling.
+    /// GSM8K JSONL file (default: the one each record names). (The old flag name still works.)
     #[arg(long = "gsm8k", alias = "data")]
     data: Option<PathBuf>,
     /// Difficulty of the arith environment (default: the one each record

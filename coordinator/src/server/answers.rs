@@ -1,14 +1,16 @@
 //! Answers in request order, and the relay's checkpoint chunks: a chunk is
-//! read only when the connection's writer gets to it, within the relay budget.
+//! read only when the connection's writer gets to it, a piece at a time, within
+//! the peer's share of the relay budget and a write deadline.
 
 use std::sync::Arc;
 
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tributary_protocol::checkpoint::ContentId;
+use tributary_protocol::identity::PublicKey;
 use tributary_protocol::wire::{self, ErrorCode, Frame};
 
 use crate::net::{self};
-use crate::relay::{CHUNK_LEN, Payload, RelayError};
+use crate::relay::{PIECE_LEN, Payload, RelayError};
 
 use super::*;
 
@@ -37,54 +39,124 @@ pub(super) fn relay_err(e: &RelayError) -> Frame {
     err(code, &e.to_string())
 }
 
-/// Reads a payload chunk for the writer, within the relay budget; the
-/// permit is held until the chunk is sent.
-pub(super) async fn payload_answer(
+/// How a payload answer ended short of being sent whole.
+enum PayloadEnd {
+    /// An answer to send instead (the payload is unknown, or unreadable
+    /// before anything of it was written).
+    Instead(Frame),
+    /// The connection is done: a write failed, or waited past the deadline
+    /// (the connection is then closed, `relay write deadline`).
+    Closed,
+}
+
+/// Sends a payload chunk as one `CheckpointChunk` frame without holding it:
+/// the frame's prefix, then the chunk a piece ([`PIECE_LEN`]) at a time, each
+/// read only within `peer`'s share of the relay budget
+/// ([`crate::relay::RelayBudget`]), its permit released once the piece is
+/// written. A write that waits past the budget's deadline (the peer stopped
+/// reading) closes the connection and releases what it held; the peer
+/// resumes from the bytes it holds.
+async fn send_payload(
     sh: &Arc<Shared>,
+    send: &mut quinn::SendStream,
+    conn: &quinn::Connection,
+    peer: PublicKey,
     what: Payload,
     id: ContentId,
     offset: u64,
-) -> (Frame, Option<OwnedSemaphorePermit>) {
-    let kib = (CHUNK_LEN >> 10) as u32;
-    let permit = sh.relay_budget.clone().acquire_many_owned(kib).await.ok();
+) -> Result<(), PayloadEnd> {
     let relay = sh.relay.clone();
-    let frame = tokio::task::spawn_blocking(move || match relay.read(what, offset) {
-        Ok(data) => Frame::CheckpointChunk(wire::CheckpointChunk { id, offset, data: wire::Blob(data) }),
-        Err(e) => relay_err(&e),
-    })
-    .await
-    .unwrap_or_else(|e| err(ErrorCode::Internal, &e.to_string()));
-    (frame, permit)
+    let mut chunk = match tokio::task::spawn_blocking(move || relay.open_chunk(what, offset)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(PayloadEnd::Instead(relay_err(&e))),
+        Err(e) => return Err(PayloadEnd::Instead(err(ErrorCode::Internal, &e.to_string()))),
+    };
+    let budget = &sh.relay_budget;
+    let deadline = budget.write_deadline();
+    let timed_out = || {
+        metrics::counter!("tributary_connections_closed_total", "reason" => "relay_write_deadline").increment(1);
+        sh.warn_refusal("relay_write_deadline", || {
+            format!("{} closed: a relay write waited more than {deadline:?} (the peer does not read)", peer.short())
+        });
+        conn.close(5u32.into(), b"relay write deadline");
+        PayloadEnd::Closed
+    };
+    let prefix = wire::CheckpointChunk::frame_prefix(id, offset, chunk.len());
+    match tokio::time::timeout(deadline, send.write_all(&prefix)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return Err(PayloadEnd::Closed),
+        Err(_) => return Err(timed_out()),
+    }
+    let piece_kib = (PIECE_LEN >> 10) as u32;
+    while chunk.remaining() > 0 {
+        let permit = budget.acquire(peer, piece_kib).await;
+        let read = tokio::task::spawn_blocking(move || {
+            let p = chunk.read_piece(PIECE_LEN);
+            (chunk, p)
+        })
+        .await;
+        let piece = match read {
+            Ok((back, Ok(p))) => {
+                chunk = back;
+                p
+            }
+            Ok((_, Err(e))) => {
+                // Part of the frame is out: the stream cannot carry an error now.
+                tracing::error!(error = %e, "reading a relay piece");
+                conn.close(6u32.into(), b"relay read failed");
+                return Err(PayloadEnd::Closed);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reading a relay piece");
+                conn.close(6u32.into(), b"relay read failed");
+                return Err(PayloadEnd::Closed);
+            }
+        };
+        match tokio::time::timeout(deadline, send.write_all(&piece)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(PayloadEnd::Closed),
+            Err(_) => return Err(timed_out()),
+        }
+        drop(piece);
+        drop(permit);
+    }
+    Ok(())
 }
 
 /// The connection's writer: sends each answer in request order once it is
-/// ready; a checkpoint chunk is read only now ([`payload_answer`]). Ends
-/// when the answers end, a write fails or an answer closes the connection;
-/// returns the stream for the close.
+/// ready; a checkpoint chunk is read only now, a piece at a time
+/// ([`send_payload`]). Ends when the answers end, a write fails or an
+/// answer closes the connection; returns the stream for the close.
 pub(super) async fn write_answers(
     wsh: Arc<Shared>,
     mut send: quinn::SendStream,
+    conn: quinn::Connection,
+    peer: PublicKey,
     mut ans_rx: mpsc::Receiver<Answer>,
 ) -> quinn::SendStream {
     while let Some(a) = ans_rx.recv().await {
-        let (frame, permit) = match a {
+        let frame = match a {
             Answer::Ready(rx) => match rx.await {
-                Ok(f) => (f, None),
+                Ok(f) => f,
                 Err(_) => continue,
             },
-            Answer::Payload { what, id, offset } => payload_answer(&wsh, what, id, offset).await,
+            Answer::Payload { what, id, offset } => {
+                match send_payload(&wsh, &mut send, &conn, peer, what, id, offset).await {
+                    Ok(()) => continue,
+                    Err(PayloadEnd::Instead(f)) => f,
+                    Err(PayloadEnd::Closed) => break,
+                }
+            }
             Answer::Later(f) => {
                 let s = wsh.clone();
-                let frame = tokio::task::spawn_blocking(move || f(&s))
+                tokio::task::spawn_blocking(move || f(&s))
                     .await
-                    .unwrap_or_else(|e| err(ErrorCode::Internal, &e.to_string()));
-                (frame, None)
+                    .unwrap_or_else(|e| err(ErrorCode::Internal, &e.to_string()))
             }
         };
         let close = matches!(&frame, Frame::Error(e) if e.code.closes_connection());
         let sent = net::write_frame(&mut send, &frame).await;
         drop(frame);
-        drop(permit);
         if sent.is_err() || close {
             break;
         }

@@ -221,7 +221,21 @@ pub(super) async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) 
             conn.close(1u32.into(), b"handshake refused");
             return Ok(());
         }
-        Ok(Ok((_, _, Err(e)))) | Ok(Err(e)) => return Err(e),
+        Ok(Ok((mut send, _, Err(e)))) => {
+            // A framing error before login: a typed error, then a close
+            // with a reason (as after login), not a bare drop.
+            if let NetError::Wire(w) = &e {
+                metrics::counter!("tributary_frames_refused_total", "reason" => "malformed").increment(1);
+                send_error(&mut send, ErrorCode::Malformed, &w.to_string()).await;
+                linger(&mut send).await;
+            }
+            conn.close(pre_login_code(&e), pre_login_reason(&e));
+            return Err(e);
+        }
+        Ok(Err(e)) => {
+            conn.close(pre_login_code(&e), pre_login_reason(&e));
+            return Err(e);
+        }
         Err(_) => {
             metrics::counter!("tributary_connections_refused_total", "reason" => "handshake_timeout").increment(1);
             let remote = conn.remote_address();
@@ -236,7 +250,7 @@ pub(super) async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) 
     span.in_scope(|| tracing::info!("authenticated"));
     // Answers go out in request order, as their results become ready.
     let (ans_tx, ans_rx) = mpsc::channel::<Answer>(ANSWER_QUEUE);
-    let writer = tokio::spawn(write_answers(sh.clone(), send, ans_rx));
+    let writer = tokio::spawn(write_answers(sh.clone(), send, conn.clone(), peer, ans_rx));
     let result = serve_requests(&conn, &mut recv, &sh, role, peer, &ans_tx).instrument(span.clone()).await;
     span.in_scope(|| tracing::debug!(?result, "connection finished"));
     drop(ans_tx);
@@ -251,6 +265,20 @@ pub(super) async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) 
         _ => {}
     }
     result.map(|_| ())
+}
+
+/// The close code of a connection whose handshake failed with `e`: 2 for
+/// a malformed frame (as after login), 1 otherwise (a refused handshake).
+fn pre_login_code(e: &NetError) -> quinn::VarInt {
+    if matches!(e, NetError::Wire(_)) { 2u32.into() } else { 1u32.into() }
+}
+
+/// The reason sent with [`pre_login_code`].
+fn pre_login_reason(e: &NetError) -> &'static [u8] {
+    match e {
+        NetError::Wire(_) => b"malformed frame",
+        _ => b"handshake failed",
+    }
 }
 
 /// Finishes the stream and gives the peer a bounded moment to read the last

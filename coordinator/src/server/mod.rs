@@ -141,7 +141,7 @@ pub struct Shared {
     request_limit: DefaultKeyedRateLimiter<PublicKey>,
     penalty_limit: DefaultDirectRateLimiter,
     conns: Mutex<ConnCounts>,
-    relay_budget: Arc<Semaphore>,
+    relay_budget: crate::relay::RelayBudget,
     ingest_budget: Arc<Semaphore>,
     warn: WarnThrottle,
     /// The model-free re-check of failures validators report ([`crate::bans`]).
@@ -242,7 +242,12 @@ impl Shared {
 
     /// KiB of checkpoint payload read for answers and not yet sent, in all.
     pub fn relay_inflight_kib(&self) -> usize {
-        (self.limits.relay_inflight_mib as usize * 1024).saturating_sub(self.relay_budget.available_permits())
+        self.relay_budget.inflight_kib()
+    }
+
+    /// The relay's budget: each key's share, the write deadline.
+    pub fn relay_budget(&self) -> &crate::relay::RelayBudget {
+        &self.relay_budget
     }
 
     /// Logs a refusal at warn, at most once a second per `kind` (with the
@@ -322,7 +327,7 @@ pub fn shared(
         request_limit: RateLimiter::keyed(quota(limits.requests_per_sec)),
         penalty_limit: RateLimiter::direct(quota(limits.penalties_per_sec)),
         conns: Mutex::new(ConnCounts::default()),
-        relay_budget: Arc::new(Semaphore::new((limits.relay_inflight_mib.max(4) as usize) << 10)),
+        relay_budget: crate::relay::RelayBudget::new(limits.relay_inflight_mib.max(4), crate::relay::WRITE_DEADLINE),
         ingest_budget: Arc::new(Semaphore::new((limits.ingest_inflight_mib.max(8) as usize) << 10)),
         warn: WarnThrottle::default(),
         recheck,

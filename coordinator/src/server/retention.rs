@@ -65,6 +65,7 @@ impl Shared {
             l.shrink_to_fit();
         }
         self.conn_limit.retain_recent();
+        self.relay_budget.prune();
         self.conn_limit.shrink_to_fit();
     }
 }

@@ -11,7 +11,8 @@
       `logprobs` [B, L, K] float64: the log-probabilities transformers
       computes in float64 (the model's f32 forward is itself ~1e-4 from it at
       these scales, so the oracle must be finer than the bound it checks;
-      transformers computes RoPE angles in f32 whatever the dtype).
+      transformers computes RoPE angles in f32 whatever the dtype, so this
+      script replaces its rotary embedding by a float64 one: `exact_rope`).
   hf_oracle.py score --model DIR --tokens FILE --out FILE
       Loads DIR with AutoModelForCausalLM.from_pretrained (e.g. the project's
       HF export, whatever its dtype) and writes the same float64 `logprobs`
@@ -27,6 +28,7 @@ empty stand-ins under their sonames (built once with gcc into
 import argparse
 import ctypes
 import json
+import math
 import os
 import subprocess
 import sys
@@ -137,8 +139,59 @@ def init_weights(model, seed):
             p.copy_(v.to(torch.bfloat16).to(torch.float32))
 
 
+def exact_inv_freq(cfg, dim):
+    """The RoPE inverse frequencies in float64: theta^(-2i/dim), and for
+    `rope_type = llama3` Llama 3's smooth frequency scaling, the formula of
+    transformers' `_compute_llama3_parameters` (which computes it in f32)."""
+    rp = cfg.rope_parameters
+    inv = 1.0 / (float(rp["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    kind = rp.get("rope_type", "default")
+    if kind == "llama3":
+        factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+        old = rp["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    if kind != "default":
+        raise SystemExit(f"no float64 RoPE for rope_type {kind}")
+    return inv
+
+
+def exact_rope(model):
+    """Replace every rotary embedding's forward by one in float64.
+    transformers computes the angles `pos * inv_freq` in f32 whatever the
+    model's dtype: at position 259 that alone moves log-probs by up to 9e-5
+    (llama3) from the float64 values, most of the 1e-4 bound the oracle
+    checks. The f64 frequencies are checked against transformers' own f32
+    ones, so a wrong formula here fails loudly."""
+    cfg = model.config
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv = exact_inv_freq(cfg, dim)
+    n = 0
+    for m in model.modules():
+        if hasattr(m, "original_inv_freq") and hasattr(m, "attention_scaling"):
+            theirs = m.original_inv_freq.to(torch.float64)
+            rel = ((inv - theirs).abs() / theirs).max().item()
+            if rel > 1e-6:
+                raise SystemExit(f"float64 RoPE frequencies differ from transformers' by {rel:.2e} (relative)")
+            scale = float(m.attention_scaling)
+
+            def forward(x, position_ids, inv=inv, scale=scale):
+                freqs = position_ids[..., None].to(torch.float64) * inv.to(x.device)
+                emb = torch.cat((freqs, freqs), dim=-1)
+                return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
+
+            m.forward = forward
+            n += 1
+    if n == 0:
+        raise SystemExit("no rotary embedding module found")
+    return model
+
+
 def logprobs(model, tokens, ids):
-    model = model.to(torch.float64)
+    model = exact_rope(model.to(torch.float64))
     with torch.no_grad():
         logits = model(input_ids=tokens).logits
         lp = torch.log_softmax(logits.to(torch.float64), dim=-1)

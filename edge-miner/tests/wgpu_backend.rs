@@ -10,9 +10,9 @@ mod common;
 use std::io::BufWriter;
 use std::path::Path;
 
-use edge_miner::backend::{Backend, DrawKey, GroupRequest};
+use edge_miner::backend::{Backend, BackendError, DrawKey, GroupRequest};
 use edge_miner::offline::{self, GenerateOptions, Job, OfflineWindow, RolloutRecord};
-use edge_miner::wgpu::{WgpuBackend, WgpuConfig, list_adapters};
+use edge_miner::wgpu::{WgpuBackend, WgpuConfig, WgpuError, WgpuModel, list_adapters};
 use tributary_assets as assets;
 use tributary_policy::ReferenceModel;
 use tributary_protocol::checkpoint::{Checkpoint, ModelConfig};
@@ -343,4 +343,65 @@ fn rollouts_pass_the_reference_validator() {
     }
     eprintln!("worst sketch distance / tolerance over {} rollouts: {worst:.4}", recs.len());
     assert!(worst <= 0.5, "sketch distance {worst} × tolerance");
+}
+
+/// Issue 30: the wgpu backend computes the `llama` graph, Llama 3's RoPE
+/// frequency factors included (checked against libtorch), and refuses the
+/// families it does not compute with a typed error naming what is missing.
+#[test]
+fn families_are_supported_exactly_or_refused_by_name() {
+    use tributary_protocol::tiny::{self, TinyFamily};
+    let dir = tempfile::tempdir().unwrap();
+    let src = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 file");
+    for (family, missing) in [
+        (TinyFamily::Qwen2, vec!["NEOX (split-half) RoPE", "Q/K/V biases"]),
+        (
+            TinyFamily::Qwen3,
+            vec![
+                "NEOX (split-half) RoPE",
+                "per-head q/k RMSNorm",
+                "a head size that does not divide the width (key_length)",
+            ],
+        ),
+    ] {
+        let path = dir.path().join(format!("{}.gguf", family.name()));
+        tiny::write_tiny_family(family, 1, &src, &path).unwrap();
+        // The model: the typed error names the family and what it lacks.
+        let ckpt = Checkpoint::open(&path).unwrap();
+        match WgpuModel::load(&ckpt, None) {
+            Err(WgpuError::UnsupportedArch { arch, missing: got }) => {
+                assert_eq!(arch, family.name());
+                assert_eq!(got, missing, "{}", family.name());
+            }
+            Err(other) => panic!("{}: refused with the wrong error: {other}", family.name()),
+            Ok(_) => panic!("{}: loaded, not refused", family.name()),
+        }
+        // The backend (what `edge-miner run --backend wgpu` calls): a load error, the same text.
+        let Err(err) = WgpuBackend::load(&WgpuConfig::new(&path)) else {
+            panic!("{}: loaded, not refused", family.name())
+        };
+        let text = err.to_string();
+        eprintln!("{}: {text}", family.name());
+        assert!(matches!(err, BackendError::Load(_)), "{text}");
+        assert!(text.contains(&format!("architecture {}", family.name())), "{text}");
+        for m in missing {
+            assert!(text.contains(m), "{text} does not name {m}");
+        }
+    }
+    let path = dir.path().join("llama3.gguf");
+    tiny::write_tiny_family(TinyFamily::Llama3, 1, &src, &path).unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let mut b = backend(&path);
+    let tokens: Vec<u32> = (0..70u32).map(|i| (i * 7919 + 13) % 49152).collect();
+    let mut logits = Vec::new();
+    b.forward_each(&tokens, |_, _, l| {
+        logits.extend_from_slice(l);
+        Ok(())
+    })
+    .unwrap();
+    let reference = ReferenceModel::load(&ckpt, tributary_policy::default_device()).unwrap();
+    let torch = ref_logits(&reference, &tokens);
+    let err = max_abs(&logits, torch.iter().map(|&x| f64::from(x)));
+    eprintln!("llama3: wgpu vs libtorch max |Δ logit| {err:.3e}");
+    assert!(err < 1e-3, "wgpu vs libtorch on llama3: {err}");
 }

@@ -48,6 +48,15 @@ pub enum WgpuError {
     /// The checkpoint cannot be run by this backend.
     #[error("unsupported model: {0}")]
     Unsupported(String),
+    /// The checkpoint's family needs computation these kernels lack (issue
+    /// 30): refused by name at load, never computed as the `llama` graph.
+    #[error("architecture {arch}: the wgpu backend has no {} (use the llama.cpp backend)", .missing.join(", "))]
+    UnsupportedArch {
+        /// `general.architecture`.
+        arch: String,
+        /// What the family needs and these kernels do not compute.
+        missing: Vec<&'static str>,
+    },
     /// The checkpoint could not be opened or read.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
@@ -70,7 +79,9 @@ impl From<WgpuError> for BackendError {
     fn from(e: WgpuError) -> Self {
         match e {
             WgpuError::NoAdapter(_) | WgpuError::Device(_) => BackendError::Init(e.to_string()),
-            WgpuError::Unsupported(_) | WgpuError::Checkpoint(_) => BackendError::Load(e.to_string()),
+            WgpuError::Unsupported(_) | WgpuError::UnsupportedArch { .. } | WgpuError::Checkpoint(_) => {
+                BackendError::Load(e.to_string())
+            }
             WgpuError::TooLarge { .. } => BackendError::Context(e.to_string()),
             WgpuError::Request(_) => BackendError::InvalidRequest(e.to_string()),
         }

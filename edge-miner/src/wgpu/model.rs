@@ -231,6 +231,25 @@ impl std::fmt::Debug for WgpuModel {
 
 fn check_config(c: &ModelConfig) -> Result<(), WgpuError> {
     let bad = |why: &str| Err(WgpuError::Unsupported(why.to_owned()));
+    // What the kernels compute: the `llama` graph (adjacent-pair RoPE, with
+    // or without Llama 3's frequency factors). Anything else is refused by
+    // name rather than computed wrongly (issue 30).
+    let mut missing = Vec::new();
+    if c.arch.rope_neox() {
+        missing.push("NEOX (split-half) RoPE");
+    }
+    if c.qkv_bias {
+        missing.push("Q/K/V biases");
+    }
+    if c.arch.qk_norm() {
+        missing.push("per-head q/k RMSNorm");
+    }
+    if c.key_length.is_some_and(|k| k * c.n_head != c.d_model) {
+        missing.push("a head size that does not divide the width (key_length)");
+    }
+    if !missing.is_empty() {
+        return Err(WgpuError::UnsupportedArch { arch: c.arch.to_string(), missing });
+    }
     if c.n_layer == 0 || c.d_model == 0 || c.n_head == 0 || c.n_head_kv == 0 || c.d_ff == 0 || c.vocab_size == 0 {
         return bad("zero layers, width, heads or vocabulary");
     }
@@ -249,12 +268,18 @@ fn check_config(c: &ModelConfig) -> Result<(), WgpuError> {
     Ok(())
 }
 
-/// cos/sin of `pos · θ^(-2i/hd)` for every position and pair, in f64 then
+/// cos/sin of `pos · θ^(-2i/hd)` (divided by `factors[i]`, Llama 3's
+/// `rope_freqs`, when given) for every position and pair, in f64 then
 /// rounded, laid out `[pos][i] = (cos, sin)`.
-fn rope_table(c: &ModelConfig) -> Vec<f32> {
+fn rope_table(c: &ModelConfig, factors: Option<&[f32]>) -> Vec<f32> {
     let hd = c.head_dim();
     let theta = f64::from(c.rope_theta);
-    let inv: Vec<f64> = (0..hd / 2).map(|i| theta.powf(-2.0 * i as f64 / hd as f64)).collect();
+    let inv: Vec<f64> = (0..hd / 2)
+        .map(|i| {
+            let f = theta.powf(-2.0 * i as f64 / hd as f64);
+            factors.map_or(f, |x| f / f64::from(x[i]))
+        })
+        .collect();
     let mut out = Vec::with_capacity(c.context_length * hd);
     for pos in 0..c.context_length {
         for &f in &inv {
@@ -311,7 +336,18 @@ impl WgpuModel {
             });
             weights.insert(name, Weight { buffer, kind, dims });
         }
-        let table = rope_table(&cfg);
+        let factors = if cfg.rope_freqs {
+            Some(ckpt.tensor_f32("rope_freqs.weight").map_err(|e| WgpuError::Checkpoint(e.to_string()))?)
+        } else {
+            None
+        };
+        if factors
+            .as_ref()
+            .is_some_and(|f| f.len() != cfg.head_dim() / 2 || f.iter().any(|x| !(x.is_finite() && *x > 0.0)))
+        {
+            return Err(WgpuError::Unsupported("rope_freqs must hold head_dim / 2 positive factors".into()));
+        }
+        let table = rope_table(&cfg, factors.as_deref());
         let rope = gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("rope"),
             contents: bytemuck::cast_slice(&table),

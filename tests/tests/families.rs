@@ -1,0 +1,196 @@
+//! The model families (issue 30) on the miner, against an independent
+//! oracle: Hugging Face `transformers` builds a tiny random-weight model of
+//! the family from its config (`scripts/hf_oracle.py`, no download), the
+//! project converts it to GGUF (`trainer::hf::import`), and the miner's
+//! (llama.cpp, exact-F32 profile) log-probabilities agree with transformers'
+//! and with the reference model's to ≤ 1e-4 over 1,040 positions × 32
+//! vocabulary entries. (The trainer's side — reference, GRPO step, delta, HF
+//! export — is `trainer/tests/hf_families.rs`.)
+//!
+//! Families: `llama` (SmolLM2's layout), `llama3` (Llama 3 RoPE frequency
+//! scaling), `qwen2` (Q/K/V biases, NEOX RoPE), `qwen3` (q/k norms, head size
+//! independent of the width, untied head). The oracle needs `transformers`
+//! and `safetensors` in the project's venv (`.cache/venv`).
+//!
+//! Also without Python: the protocol's tiny model of each family runs
+//! through `edge-miner generate` and `validator check` with every rollout
+//! accepted (the whole proof: sampling draws, sketches, log-probs).
+
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
+use edge_miner::offline::{self, GenerateOptions, OfflineWindow};
+use tch::{Device, Kind, Tensor};
+use trainer::hf;
+use tributary_assets as assets;
+use tributary_policy::ReferenceModel;
+use tributary_protocol::checkpoint::Checkpoint;
+use tributary_protocol::env::{ArithEnv, Environment};
+use tributary_protocol::sketch::SketchParams;
+use tributary_protocol::tiny::{self, TinyFamily};
+use tributary_protocol::tokenizer::Tokenizer;
+
+/// The bound of the issue: |Δ log p| against transformers.
+const TOL: f64 = 1e-4;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repository root").to_path_buf()
+}
+
+fn python() -> PathBuf {
+    let venv = std::env::var_os("TRIBUTARY_VENV").map(PathBuf::from).unwrap_or_else(|| assets::home().join("venv"));
+    venv.join("bin").join("python")
+}
+
+fn oracle(args: &[&str]) -> String {
+    let out = Command::new(python())
+        .arg(repo().join("scripts/hf_oracle.py"))
+        .args(args)
+        .env("TRIBUTARY_CUDA_STUBS", assets::home().join("cuda-stubs"))
+        .output()
+        .expect("run scripts/hf_oracle.py with the project's venv");
+    assert!(
+        out.status.success(),
+        "hf_oracle.py {args:?} failed (needs transformers and safetensors in the venv):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn read_st(path: &Path) -> std::collections::HashMap<String, Tensor> {
+    Tensor::read_safetensors(path).expect("read safetensors").into_iter().collect()
+}
+
+/// max |Δ| between `ours` (`[B, L, K]` log-probs) and the oracle's, and the count compared.
+fn max_diff(ours: &Tensor, theirs: &Tensor) -> (f64, i64) {
+    assert_eq!(ours.size(), theirs.size());
+    ((ours.to_kind(Kind::Double) - theirs.to_kind(Kind::Double)).abs().max().double_value(&[]), theirs.numel() as i64)
+}
+
+/// The reference's log-probs of `ids` after each position of `tokens`.
+fn reference_logprobs(model: &ReferenceModel, tokens: &Tensor, ids: &Tensor) -> Tensor {
+    tch::no_grad(|| {
+        let logits = model.forward(tokens).unwrap().logits;
+        logits.to_kind(Kind::Double).log_softmax(-1, Kind::Double).gather(-1, ids, false)
+    })
+}
+
+/// The miner's (llama.cpp) log-probs of `ids`, one teacher-forced replay per row.
+fn miner_logprobs(path: &Path, tokens: &Tensor, ids: &Tensor) -> Tensor {
+    let backend = LlamaCppBackend::load(&LlamaConfig { threads: 2, ..LlamaConfig::new(path) })
+        .expect("llama.cpp loads the family");
+    let (b, l, k) = (ids.size()[0], ids.size()[1], ids.size()[2]);
+    let mut out = vec![0f64; (b * l * k) as usize];
+    for r in 0..b {
+        let row: Vec<i64> = Vec::try_from(tokens.get(r)).unwrap();
+        let row: Vec<u32> = row.into_iter().map(|t| t as u32).collect();
+        let want: Vec<i64> = Vec::try_from(ids.get(r).flatten(0, -1)).unwrap();
+        backend
+            .forward_each(&row, |pos, _hidden, logits| {
+                let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let lse = f64::from(m) + logits.iter().map(|&x| f64::from(x - m).exp()).sum::<f64>().ln();
+                for j in 0..k as usize {
+                    let id = want[pos * k as usize + j] as usize;
+                    out[((r * l) as usize + pos) * k as usize + j] = f64::from(logits[id]) - lse;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    Tensor::from_slice(&out).reshape([b, l, k])
+}
+
+fn miner_against_transformers(arch: &str, expect_class: &str) {
+    tributary_policy::init_threads(Some(2));
+    let dir = tempfile::tempdir().unwrap();
+    let hf_dir = dir.path().join("hf");
+    let made = oracle(&["make", "--arch", arch, "--out", hf_dir.to_str().unwrap(), "--seed", "3"]);
+    eprintln!("{arch}: {made}");
+    assert!(made.contains(expect_class), "{made}");
+    let st = read_st(&hf_dir.join("oracle.safetensors"));
+    let (tokens, ids, want) = (&st["tokens"], &st["ids"], &st["logprobs"]);
+
+    // Convert (the project's own converter), then load as every role does.
+    let gguf = dir.path().join(format!("{arch}.gguf"));
+    let smol = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 GGUF (scripts/setup.sh)");
+    hf::import(&hf_dir, &smol, &gguf, hf::ImportOptions::default()).unwrap();
+    let ckpt = Checkpoint::open(&gguf).unwrap();
+    eprintln!("{arch}: {:?}", ckpt.config());
+
+    let reference = ReferenceModel::load(&ckpt, Device::Cpu).unwrap();
+    let ours = reference_logprobs(&reference, tokens, ids);
+    let (d_ref, n) = max_diff(&ours, want);
+    let miner = miner_logprobs(&gguf, tokens, ids);
+    let (d_miner, _) = max_diff(&miner, want);
+    let (d_mr, _) = max_diff(&miner, &ours);
+    let spread = want.std(true).double_value(&[]);
+    eprintln!(
+        "{arch}: {} positions x {} ids: max |Δ log p| reference-transformers {d_ref:.2e}, miner-transformers {d_miner:.2e}, miner-reference {d_mr:.2e} (log p std {spread:.2})",
+        tokens.numel(),
+        ids.size()[2]
+    );
+    assert!(tokens.numel() >= 1000 && n >= 1000);
+    assert!(spread > 1.0, "the oracle model is too flat to tell families apart (std {spread})");
+    assert!(d_ref <= TOL, "{arch}: reference vs transformers {d_ref:.2e}");
+    assert!(d_miner <= TOL, "{arch}: llama.cpp vs transformers {d_miner:.2e}");
+}
+
+#[test]
+fn miner_llama_against_transformers() {
+    miner_against_transformers("llama", "LlamaForCausalLM");
+}
+
+#[test]
+fn miner_llama3_rope_scaling_against_transformers() {
+    miner_against_transformers("llama3", "LlamaForCausalLM");
+}
+
+#[test]
+fn miner_qwen2_against_transformers() {
+    miner_against_transformers("qwen2", "Qwen2ForCausalLM");
+}
+
+#[test]
+fn miner_qwen3_against_transformers() {
+    miner_against_transformers("qwen3", "Qwen3ForCausalLM");
+}
+
+/// Every family's tiny model: rollouts generated by the miner pass the
+/// validator's whole check (the proof contract, calibrated on SmolLM2, holds).
+#[test]
+fn every_family_generates_rollouts_the_validator_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 GGUF");
+    for family in [TinyFamily::Llama3, TinyFamily::Qwen2, TinyFamily::Qwen3] {
+        let model = dir.path().join(format!("tiny-{}.gguf", family.name()));
+        tiny::write_tiny_family(family, 4, &src, &model).unwrap();
+        let tokenizer = Tokenizer::from_gguf_file(&model).unwrap();
+        let mut backend = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&model) }).unwrap();
+        let seed = 17;
+        let window = OfflineWindow::from_seed(seed);
+        let env = Environment::Arith(ArithEnv::new(102));
+        let opts = GenerateOptions {
+            first_task: 0,
+            tasks: 2,
+            group: 3,
+            max_new_tokens: 48,
+            temperature: 1.0,
+            sketch_params: SketchParams::DEFAULT,
+        };
+        let job =
+            offline::Job { tokenizer: &tokenizer, env: &env, model: None, data: None, window: &window, opts: &opts };
+        let out = dir.path().join(format!("{}.jsonl", family.name()));
+        let file = std::fs::File::create(&out).unwrap();
+        offline::generate(&mut backend, &job, offline::jsonl_sink(BufWriter::new(file)), |_| {}).unwrap();
+
+        let mut check = validator::check::CheckOptions::new(model.clone(), out, seed);
+        check.threads = Some(1);
+        let mut report = Vec::new();
+        let summary = validator::check::run_check(&check, &mut report).unwrap();
+        let report = String::from_utf8(report).unwrap();
+        eprintln!("{}: {summary:?}", family.name());
+        assert_eq!((summary.accepted, summary.rejected), (6, 0), "{}: {report}", family.name());
+    }
+}

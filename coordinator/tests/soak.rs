@@ -39,6 +39,8 @@ use tributary_protocol::wire::*;
 const WINDOW_MS: u64 = 3_000;
 const WINDOWS: u64 = 6;
 const MAX_WINDOW_MIB: u64 = 16;
+/// Keys storing per window: each key's share is `MAX_WINDOW_MIB / MAX_WINDOW_MINERS` (256 KiB).
+const MAX_WINDOW_MINERS: u64 = 64;
 /// groups_per_miner x group_size in the soak's configuration.
 const ASSIGNMENT: u64 = 16;
 
@@ -356,7 +358,7 @@ async fn honest_miners_hold_up_under_e1_to_e5() {
             "listen = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\ndata_dir = {data:?}\nwindow_ms = {WINDOW_MS}\n\
              grace_ms = 300\ngroups_per_miner = 4\ngroup_size = 4\nmax_new_tokens = 32\n\
              validators = [\"{}\"]\nconnections_per_sec = 20\nmax_connections_per_address = 16\n\
-             idle_timeout_ms = 2000\nhandshake_timeout_ms = 1000\nmax_window_mib = {MAX_WINDOW_MIB}\nmin_free_mib = 0\n",
+             idle_timeout_ms = 2000\nhandshake_timeout_ms = 1000\nmax_window_mib = {MAX_WINDOW_MIB}\nmax_window_miners = {MAX_WINDOW_MINERS}\nmin_free_mib = 0\n",
             validator.public()
         ),
     )

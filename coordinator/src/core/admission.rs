@@ -10,7 +10,7 @@ use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::rollout::SamplingParams;
 use tributary_protocol::window::WindowId;
-use tributary_protocol::wire::{RejectReason, Role};
+use tributary_protocol::wire::{RejectReason, Role, VerdictBody};
 
 use super::*;
 
@@ -100,6 +100,19 @@ impl Submitted {
     }
 }
 
+/// How often the cached [`Core::proven_miners`] is recomputed even if no
+/// verdict changed (trainer verdicts and bans change it too).
+pub const PROVEN_REFRESH_MS: u64 = 10_000;
+
+/// The cached [`Core::proven_miners`] of one window.
+#[derive(Debug)]
+pub(super) struct ProvenKeys {
+    /// (window, verdicts, set-aside verdicts) it was computed for.
+    stamp: (WindowId, usize, usize),
+    at_ms: u64,
+    keys: std::sync::Arc<HashSet<PublicKey>>,
+}
+
 /// Per-window bookkeeping.
 #[derive(Debug, Default)]
 pub(super) struct WindowBook {
@@ -162,7 +175,7 @@ impl Core {
         {
             return Err(RejectReason::Duplicate);
         }
-        self.check_budget(c)?;
+        self.check_budget(now_ms, c)?;
         Ok(())
     }
 
@@ -186,32 +199,97 @@ impl Core {
         Ok(())
     }
 
-    /// The window's storage budget: bytes in all, and distinct miners.
-    pub(super) fn check_budget(&self, c: &Candidate) -> Result<(), RejectReason> {
-        let Some(book) = self.books.get(&c.window) else { return Ok(()) };
+    /// The window's storage budget, shared by a rule a Sybil cannot buy with
+    /// keys alone (issue 29 item 1; docs/runbook.md "Admission"):
+    ///
+    /// - **Slots.** At most `max_window_miners` (M) keys store in a window.
+    ///   Keys with proven work ([`Core::proven_miners`]: a pass on a stored
+    ///   rollout in the last `weight_windows` windows, no failure held
+    ///   against them, not banned) have `R = min(proven, ⌊3M/4⌋)` slots
+    ///   reserved: new keys together take at most `M − R`, so however many
+    ///   new keys arrive first, every proven key finds a slot while there
+    ///   are at most ¾M of them.
+    /// - **Bytes.** Each key stores at most `max_window_bytes / M` (fixed:
+    ///   it depends on neither the order of arrival nor the last window's
+    ///   count), so M keys never exceed the window's bytes and the first
+    ///   key cannot take what the others need.
+    ///
+    /// A refusal of either is [`RejectReason::WindowFull`]: final for this
+    /// window, the miner retries in the next one.
+    pub(super) fn check_budget(&self, now_ms: u64, c: &Candidate) -> Result<(), RejectReason> {
+        let cap = self.cfg.max_window_miners.max(1);
+        let share = self.cfg.max_window_bytes / u64::from(cap);
+        let book = self.books.get(&c.window);
+        let mine = book.and_then(|b| b.miner_bytes.get(&c.miner)).copied().unwrap_or(0);
+        if mine.saturating_add(u64::from(c.shape.bytes)) > share {
+            return Err(RejectReason::WindowFull);
+        }
+        let Some(book) = book else { return Ok(()) };
         if book.bytes.saturating_add(u64::from(c.shape.bytes)) > self.cfg.max_window_bytes {
-            return Err(RejectReason::RateLimited);
+            return Err(RejectReason::WindowFull);
         }
         let known = book.slots.get(&c.miner).is_some_and(|s| !s.is_empty());
-        let here = book.slots.values().filter(|s| !s.is_empty()).count();
-        if !known && here >= self.cfg.max_window_miners as usize {
-            return Err(RejectReason::RateLimited);
+        if known {
+            return Ok(());
         }
-        // A fair share per key: the budget divided among the keys storing in
-        // this window (this one counted) or in the previous one, never less
-        // than an even split among `max_window_miners`. Keys that submit
-        // first cannot take it all before the others do.
-        let before = c.window.checked_sub(1).and_then(|w| self.books.get(&w));
-        let last = before.map_or(0, |b| b.slots.values().filter(|s| !s.is_empty()).count());
-        let was_there = before.is_some_and(|b| b.slots.get(&c.miner).is_some_and(|s| !s.is_empty()));
-        let keys = (here + usize::from(!known)).max(last + usize::from(!was_there)).max(1) as u64;
-        let floor = self.cfg.max_window_bytes / u64::from(self.cfg.max_window_miners.max(1));
-        let share = (self.cfg.max_window_bytes / keys).max(floor);
-        let mine = book.miner_bytes.get(&c.miner).copied().unwrap_or(0);
-        if mine > 0 && mine.saturating_add(u64::from(c.shape.bytes)) > share {
-            return Err(RejectReason::RateLimited);
+        let here = book.slots.values().filter(|s| !s.is_empty()).count();
+        if here >= cap as usize {
+            return Err(RejectReason::WindowFull);
+        }
+        let proven = self.proven_miners(now_ms, c.window);
+        if proven.contains(&c.miner) {
+            return Ok(());
+        }
+        let reserved = proven.len().min(cap as usize * 3 / 4);
+        let new_here = book.slots.iter().filter(|(k, s)| !s.is_empty() && !proven.contains(*k)).count();
+        if new_here >= cap as usize - reserved {
+            return Err(RejectReason::WindowFull);
         }
         Ok(())
+    }
+
+    /// The keys with proven work as of `window`: a pass on a rollout the
+    /// store holds, in a counted verdict (a member of the miner's committee,
+    /// not set aside, or the trainer) on one of the `weight_windows`
+    /// windows before `window`; minus any with a failure held against them
+    /// there or banned in `window`. What [`Core::check_budget`] reserves
+    /// slots for. Cached per window; recomputed when the verdicts change or
+    /// every [`PROVEN_REFRESH_MS`].
+    pub fn proven_miners(&self, now_ms: u64, window: WindowId) -> std::sync::Arc<HashSet<PublicKey>> {
+        let stamp = (window, self.verdicts.len(), self.set_aside.len());
+        if let Some(p) = self.proven.borrow().as_ref()
+            && p.stamp == stamp
+            && now_ms < p.at_ms.saturating_add(PROVEN_REFRESH_MS)
+        {
+            return p.keys.clone();
+        }
+        let from = window.saturating_sub(self.cfg.weight_windows);
+        let lo = (from, PublicKey([0; 32]));
+        let hi = (window, PublicKey([0; 32]));
+        let mut proven = HashSet::new();
+        let mut failed = HashSet::new();
+        let mut note = |v: &VerdictBody| {
+            if self.claim_holds(v) {
+                failed.insert(v.miner);
+            }
+            if v.passed.iter().any(|d| self.holds(v.window, &v.miner, d)) {
+                proven.insert(v.miner);
+            }
+        };
+        for w in from..window {
+            for v in self.tribunal.trainer_verdicts(w) {
+                note(v);
+            }
+        }
+        for (_, by_validator) in self.verdicts.range(lo..hi) {
+            for v in by_validator.values().filter(|v| self.member(v)) {
+                note(v);
+            }
+        }
+        proven.retain(|k| !failed.contains(k) && !self.is_banned(k, window));
+        let keys = std::sync::Arc::new(proven);
+        *self.proven.borrow_mut() = Some(ProvenKeys { stamp, at_ms: now_ms, keys: keys.clone() });
+        keys
     }
 
     /// What window `window` holds against its budget: (bytes, miners).

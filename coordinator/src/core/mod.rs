@@ -33,7 +33,7 @@ mod verdicts;
 mod weights;
 mod windows;
 
-pub use admission::{Candidate, Shape, Submitted};
+pub use admission::{Candidate, PROVEN_REFRESH_MS, Shape, Submitted};
 pub use banning::SOFT_BAN_PROBABILITY;
 pub use challenge::{BEACON_COMMIT_AHEAD, BeaconBook, BeaconRefusal, MIN_REVEAL_MS, WITHHOLD_LIMIT};
 pub use trainer_stats::StatsError;
@@ -199,6 +199,8 @@ pub struct Core {
     withhold_cleared: BTreeMap<PublicKey, WindowId>,
     /// Windows whose withheld contributions were logged.
     withheld_logged: RefCell<BTreeSet<WindowId>>,
+    /// The keys admission reserves slots for, cached ([`Core::proven_miners`]).
+    proven: RefCell<Option<admission::ProvenKeys>>,
 }
 
 impl Core {
@@ -225,6 +227,7 @@ impl Core {
             disputed: BTreeSet::new(),
             model_free_recheck: true,
             withhold_cleared: BTreeMap::new(),
+            proven: RefCell::new(None),
         }
     }
 

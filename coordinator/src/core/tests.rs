@@ -236,21 +236,24 @@ fn the_door_enforces_the_generation_contract() {
 }
 
 /// network-security E3: a window's storage is bounded in bytes and in
-/// distinct miners, whatever the number of keys; an aborted rollout gives
-/// its bytes back.
+/// distinct miners, whatever the number of keys; each key's byte share is
+/// the window's bytes over `max_window_miners`; an aborted rollout gives
+/// its bytes back; a refusal is `WindowFull` (retry next window).
 #[test]
 fn a_window_has_a_storage_budget() {
     let mut c = cfg();
-    c.max_window_bytes = 5_000;
+    c.max_window_bytes = 12_000;
     c.max_window_miners = 3;
     let mut core = Core::new(c);
     let (a, b) = (miner(1), miner(2));
     let x = cand(&core, 1, a, 0, 0);
     assert_eq!(core.admit(at(1), &a, &x), Ok(()));
     assert_eq!(core.admit(at(1), &a, &cand(&core, 1, a, 0, 1)), Ok(()));
-    assert_eq!(core.admit(at(1), &b, &cand(&core, 1, b, 0, 0)), Err(RejectReason::RateLimited));
+    // a's share (12 000 / 3) is used.
+    assert_eq!(core.admit(at(1), &a, &cand(&core, 1, a, 1, 0)), Err(RejectReason::WindowFull));
     assert_eq!(core.window_usage(1), (4_000, 1));
     core.abort(&x);
+    assert_eq!(core.admit(at(1), &a, &cand(&core, 1, a, 1, 0)), Ok(()));
     assert_eq!(core.admit(at(1), &b, &cand(&core, 1, b, 0, 0)), Ok(()));
     // Another window has its own budget.
     assert_eq!(core.admit(at(2), &b, &cand(&core, 2, b, 0, 0)), Ok(()));
@@ -261,7 +264,7 @@ fn a_window_has_a_storage_budget() {
     for n in 1..=3 {
         assert_eq!(core.admit(at(1), &miner(n), &cand(&core, 1, miner(n), 0, 0)), Ok(()));
     }
-    assert_eq!(core.admit(at(1), &miner(4), &cand(&core, 1, miner(4), 0, 0)), Err(RejectReason::RateLimited));
+    assert_eq!(core.admit(at(1), &miner(4), &cand(&core, 1, miner(4), 0, 0)), Err(RejectReason::WindowFull));
     assert_eq!(core.admit(at(1), &miner(1), &cand(&core, 1, miner(1), 0, 1)), Ok(()));
 }
 

@@ -358,16 +358,17 @@ pub(super) async fn ingest(
                     }
                     Err(reason) => {
                         penalty = Some((candidate.window, Some(candidate.checkpoint)));
-                        if reason == RejectReason::RateLimited {
+                        if reason == RejectReason::WindowFull {
                             let (bytes, miners) = core.window_usage(candidate.window);
                             let cfg = core.config();
                             let (max_bytes, max_miners) = (cfg.max_window_bytes, cfg.max_window_miners);
                             sh.warn_refusal("window_budget", || {
                                 format!(
-                                    "rollout of {} refused: window {} holds {bytes} bytes of {max_bytes} and \
-                                     {miners} miners of {max_miners}",
+                                    "rollout of {} refused (window_full): window {} holds {bytes} bytes of \
+                                     {max_bytes} and {miners} miners of {max_miners} (a key's share: {} bytes)",
                                     peer.short(),
-                                    candidate.window
+                                    candidate.window,
+                                    max_bytes / u64::from(max_miners.max(1))
                                 )
                             });
                         }

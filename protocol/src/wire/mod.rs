@@ -40,7 +40,7 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/6";
+pub const ALPN: &[u8] = b"tributary/7";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
@@ -56,9 +56,11 @@ pub const ALPN: &[u8] = b"tributary/6";
 /// ([`GetWindowManifest`]), so validators and the trainer read archived
 /// windows from the store. Version 6: a window names the rule its rewards
 /// are scored by ([`WindowInfo::reward`], strict by default: only a
-/// well-formed final `Answer:` line is read). Peers of different versions
+/// well-formed final `Answer:` line is read). Version 7: a refusal says when
+/// to retry ([`RejectReason::WindowFull`]: in the next window; admission
+/// reserves slots for keys with proven work). Peers of different versions
 /// cannot talk.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;

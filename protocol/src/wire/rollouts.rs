@@ -43,11 +43,15 @@ pub enum RejectReason {
     RateLimited,
     /// The coordinator could not store it; the miner may retry.
     Internal,
+    /// The window's storage is full for this key: its byte share is used,
+    /// or no slot is left for a key without proven work (issue 29). Final
+    /// for this window; the miner tries again in the next one.
+    WindowFull,
 }
 
 impl RejectReason {
     /// Every reason, for metrics and reports.
-    pub const ALL: [RejectReason; 15] = [
+    pub const ALL: [RejectReason; 16] = [
         Self::Malformed,
         Self::Oversized,
         Self::Schema,
@@ -63,6 +67,7 @@ impl RejectReason {
         Self::ReplayedContent,
         Self::RateLimited,
         Self::Internal,
+        Self::WindowFull,
     ];
 
     /// snake_case name, for metrics labels and JSON.
@@ -83,6 +88,7 @@ impl RejectReason {
             Self::ReplayedContent => "replayed_content",
             Self::RateLimited => "rate_limited",
             Self::Internal => "internal",
+            Self::WindowFull => "window_full",
         }
     }
 }

@@ -109,6 +109,19 @@ impl PreTokenizer {
     pub fn ignore_merges(self) -> bool {
         self == Self::Llama3
     }
+
+    /// The pre-tokens `text` splits into (byte-level mapped), before BPE:
+    /// where the families' regexes differ, whatever the vocabulary makes of it.
+    pub fn pre_tokens(self, text: &str) -> Result<Vec<String>, TokenizerError> {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer as _};
+        let mut pre = PreTokenizedString::from(text);
+        self.hf_pre_tokenizer()?.pre_tokenize(&mut pre).map_err(hf_err)?;
+        Ok(pre
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(s, _, _)| s.to_owned())
+            .collect())
+    }
 }
 
 /// What can go wrong building or using a [`Tokenizer`].
@@ -393,6 +406,25 @@ pub(crate) mod tests {
         assert_eq!(tok.decode(&ids).unwrap(), "<|im_start|>he he 12<|im_end|>");
         assert!(tok.is_eog(0) && tok.is_eog(2) && !tok.is_eog(1));
         assert!(tok.decode(&[t.len() as u32]).is_err());
+    }
+
+    #[test]
+    fn family_pre_tokenizers_split_where_their_regexes_differ() {
+        let split = |p: PreTokenizer, s: &str| p.pre_tokens(s).unwrap();
+        use PreTokenizer::{Llama3, Qwen2, Smollm};
+        // Upper-case contractions: GPT-2's are case-sensitive.
+        assert_eq!(split(Smollm, "DON'T"), ["DON", "'", "T"]);
+        assert_eq!(split(Qwen2, "DON'T"), ["DON", "'T"]);
+        // A mark glued to the letters after it.
+        assert_eq!(split(Smollm, "x.append"), ["x", ".", "append"]);
+        assert_eq!(split(Qwen2, "x.append"), ["x", ".append"]);
+        // Digits: one at a time, or up to three (Llama 3).
+        assert_eq!(split(Qwen2, "12345"), ["1", "2", "3", "4", "5"]);
+        assert_eq!(split(Smollm, "12345"), ["1", "2", "3", "4", "5"]);
+        assert_eq!(split(Llama3, "12345"), ["123", "45"]);
+        // A mark keeps the line breaks after it.
+        assert_eq!(split(Qwen2, "end.\n\nx"), ["end", ".ĊĊ", "x"]);
+        assert_eq!(split(Smollm, "end.\n\nx"), ["end", ".", "Ċ", "Ċ", "x"]);
     }
 
     #[test]

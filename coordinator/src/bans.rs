@@ -336,6 +336,16 @@ impl Tribunal {
             .collect()
     }
 
+    /// Entries held: claims, trainer verdicts and refutations ([`crate::core::Core::footprint`]).
+    pub fn len(&self) -> usize {
+        self.claims.len() + self.trainer.len() + self.refuted.values().map(BTreeMap::len).sum::<usize>()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Forgets proofs and claims of windows before `from` (refutations stay).
     pub fn prune(&mut self, from: WindowId) {
         let keep = |k: &(WindowId, [u8; 32])| k.0 >= from;

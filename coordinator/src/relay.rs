@@ -257,6 +257,9 @@ pub struct PeerCheckpoint {
     pub generating: Option<ContentId>,
     /// Checkpoint the peer said it holds when it last asked for a path.
     pub holds: Option<ContentId>,
+    /// When the peer was last noted (ms since the epoch).
+    #[serde(skip)]
+    pub seen_ms: u64,
 }
 
 /// Which payload to read.
@@ -696,12 +699,26 @@ impl Relay {
 
     /// Notes the checkpoint a peer said it holds.
     pub fn note_holds(&self, peer: PublicKey, id: Option<ContentId>) {
-        lock(&self.peers).entry(peer).or_default().holds = id;
+        let mut peers = lock(&self.peers);
+        let p = peers.entry(peer).or_default();
+        p.holds = id;
+        p.seen_ms = tributary_net::now_ms();
     }
 
     /// Notes the checkpoint of a peer's accepted rollout.
     pub fn note_generating(&self, peer: PublicKey, id: ContentId) {
-        lock(&self.peers).entry(peer).or_default().generating = Some(id);
+        let mut peers = lock(&self.peers);
+        let p = peers.entry(peer).or_default();
+        p.generating = Some(id);
+        p.seen_ms = tributary_net::now_ms();
+    }
+
+    /// Forgets peers last noted before `before_ms`; returns how many are left.
+    pub fn prune_peers(&self, before_ms: u64) -> usize {
+        let mut peers = lock(&self.peers);
+        peers.retain(|_, p| p.seen_ms >= before_ms);
+        peers.shrink_to_fit();
+        peers.len()
     }
 
     /// What every peer holds and runs.

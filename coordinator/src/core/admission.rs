@@ -299,7 +299,9 @@ impl Core {
 
     /// The reserved rollout is durable: count it.
     pub fn commit(&mut self, c: &Candidate) {
-        self.miners.entry(c.miner).or_default().accepted += 1;
+        let m = self.miners.entry(c.miner).or_default();
+        m.accepted += 1;
+        m.last_window = m.last_window.max(c.window);
         let print = self.fingerprint(&c.digest);
         let s = self.submitted.entry((c.window, c.miner)).or_default();
         s.rollouts = s.rollouts.saturating_add(1);
@@ -360,8 +362,13 @@ impl Core {
 
     /// Counts a rejection decided outside [`Core::admit`] (decode, signature, rate limit).
     pub fn count_rejection(&mut self, peer: Option<&PublicKey>, reason: RejectReason) {
+        let now = self.current_window(self.clock.get()).unwrap_or(0);
         let slot = match peer {
-            Some(p) => &mut self.miners.entry(*p).or_default().rejected,
+            Some(p) => {
+                let m = self.miners.entry(*p).or_default();
+                m.last_window = m.last_window.max(now);
+                &mut m.rejected
+            }
             None => &mut self.rejected_anonymous,
         };
         *slot.entry(reason.as_str()).or_default() += 1;

@@ -151,8 +151,39 @@ pub struct MinerStats {
     pub rejected: BTreeMap<&'static str, u64>,
     /// Banned through this window (inclusive), if ever.
     pub banned_through: Option<WindowId>,
-    /// Windows with a hard failure.
+    /// Windows with a hard failure (within the span bans and weights read).
     pub failures: Vec<WindowId>,
+    /// The latest window the miner stored or was refused in ([`Core::prune`]
+    /// forgets a key idle past every rule's reach).
+    #[serde(skip)]
+    pub last_window: WindowId,
+}
+
+/// Entries in the core's books ([`Core::footprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Footprint {
+    /// Windows with admission books.
+    pub books: usize,
+    /// Keys, slots and digests in those books.
+    pub book_keys: usize,
+    /// Keys with statistics.
+    pub miners: usize,
+    /// Failure windows kept per key, in all.
+    pub failures: usize,
+    /// Verdicts kept.
+    pub verdicts: usize,
+    /// Verdicts set aside.
+    pub set_aside: usize,
+    /// Claims and trainer verdicts the tribunal keeps.
+    pub tribunal: usize,
+    /// (window, miner) summaries of stored work.
+    pub submitted: usize,
+    /// Windows with beacon records.
+    pub beacon: usize,
+    /// Disputed (window, miner) pairs.
+    pub disputed: usize,
+    /// Committee duties cached.
+    pub committees: usize,
 }
 
 /// The sans-IO coordinator.
@@ -251,8 +282,16 @@ impl Core {
         &self.miners
     }
 
-    /// Forgets bookkeeping of windows that can no longer take submissions.
+    /// Forgets what no rule reads any more: admission books of windows
+    /// that can no longer take submissions, and verdicts, claims, beacon
+    /// records, committees, stored-work summaries and per-key statistics of
+    /// windows (and keys idle since then) older than every ban and weight
+    /// reaches. Called at start and as windows close (the server's upkeep,
+    /// every 30 s), so the core's memory is bounded by the span its rules
+    /// read, not by how long it runs or how many keys ever knocked (issue 29
+    /// item 5; [`Core::footprint`]).
     pub fn prune(&mut self, now_ms: u64) {
+        self.observe(now_ms);
         let s = self.cfg.schedule;
         self.books.retain(|w, _| s.closes_at(*w) > now_ms);
         // Proofs and claims matter while a window's verdicts may still come.
@@ -273,6 +312,33 @@ impl Core {
         // (`Core::holds`, `Core::duty`; issue 28), and the weights of window `W`
         // look back `weight_windows` windows from `W`.
         self.submitted.retain(|(w, _), _| *w >= horizon);
+        // Keys: a Sybil wave leaves one entry per key it refused; a key idle
+        // since before the horizon and not banned any more is forgotten.
+        self.miners.retain(|_, m| {
+            m.failures.retain(|w| *w >= horizon);
+            m.last_window >= horizon || m.banned_through.is_some_and(|t| t >= current)
+        });
+        self.miners.shrink_to_fit();
+        *self.proven.borrow_mut() = None;
+    }
+
+    /// How many entries the core's books hold, map by map: what
+    /// [`Core::prune`] bounds (tests check it stays flat over hundreds of
+    /// windows).
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            books: self.books.len(),
+            book_keys: self.books.values().map(|b| b.slots.len() + b.miner_bytes.len() + b.digests.len()).sum(),
+            miners: self.miners.len(),
+            failures: self.miners.values().map(|m| m.failures.len()).sum(),
+            verdicts: self.verdicts.values().map(BTreeMap::len).sum(),
+            set_aside: self.set_aside.values().map(BTreeMap::len).sum(),
+            tribunal: self.tribunal.len(),
+            submitted: self.submitted.len(),
+            beacon: self.beacon.len(),
+            disputed: self.disputed.len(),
+            committees: self.committees.borrow().values().map(BTreeMap::len).sum(),
+        }
     }
 
     /// Rejections not tied to an authenticated miner.

@@ -181,14 +181,16 @@ impl Server {
                 });
             }
         });
-        // Idle keys and addresses leave the limiters; windows past the
-        // retention leave the store.
+        // Idle keys and addresses leave the limiters and the relay's books;
+        // closed windows leave the core's books; windows past the retention
+        // leave the store.
         let weak = Arc::downgrade(&shared);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(30)).await;
                 let Some(sh) = weak.upgrade() else { break };
                 sh.prune_limiters();
+                sh.prune_books(now_ms());
                 let s = sh.clone();
                 let _ = tokio::task::spawn_blocking(move || s.apply_retention(now_ms())).await;
             }

@@ -6,6 +6,10 @@ use tributary_protocol::window::WindowId;
 use super::beacon::BEACON_META_PREFIX;
 use super::*;
 
+/// A peer not heard from for this long leaves the relay's table of what
+/// each peer holds (the dashboard's checkpoint column).
+pub(super) const PEER_IDLE_MS: u64 = 3_600_000;
+
 impl Shared {
     /// Deletes the rollouts of windows older than the retention
     /// (`keep_windows` before the current one). Returns how many went.
@@ -56,6 +60,14 @@ impl Shared {
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "retention of challenge contributions failed"),
         }
+    }
+
+    /// Forgets what the core and the relay keep of closed windows and idle
+    /// keys ([`Core::prune`], [`crate::relay::Relay::prune_peers`]): run as
+    /// windows close, so memory is bounded by the span the rules read.
+    pub fn prune_books(&self, now: u64) {
+        self.core().prune(now);
+        self.relay.prune_peers(now.saturating_sub(PEER_IDLE_MS));
     }
 
     /// Forgets rate-limiter state of keys and addresses that are idle.

@@ -18,8 +18,7 @@
 //!
 //! What stands in for the model: a faked rollout fails a hard check
 //! whenever anyone proves it (the exact sampling check); a nudged reward
-//! fails the reward check (model-free) only if the protocol's tolerance is
-//! below the nudge ([`nudge_is_caught`]); an honest rollout fails a soft
+//! fails the reward check (model-free, exact: [`nudge_is_caught`]); an honest rollout fails a soft
 //! check with the measured honest rate (4.7 %, review proof-soundness
 //! finding 2); all fixed per rollout by a hash of the seed, so every party
 //! proving a rollout sees the same outcome. Proving one rollout costs
@@ -27,7 +26,7 @@
 //! docs/benchmarks.md §4).
 //!
 //! Cheater strategies (issue 28 item 9, [`Kind`]): fake tokens at a rate,
-//! reward nudging inside the tolerance, group subsets, a validator that
+//! reward nudging inside the old 1e-6 tolerance, group subsets, a validator that
 //! colludes with a cheater (passes its rollouts, pre-emptively too), Sybil
 //! keys storing garbage. [`economics`] measures each against honest miners.
 
@@ -38,7 +37,6 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::{PublicKey, Signature};
 use tributary_protocol::rollout::SamplingParams;
-use tributary_protocol::verify::VerifyParams;
 use tributary_protocol::window::{Schedule, ScheduleError, WindowId};
 use tributary_protocol::wire::{
     BeaconCommitBody, BeaconReveal, FailedCheck, FailureEvidence, Figures, MAX_VERDICT_PASSED, MinerStanding, Signed,
@@ -58,7 +56,8 @@ pub enum Kind {
     /// (the exact sampling check fails it).
     Cheat(f64),
     /// Every group, honest tokens, every reward nudged by less than the
-    /// reward check's tolerance (review incentives-and-proof-2 finding A).
+    /// reward check's old tolerance of 1e-6 (review incentives-and-proof-2
+    /// finding A); the check is exact now, so it fails.
     Nudge,
     /// Honest tokens, but only [`SUBSET`] rollouts of each group stored (the
     /// two it chose: finding D).
@@ -84,10 +83,13 @@ pub const SUBSET: u32 = 2;
 /// The reward nudge of [`Kind::Nudge`] (what finding A reproduced).
 pub const NUDGE: f32 = 1e-6;
 
-/// Whether the protocol's reward check catches a reward nudged by [`NUDGE`]
-/// (`|reported − recomputed| > VerifyParams::DEFAULT.reward_tol`).
+/// Whether the protocol's reward check catches a reward nudged by [`NUDGE`]:
+/// it does, the check is exact ([`tributary_protocol::verify::check_reward`]
+/// compares the `f32` bits; it tolerated 1e-6 before). Kept as a function so
+/// the table says what the check does.
 pub fn nudge_is_caught() -> bool {
-    NUDGE > VerifyParams::DEFAULT.reward_tol
+    let honest = 0.5f32;
+    (honest + NUDGE).to_bits() != honest.to_bits()
 }
 
 /// A simulation's settings.
@@ -647,7 +649,7 @@ impl Sim {
 pub enum Strategy {
     /// One miner faking tokens at this rate.
     FakeTokens(f64),
-    /// One miner nudging every reward inside the tolerance.
+    /// One miner nudging every reward inside the old tolerance.
     RewardNudge,
     /// One miner storing [`SUBSET`] rollouts of each group.
     GroupSubsets,

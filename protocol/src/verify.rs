@@ -22,7 +22,10 @@
 //!    the field, no end-of-generation token before the last position. If it
 //!    fails, nothing else runs; it needs no model, so it runs first.
 //! 2. **Prompt** (hard): the prompt tokens equal the assigned task's.
-//! 3. **Reward** (hard): the recomputed reward equals the reported one.
+//! 3. **Reward** (hard): the recomputed reward equals the reported one,
+//!    bit for bit: every role computes it with the same deterministic `f32`
+//!    code ([`crate::env::completion_reward`]), so any difference, however
+//!    small, is a miner's choice (review incentives-and-proof-2 finding A).
 //! 4. **Sketch** (hard): at the challenged positions (from the revealed
 //!    challenge secret and the rollout digest) the committed sketch is within
 //!    `τ(p)` of the validator's.
@@ -125,8 +128,6 @@ pub struct VerifyParams {
     pub distribution: DistributionParams,
     /// Minimum `p₁(EOS)` at an EOS ending (grail: 0.02).
     pub min_eos_prob: f64,
-    /// Largest tolerated |reported − recomputed| reward.
-    pub reward_tol: f32,
     /// Log-probs above this are impossible (rounding slack above 0).
     pub max_logprob: f32,
     /// Largest allowed temperature.
@@ -152,7 +153,6 @@ impl VerifyParams {
         max_draw_distance: sampling::DEFAULT_MAX_DRAW_DISTANCE,
         distribution: DistributionParams::GRAIL,
         min_eos_prob: 0.02,
-        reward_tol: 1e-6,
         max_logprob: 1e-3,
         max_temperature: 4.0,
     };
@@ -398,7 +398,7 @@ impl ModelFreeCheck<'_> {
             return Err(Rejection::ExceedsContext { tokens: r.tokens.len(), context });
         }
         let reward = completion_reward(self.tokenizer, c.env, &task, r.completion()).map_err(Rejection::Undecodable)?;
-        let reward_check = check_reward(r, reward, self.params);
+        let reward_check = check_reward(r, reward);
         Ok(Prepared { prompt, reward, verdict: Verdict::of_checks(vec![structure, prompt_check, reward_check]) })
     }
 }
@@ -894,9 +894,15 @@ pub fn check_prompt(r: &Rollout, a: &Assignment<'_>) -> CheckOutcome {
     CheckOutcome::of(CheckKind::Prompt, res)
 }
 
-/// Reward check: `|reported − recomputed| ≤ reward_tol` (NaN fails).
-pub fn check_reward(r: &Rollout, recomputed: f32, p: &VerifyParams) -> CheckOutcome {
-    let ok = (r.reward - recomputed).abs() <= p.reward_tol;
+/// Reward check: the reported reward's `f32` bits equal the recomputed
+/// one's. Rewards are exact functions of the completion, computed by the
+/// same code in every role (`0.0`, `1.0`, or the practice level's credit
+/// with one correctly rounded division), so there is no honest difference
+/// to tolerate: a tolerance let a miner choose its group's advantage signs
+/// (a reward nudged by 1e-6, review incentives-and-proof-2 finding A) and
+/// be paid for it. `-0.0` for `0.0` and any NaN fail.
+pub fn check_reward(r: &Rollout, recomputed: f32) -> CheckOutcome {
+    let ok = r.reward.to_bits() == recomputed.to_bits();
     let res = if ok { Ok(()) } else { Err(Failure::RewardMismatch { reported: r.reward, recomputed }) };
     CheckOutcome::of(CheckKind::Reward, res)
 }
@@ -1138,7 +1144,7 @@ fn verify_with(
         return Err(VerifyError::Positions { expected: r.completion().len(), got: ev.len() });
     }
     let (sampling, coverage, counts) = check_sampling(r, ev, &a.sampling_seed, p);
-    let mut checks = vec![structure, check_prompt(r, a), check_reward(r, recomputed_reward, p)];
+    let mut checks = vec![structure, check_prompt(r, a), check_reward(r, recomputed_reward)];
     if let Some(s) = sketches {
         checks.push(check_sketches(r, &challenged(r, &a.challenge_secret, p), s, p));
     }
@@ -1393,6 +1399,24 @@ mod tests {
             let want = Failure::RewardMismatch { reported: 1e30, recomputed: 1.0 };
             assert_eq!(failure, Some((CheckKind::Reward, Status::Fail(want))));
             assert!(!p.verdict.accepted());
+        }
+
+        /// Review incentives-and-proof-2 finding A: a reward nudged by at
+        /// most 1e-6 (one `f32` step, or 1e-6 itself) used to pass; it is a
+        /// hard reward failure, and the honest reward passes bit for bit.
+        #[test]
+        fn a_reward_nudged_by_one_step_fails_the_reward_check() {
+            let w = World::new();
+            let c = w.contract();
+            let honest = w.honest(&c);
+            assert!(w.check(None).run(&honest, &c).unwrap().verdict.accepted());
+            for nudged in [f32::from_bits(1.0f32.to_bits() + 1), f32::from_bits(1.0f32.to_bits() - 1), 1.0 - 1e-6] {
+                let r = w.edited(&honest, |r| r.reward = nudged);
+                let p = w.check(None).run(&r, &c).unwrap();
+                let failure = p.hard_failure().map(|o| (o.kind, o.status.clone()));
+                let want = Failure::RewardMismatch { reported: nudged, recomputed: 1.0 };
+                assert_eq!(failure, Some((CheckKind::Reward, Status::Fail(want))), "{nudged}");
+            }
         }
 
         #[test]

@@ -290,11 +290,13 @@ fn tampered_unchecked_groups_are_dropped_and_the_step_runs() {
 }
 
 /// Review finding A: an honest group whose true rewards are all equal,
-/// its claimed rewards nudged inside the reward check's tolerance (1e-6)
-/// to choose the advantages' signs, is dropped as zero-variance: the
-/// filter and the advantages use the rewards the trainer recomputed.
+/// its claimed rewards nudged inside the reward check's old tolerance
+/// (1e-6) to choose the advantages' signs. The reward check is exact now
+/// (every role computes rewards with the same `f32` code): the proof
+/// rejects the group on its reward and it is not trained on (the filter and
+/// the advantages use the recomputed rewards besides: `select::tests`).
 #[test]
-fn rewards_nudged_inside_the_tolerance_choose_no_advantages() {
+fn rewards_nudged_inside_the_old_tolerance_fail_the_proof() {
     // At a real arith level the tiny random model never answers right:
     // every true reward is 0.
     let mut w = World::new();
@@ -302,19 +304,24 @@ fn rewards_nudged_inside_the_tolerance_choose_no_advantages() {
     w.env = Environment::for_window(&w.info, None).unwrap();
     let rs = w.group(0);
     assert!(rs.iter().all(|r| r.reward == rs[0].reward), "equal true rewards");
+    let mut p = w.prover();
+    assert!(matches!(p.prove_group(&w.info, &rs).unwrap(), GroupProof::Proven { .. }), "the honest group");
     let mut nudged = rs.clone();
     let r0 = nudged[0].reward;
     nudged[0].reward = r0 + 0.9e-6;
-    assert!(nudged[0].reward != r0 && (nudged[0].reward - r0).abs() <= 1e-6, "inside the tolerance");
-    // Re-signed by the miner (the trainer reads rollouts the door checked;
-    // this world's are unsigned): the reward check still passes.
-    let mut p = w.prover();
-    assert!(matches!(p.prove_group(&w.info, &nudged).unwrap(), GroupProof::Proven { .. }), "within the reward check");
+    assert!(nudged[0].reward != r0 && (nudged[0].reward - r0).abs() <= 1e-6, "inside the old tolerance");
+    match p.prove_group(&w.info, &nudged).unwrap() {
+        GroupProof::Rejected(records) => {
+            assert_eq!(records.len(), 1, "{records:?}");
+            assert_eq!(records[0].check, "reward", "{records:?}");
+        }
+        other => panic!("a nudged reward passed the proof: {other:?}"),
+    }
     let cfg = SelectConfig { group_size: Some(GROUP_SIZE as usize), ..SelectConfig::new(49152) };
     let mut prove = |g: &TrainGroup| Some(p.prove_group(&w.info, &g.rollouts).unwrap());
     let sel = select_proven(nudged, &[w.id], passed, &cfg, &mut prove);
     assert!(sel.kept.is_empty(), "kept with advantages {:?}", sel.kept.first().map(|g| &g.advantages));
-    assert_eq!(sel.dropped.get(&DropReason::ZeroVariance), Some(&1), "{:?}", sel.dropped);
+    assert_eq!(sel.dropped.get(&DropReason::ProofFailed), Some(&1), "{:?}", sel.dropped);
 }
 
 /// Review finding D: a subset of a group (2 of the window's 16) is not

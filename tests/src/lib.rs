@@ -175,10 +175,17 @@ impl Net {
 
     /// Starts a dev coordinator with `config`.
     pub async fn with(config: NetConfig) -> Net {
+        Net::with_model(config, None).await
+    }
+
+    /// Starts a dev coordinator with `config` whose genesis is `model` (the
+    /// dev tiny model if `None`), e.g. another family's tiny model.
+    pub async fn with_model(config: NetConfig, model: Option<&Path>) -> Net {
         let dir = tempfile::tempdir().expect("temporary folder");
         let data = dir.path().join("coordinator");
         seed_master_secret(&data, config.seed);
-        let cfg = config.coordinator(data);
+        let mut cfg = config.coordinator(data);
+        cfg.model = model.map(Path::to_path_buf);
         let genesis = node::prepare_genesis(&cfg).expect("genesis");
         let genesis_bytes = std::fs::read(coordinator::relay::full_path(&node::relay_dir(&cfg.data_dir), &genesis))
             .expect("genesis file");
@@ -662,7 +669,12 @@ pub struct Mesh {
 impl Mesh {
     /// Starts everything.
     pub async fn start(cfg: MeshConfig) -> Mesh {
-        let net = Net::with(cfg.net).await;
+        Mesh::start_with_model(cfg, None).await
+    }
+
+    /// Starts everything on genesis `model` (see [`Net::with_model`]).
+    pub async fn start_with_model(cfg: MeshConfig, model: Option<&Path>) -> Mesh {
+        let net = Net::with_model(cfg.net, model).await;
         let mut miners = Vec::new();
         let mut names = Vec::new();
         for spec in cfg.miners {

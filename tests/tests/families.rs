@@ -194,3 +194,61 @@ fn every_family_generates_rollouts_the_validator_accepts() {
         assert_eq!((summary.accepted, summary.rejected), (6, 0), "{}: {report}", family.name());
     }
 }
+
+/// A mesh on another family (issue 30): the coordinator's genesis is the
+/// tiny `qwen2` model (`trainer init-tiny --family qwen2`: Q/K/V biases, NEOX
+/// RoPE, the `qwen2` pre-tokenizer), an honest miner and a prefix-editing
+/// one mine on llama.cpp, the validator proves every rollout on the libtorch
+/// reference, and the trainer trains on the verified windows with GRPO and
+/// publishes a sparse delta that the honest miner then generates with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen2_mesh_window_mines_proves_and_publishes_a_delta() {
+    use edge_miner::adversary::{self, Attack, AttackOptions};
+    use edge_miner::run::RunEvent;
+    use tributary_protocol::env::PRACTICE_LEVEL;
+    use tributary_protocol::wire::MinerStanding;
+    use tributary_tests::{Mesh, MeshConfig, MinerSpec, NetConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-qwen2.gguf");
+    let src = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 GGUF");
+    tiny::write_tiny_family(TinyFamily::Qwen2, 5, &src, &model).unwrap();
+    let cfg = *Checkpoint::open(&model).unwrap().config();
+    assert!(cfg.qkv_bias && cfg.arch.rope_neox(), "{cfg:?}");
+    let attack = adversary::setup(Attack::PrefixEdit, &AttackOptions::default()).unwrap();
+    let mut mesh = Mesh::start_with_model(
+        MeshConfig {
+            net: NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(4_000, 600, 2, 4) },
+            miners: vec![MinerSpec::honest("honest"), MinerSpec::boxed("prefix-editor", attack.tamper, None)],
+            trainer: true,
+            validator: true,
+        },
+        Some(&model),
+    )
+    .await;
+    let (honest, editor) = (mesh.miners[0].key.public(), mesh.miners[1].key.public());
+
+    // A window in which the validator proved both miners.
+    let r = mesh.validator().until(120, |r| r.miners.contains_key(&honest) && r.miners.contains_key(&editor)).await;
+    let (h, e) = (&r.miners[&honest].body, &r.miners[&editor].body);
+    assert!(h.checked > 0 && h.valid == h.checked && !h.hard_failure, "honest miner on qwen2: {h:?}");
+    assert!(e.hard_failure && e.estimated_valid == 0, "prefix editor on qwen2: {e:?}");
+    assert!(mesh.net.node.shared.core().standing(r.window).contains(&(honest, MinerStanding::Passed)));
+
+    // The trainer trains on verified windows and publishes: in full first
+    // (a publisher's first payload), then a sparse delta over that.
+    let trainer = mesh.trainer.as_mut().expect("trainer");
+    let (windows, window, first) = trainer.next_published(180).await;
+    eprintln!("qwen2: trained on windows {windows:?}, published {first} for window {window} (full)");
+    let (windows, window, id) = trainer.next_published(180).await;
+    eprintln!("qwen2: trained on windows {windows:?}, published {id} for window {window}");
+    assert!(!windows.is_empty());
+    let entry = mesh.net.node.shared.relay.entry(&id).expect("the relay has the publication");
+    let (base, delta_len, _) = entry.delta.expect("the second publication is a delta");
+    assert_eq!(base, first, "the delta is over the previous publication");
+    assert!(delta_len > 0 && delta_len < entry.full_len, "delta {delta_len} bytes, full {}", entry.full_len);
+    eprintln!("qwen2: delta {delta_len} bytes of a {}-byte checkpoint", entry.full_len);
+    // The honest miner applies the delta and generates with its result.
+    mesh.miners[0].wait_for(120, |ev| matches!(ev, RunEvent::Submitted { checkpoint, .. } if *checkpoint == id)).await;
+    mesh.stop().await;
+}

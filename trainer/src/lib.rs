@@ -20,3 +20,4 @@ pub mod select;
 pub mod service;
 pub mod state;
 pub mod train;
+pub mod transplant;

@@ -62,6 +62,24 @@ enum Cmd {
         #[arg(long)]
         f32: bool,
     },
+    /// Re-express a trained llama checkpoint (SmolLM2) in the qwen2 or llama3 layout.
+    Transplant {
+        /// Target layout: qwen2 (Q/K/V biases, NEOX RoPE) or llama3 (RoPE frequency scaling).
+        #[arg(long)]
+        family: String,
+        /// Source checkpoint (default: the BF16 SmolLM2 base).
+        #[arg(long)]
+        src: Option<PathBuf>,
+        /// Output checkpoint (GGUF).
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the qwen2 Q/K/V biases.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Standard deviation of the qwen2 Q/K/V biases (0: the source's function exactly).
+        #[arg(long, default_value_t = trainer::transplant::DEFAULT_BIAS_STD)]
+        bias_std: f32,
+    },
     /// Print a checkpoint's config, tensor types and content id.
     Info {
         /// The checkpoint.
@@ -403,6 +421,18 @@ fn trainer_main(cli: Cli) -> Result<()> {
                 .with_context(|| format!("opening {}", src.display()))?;
             let id = trainer::hf::import(&dir, &tok, &out, trainer::hf::ImportOptions { f32 })
                 .with_context(|| format!("importing {}", dir.display()))?;
+            println!("content_id={id}");
+            println!("path={}", out.display());
+        }
+        Cmd::Transplant { family, src, out, seed, bias_std } => {
+            let layout = trainer::transplant::Layout::from_name(&family)
+                .with_context(|| format!("family {family:?}: expected qwen2 or llama3"))?;
+            let src = src.unwrap_or_else(assets::smollm2_bf16);
+            let ckpt = tributary_protocol::checkpoint::Checkpoint::open(&src)
+                .with_context(|| format!("opening {}", src.display()))?;
+            let opts = trainer::transplant::TransplantOptions { layout, seed, bias_std };
+            let id = trainer::transplant::transplant(&ckpt, &opts, &out)
+                .with_context(|| format!("transplanting {} to {}", src.display(), out.display()))?;
             println!("content_id={id}");
             println!("path={}", out.display());
         }

@@ -39,7 +39,13 @@
 //! rollouts of that window is withdrawn (the miner is proven to cheat there),
 //! and so is every refutation the contradicted validator's passes made. A
 //! colluder passing its partner's rollouts ahead of time flags the honest
-//! prover only until a proof catches the partner.
+//! prover only until a proof catches the partner, or a third validator's
+//! proof outvotes it: a claim refuted by one validator's pass alone is a
+//! *dispute* ([`Tribunal::disputes`]); the coordinator asks every other
+//! validator that is not flagged to prove the rollout, and two validators'
+//! failure claims on a rollout outvote one validator's pass (the passer is
+//! contradicted, and the refutations its passes made are withdrawn). An
+//! honest majority of the validators proving a rollout decides it.
 //!
 //! [`Tribunal`] is the sans-IO bookkeeping [`crate::core::Core`] keeps;
 //! [`Rechecker`] is the model-free re-check the server runs on stored rollouts.
@@ -229,10 +235,21 @@ impl Tribunal {
                 if !facts.may_refute(&v.validator, party) || self.is_flagged(&v.validator) {
                     continue;
                 }
-                let claims: Vec<(PublicKey, Claim)> =
-                    self.claims.get(&key).map(|c| c.iter().map(|(k, c)| (*k, *c)).collect()).unwrap_or_default();
+                let claims: Vec<(PublicKey, Claim)> = self
+                    .claims
+                    .get(&key)
+                    .map(|c| c.iter().filter(|(k, _)| **k != v.validator).map(|(k, c)| (*k, *c)).collect())
+                    .unwrap_or_default();
+                let validators: Vec<&(PublicKey, Claim)> =
+                    claims.iter().filter(|(_, c)| c.party == Party::Validator).collect();
+                if party == Party::Validator && validators.len() >= 2 {
+                    // Two validators' failure claims outvote one validator's pass.
+                    let (claimant, c) = *validators[0];
+                    self.refute(v.validator, key, c, claimant, true);
+                    continue;
+                }
                 for (claimant, c) in claims {
-                    if claimant != v.validator && c.party == Party::Validator && party.refutes(c.check) {
+                    if c.party == Party::Validator && party.refutes(c.check) {
                         self.refute(claimant, key, Claim { party, ..c }, v.validator, false);
                     }
                 }
@@ -258,11 +275,19 @@ impl Tribunal {
                 }
             } else if self.proven_failure(&key, &v.validator).is_none() {
                 for (by, by_party) in provers {
-                    if *by != v.validator
-                        && facts.may_refute(by, *by_party)
-                        && by_party.refutes(e.check)
-                        && !self.is_flagged(by)
-                    {
+                    if *by == v.validator || !facts.may_refute(by, *by_party) || !by_party.refutes(e.check) {
+                        continue;
+                    }
+                    // Another validator claimed this failure too (the claimant
+                    // `by`'s pass refuted, or a tie-breaker the coordinator
+                    // asked, [`Tribunal::disputes`]): two validators' claims
+                    // outvote one validator's pass, which is contradicted.
+                    let seconded = self.claims.get(&key).is_some_and(|c| {
+                        c.iter().any(|(k, c)| k != &v.validator && k != by && c.party == Party::Validator)
+                    });
+                    if *by_party == Party::Validator && seconded && !self.is_flagged(&v.validator) {
+                        self.refute(*by, key, claim, v.validator, true);
+                    } else if !self.is_flagged(by) {
                         self.refute(v.validator, key, Claim { party: *by_party, ..claim }, *by, false);
                     }
                 }
@@ -279,6 +304,25 @@ impl Tribunal {
         }
         let now: BTreeSet<PublicKey> = self.refuted.keys().filter(|k| self.is_flagged(k)).copied().collect();
         Noted { flagged: now.difference(&was).copied().collect(), unflagged: was.difference(&now).copied().collect() }
+    }
+
+    /// The rollouts of `miner` in `window` on which a validator's failure
+    /// claim stands refuted by another validator's pass alone: (digest,
+    /// claimant, passer). Neither word is a proof; the coordinator asks a
+    /// third validator to prove the rollout ([`crate::core::Core::confirmations`]),
+    /// and a second claim outvotes the pass ([`Tribunal::note`]).
+    pub fn disputes(&self, window: WindowId, miner: &PublicKey) -> Vec<([u8; 32], PublicKey, PublicKey)> {
+        let mut out = Vec::new();
+        for (claimant, refuted) in &self.refuted {
+            let lo = (window, [0u8; 32]);
+            let hi = (window, [0xffu8; 32]);
+            for ((_, d), r) in refuted.range(lo..=hi) {
+                if r.miner == *miner && !r.passed && r.by_party == Party::Validator {
+                    out.push((*d, *claimant, r.by));
+                }
+            }
+        }
+        out
     }
 
     /// Records that `by` (of `c.party`) contradicts `validator` on `key`:

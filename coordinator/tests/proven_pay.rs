@@ -223,6 +223,64 @@ fn only_the_committee_refutes_and_the_trainers_failure_is_a_claim() {
     assert!(core.is_banned(&m, 2));
 }
 
+/// C, the dispute (netsim: an honest validator ended flagged in 1 of 4
+/// three-validator runs): a colluding committee member L's pass of the
+/// rollout the honest prover P cited (a model-based check, before or after
+/// P's claim) refuted P on L's word alone, and P stayed flagged unless the
+/// trainer happened to prove that miner in that window. The coordinator asks
+/// the third validator T to prove the disputed rollout; T's failure outvotes
+/// L's pass: L is flagged, P is not, and m is paid nothing (an unconfirmed
+/// failure). The other way round, a lying claimant stays refuted when T passes.
+#[test]
+fn a_disputed_rollout_goes_to_a_third_validator_and_the_majority_decides() {
+    for pass_first in [true, false] {
+        let mut core = core(3);
+        let m = key(1);
+        let dm = store_groups(&mut core, 1, m, 2);
+        let d = dm[0];
+        let duty = core.duty(1, &m).expect("m's duty");
+        let (p, l) = (duty.committee[0], duty.committee[1]);
+        let t = (100..103).map(key).find(|k| !duty.committee.contains(k)).expect("a validator outside");
+        let pass = verdict(1, m, l, &dm, &[]);
+        if pass_first {
+            core.record_verdict(closed(1), &pass, true).expect("L's pass");
+        }
+        core.record_verdict(closed(1), &verdict(1, m, p, &dm[1..], &[(d, FailedCheck::Sampling)]), true)
+            .expect("P's claim");
+        if !pass_first {
+            core.record_verdict(closed(1), &pass, true).expect("L's pass");
+        }
+        assert!(core.is_flagged(&p), "pass first {pass_first}: L's pass refutes P until a tie-breaker");
+        let asked = core.confirmations(&t, None, 10);
+        assert_eq!(asked.items.len(), 1, "pass first {pass_first}: T is asked to break the tie: {asked:?}");
+        assert_eq!(asked.items[0].digests, vec![d]);
+        assert!(core.confirmations(&l, None, 10).items.iter().all(|c| !c.digests.contains(&d)));
+        core.record_verdict(closed(1), &verdict(1, m, t, &[], &[(d, FailedCheck::Sampling)]), true)
+            .expect("T's failure");
+        assert!(!core.is_flagged(&p), "pass first {pass_first}: P stayed flagged");
+        assert!(core.is_flagged(&l), "pass first {pass_first}: L was not flagged");
+        assert!(!core.is_flagged(&t));
+        assert_eq!(weight(&core, 1, m), 0.0, "pass first {pass_first}: m is paid");
+        assert!(core.confirmations(&t, None, 10).items.is_empty(), "the tie is broken");
+    }
+
+    // A lying claimant L against honest h: P passes, T passes too.
+    let mut core = core(3);
+    let h = key(2);
+    let dh = store_groups(&mut core, 1, h, 2);
+    let duty = core.duty(1, &h).expect("h's duty");
+    let (p, l) = (duty.committee[0], duty.committee[1]);
+    let t = (100..103).map(key).find(|k| !duty.committee.contains(k)).expect("a validator outside");
+    core.record_verdict(closed(1), &verdict(1, h, l, &[], &[(dh[2], FailedCheck::Sampling)]), true)
+        .expect("L's false claim");
+    core.record_verdict(closed(1), &verdict(1, h, p, &dh, &[]), true).expect("P's pass");
+    assert!(core.is_flagged(&l));
+    assert_eq!(core.confirmations(&t, None, 10).items.len(), 1, "T is asked");
+    core.record_verdict(closed(1), &verdict(1, h, t, &[dh[2]], &[]), true).expect("T's pass");
+    assert!(core.is_flagged(&l) && !core.is_flagged(&p) && !core.is_flagged(&t));
+    assert!(weight(&core, 1, h) > 0.0);
+}
+
 /// G: an outsider claims a failure on a digest never stored; h's prover
 /// passes what it was assigned: h is not `Suspect` (it stayed so), and
 /// nothing waits for a confirmation.

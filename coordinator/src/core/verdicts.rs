@@ -47,7 +47,11 @@ impl Core {
     /// its hard evidence cites rollouts the coordinator cannot re-check itself
     /// (model-based checks) that the confirmer's own verdict does not cover;
     /// a claim resting on a count of soft failures asks for the prover's
-    /// groups instead. Answered by the confirmer's verdict on the miner.
+    /// groups instead. A rollout in dispute (a validator's claim refuted by
+    /// another validator's pass alone, [`crate::bans::Tribunal::disputes`])
+    /// waits for every other validator that is not flagged, committee or
+    /// not: a second failure claim outvotes the pass. Answered by the
+    /// confirmer's verdict on the miner.
     pub fn confirmations(
         &self,
         confirmer: &PublicKey,
@@ -79,12 +83,20 @@ impl Core {
         window: WindowId,
         miner: &PublicKey,
     ) -> Option<Confirmation> {
-        if !self.pending(window, miner) {
-            return None;
-        }
         let duty = self.duty(window, miner)?;
-        if !duty.committee.contains(confirmer) {
-            return None;
+        let ties = self.tie_breaks(confirmer, window, miner);
+        if !self.pending(window, miner) || !duty.committee.contains(confirmer) {
+            let mut claimants: Vec<PublicKey> = ties.iter().map(|(_, c)| *c).collect();
+            claimants.dedup();
+            let mut digests: Vec<[u8; 32]> = ties.into_iter().map(|(d, _)| d).collect();
+            digests.truncate(MAX_CONFIRMATION_DIGESTS);
+            return (!digests.is_empty()).then(|| Confirmation {
+                window,
+                miner: *miner,
+                claimants,
+                digests,
+                groups: Vec::new(),
+            });
         }
         let by = self.verdicts.get(&(window, *miner))?;
         // A member's claim, or an outsider's hard evidence (sent to the committee).
@@ -118,6 +130,11 @@ impl Core {
                 groups.clone_from(&duty.groups);
             }
         }
+        for (d, _) in ties {
+            if !digests.contains(&d) {
+                digests.push(d);
+            }
+        }
         digests.truncate(MAX_CONFIRMATION_DIGESTS);
         groups.truncate(MAX_CONFIRMATION_GROUPS);
         if digests.is_empty() && groups.is_empty() {
@@ -130,6 +147,32 @@ impl Core {
             digests,
             groups,
         })
+    }
+
+    /// The disputed rollouts ([`crate::bans::Tribunal::disputes`]: a
+    /// validator's claim refuted by another validator's pass alone) of
+    /// `miner` in `window` that `confirmer` is asked to break the tie on:
+    /// it is neither party, not flagged, the store holds the rollout and its
+    /// own verdict does not cover it yet. (digest, claimant) pairs.
+    fn tie_breaks(&self, confirmer: &PublicKey, window: WindowId, miner: &PublicKey) -> Vec<([u8; 32], PublicKey)> {
+        if self.party(confirmer) != Party::Validator || self.tribunal.is_flagged(confirmer) {
+            return Vec::new();
+        }
+        let own = self.verdicts.get(&(window, *miner)).and_then(|by| by.get(confirmer));
+        let covered =
+            |d: &[u8; 32]| own.is_some_and(|o| o.passed.contains(d) || o.evidence.iter().any(|e| e.digest == *d));
+        let mut out: Vec<([u8; 32], PublicKey)> = Vec::new();
+        for (d, claimant, passer) in self.tribunal.disputes(window, miner) {
+            if claimant != *confirmer
+                && passer != *confirmer
+                && self.holds(window, miner, &d)
+                && !covered(&d)
+                && !out.iter().any(|(x, _)| *x == d)
+            {
+                out.push((d, claimant));
+            }
+        }
+        out
     }
 
     /// Records a verdict of a validator or of the trainer's proof: checks the
@@ -327,7 +370,11 @@ impl Core {
             let book = if aside { &mut self.set_aside } else { &mut self.verdicts };
             book.entry(key).or_default().insert(body.validator, body.clone());
         }
-        if party == Party::Validator && !aside && self.claim_holds(body) {
+        // A claim refuted by a validator's pass alone waits for a tie-breaker.
+        if party == Party::Validator
+            && self.claim_holds(body)
+            && (!aside || !self.tribunal.disputes(key.0, &key.1).is_empty())
+        {
             self.disputed.insert(key);
         }
         if self.counted_claim(body) && !aside && self.confirmed(key.0, &key.1) {

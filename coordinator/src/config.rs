@@ -93,8 +93,12 @@ pub struct Config {
     /// Longest prompt (tokens) a rollout may carry; longer ones are refused
     /// at the door (`schema`). Default 1024.
     pub max_prompt_tokens: u32,
-    /// Connections open at once, in all. Default 2048.
+    /// Authenticated connections open at once, in all. Default 2048.
     pub max_connections: u32,
+    /// Of `max_connections`, slots only validators and the trainer may take. Default 64.
+    pub reserved_role_connections: u32,
+    /// Connections open at once before they authenticate. Default 256.
+    pub max_unauthenticated: u32,
     /// Connections open at once from one IPv4 address or IPv6 /64. Default 64.
     pub max_connections_per_address: u32,
     /// Authenticated connections open at once per key. Default 8.
@@ -177,6 +181,8 @@ impl Default for Config {
             requests_per_sec: l.requests_per_sec,
             max_prompt_tokens: 1024,
             max_connections: l.max_connections,
+            reserved_role_connections: l.reserved_role_connections,
+            max_unauthenticated: l.max_unauthenticated,
             max_connections_per_address: l.max_connections_per_address,
             max_connections_per_key: l.max_connections_per_key,
             idle_timeout_ms: l.idle_timeout_ms,
@@ -351,6 +357,16 @@ pub fn check_values(cfg: &Config, dev: bool) -> Result<(), ValueError> {
         if v == 0 {
             return range(key, &v, "at least 1");
         }
+    }
+    if cfg.reserved_role_connections >= cfg.max_connections {
+        return range(
+            "reserved_role_connections",
+            &cfg.reserved_role_connections,
+            &format!("less than max_connections ({}): miners share the rest", cfg.max_connections),
+        );
+    }
+    if cfg.max_unauthenticated == 0 {
+        return range("max_unauthenticated", &cfg.max_unauthenticated, "at least 1");
     }
     if cfg.grace_ms >= cfg.window_ms {
         return range("grace_ms", &cfg.grace_ms, &format!("less than window_ms ({})", cfg.window_ms));

@@ -402,6 +402,8 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         max_connections: cfg.max_connections,
         max_connections_per_address: cfg.max_connections_per_address,
         max_connections_per_key: cfg.max_connections_per_key,
+        reserved_role_connections: cfg.reserved_role_connections,
+        max_unauthenticated: cfg.max_unauthenticated,
         idle_timeout_ms: cfg.idle_timeout_ms,
         handshake_timeout_ms: cfg.handshake_timeout_ms,
         penalties_per_sec: cfg.penalties_per_sec,

@@ -1,5 +1,5 @@
 //! The coordinator against hostile peers (network-security review E2, E4,
-//! E6, W1, W2; proof-soundness findings 3 and 9): each test is a finding's
+//! E6, W1, W2; review 2 finding 3; proof-soundness findings 3 and 9): each test is a finding's
 //! reproduction over loopback QUIC, asserting the bound that holds now.
 
 mod common;
@@ -425,4 +425,66 @@ fn dev_keys_are_refused_outside_dev() {
         ..Config::default()
     };
     assert!(node::refuse_dev_keys(&own).is_ok());
+}
+
+/// Review 2, finding 3: 128 connections held by 16 miner keys refused the
+/// validator and a new miner, and unauthenticated reconnects alone did the
+/// same. Now miners share `max_connections − reserved_role_connections`,
+/// the validator and the trainer may take every slot, and connections that
+/// never authenticate have their own cap (the oldest closed past it).
+#[tokio::test]
+async fn miner_and_unauthenticated_floods_leave_the_validator_and_trainer_a_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = dev(dir.path());
+    cfg.max_connections = 12;
+    cfg.reserved_role_connections = 4;
+    cfg.max_unauthenticated = 4;
+    cfg.max_connections_per_address = 1000;
+    cfg.max_connections_per_key = 8;
+    cfg.connections_per_sec = 10_000;
+    let node = start(&cfg).await;
+    // Two miner keys take every miner slot (8 = 12 − 4).
+    let mut held = Vec::new();
+    for k in [61u8, 62] {
+        for _ in 0..4 {
+            let key = Keypair::from_seed([k; 32]);
+            held.push(within(Session::connect(node.quic, &node.fingerprint, &key, Role::Miner)).await.unwrap());
+        }
+    }
+    match within(Session::connect(node.quic, &node.fingerprint, &Keypair::from_seed([63; 32]), Role::Miner)).await {
+        Err(NetError::Refused(ErrorCode::RateLimited, _)) => {}
+        other => panic!("a ninth miner connection: {:?}", other.map(|_| "logged in")),
+    }
+    // And 20 connections that never authenticate.
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        let (ep, c) = raw_connect(&node).await;
+        silent.push((ep, c));
+    }
+    let validator = tributary_protocol::dev::key(Role::Validator);
+    let trainer = tributary_protocol::dev::key(Role::Trainer);
+    let mut v = within(Session::connect(node.quic, &node.fingerprint, &validator, Role::Validator))
+        .await
+        .expect("the validator gets in");
+    let mut t =
+        within(Session::connect(node.quic, &node.fingerprint, &trainer, Role::Trainer)).await.expect("the trainer too");
+    window(&mut v).await;
+    window(&mut t).await;
+    // Unauthenticated connections never hold more than their cap.
+    let (open, _) = node.shared.connections("127.0.0.1".parse().unwrap());
+    assert!(open <= 8 + 2 + 4, "{open} open: 8 miners, 2 roles, at most 4 unauthenticated");
+    // A miner connection that closes frees its slot for another miner.
+    let gone = held.pop().expect("held");
+    gone.conn.close(0u32.into(), b"done");
+    gone.endpoint.wait_idle().await;
+    let mut fresh = None;
+    for _ in 0..50 {
+        let key = Keypair::from_seed([63; 32]);
+        if let Ok(s) = within(Session::connect(node.quic, &node.fingerprint, &key, Role::Miner)).await {
+            fresh = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    window(fresh.as_mut().expect("a miner slot freed")).await;
 }

@@ -35,12 +35,27 @@ pub fn address_prefix(ip: IpAddr) -> IpAddr {
 
 #[derive(Debug, Default)]
 pub(super) struct ConnCounts {
-    pub(super) total: u32,
+    /// Connections up and not authenticated yet, oldest first (their own
+    /// cap, `max_unauthenticated`: past it the oldest is closed).
+    pub(super) pending: std::collections::BTreeMap<u64, quinn::Connection>,
+    next_pending: u64,
+    /// Authenticated connections (cap `max_connections`).
+    pub(super) authed: u32,
+    /// Authenticated miner connections (cap `max_connections − reserved_role_connections`).
+    pub(super) miners: u32,
     pub(super) by_prefix: HashMap<IpAddr, u32>,
     pub(super) by_key: HashMap<PublicKey, u32>,
 }
 
-/// An open connection's place in the global and per-address counts.
+impl ConnCounts {
+    fn gauge(&self) {
+        let pending = self.pending.len() as f64;
+        metrics::gauge!("tributary_connections").set(f64::from(self.authed) + pending);
+        metrics::gauge!("tributary_connections_unauthenticated").set(pending);
+    }
+}
+
+/// An open connection's place in its source's count, for its whole life.
 pub(super) struct AddressSlot {
     sh: Arc<Shared>,
     prefix: IpAddr,
@@ -49,60 +64,118 @@ pub(super) struct AddressSlot {
 impl Drop for AddressSlot {
     fn drop(&mut self) {
         let mut c = self.sh.conns();
-        c.total = c.total.saturating_sub(1);
         if let Some(n) = c.by_prefix.get_mut(&self.prefix) {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 c.by_prefix.remove(&self.prefix);
             }
         }
-        metrics::gauge!("tributary_connections").set(f64::from(c.total));
     }
 }
 
-/// An authenticated connection's place in its key's count.
+/// A connection's place among the unauthenticated ones, until it logs in
+/// or closes: a flood of connections that never authenticate fills only
+/// this cap, never the slots of authenticated roles; and past the cap the
+/// oldest unauthenticated connection is closed, so the flood must open
+/// `max_unauthenticated` connections within one honest handshake (a few
+/// round trips) to keep anyone out, against `connections_per_sec` per
+/// address.
+pub(super) struct PendingSlot {
+    sh: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        let mut c = self.sh.conns();
+        c.pending.remove(&self.id);
+        c.gauge();
+    }
+}
+
+/// An authenticated connection's place in its key's and its role's counts.
 pub(super) struct KeySlot {
     sh: Arc<Shared>,
     key: PublicKey,
+    miner: bool,
 }
 
 impl Drop for KeySlot {
     fn drop(&mut self) {
         let mut c = self.sh.conns();
+        c.authed = c.authed.saturating_sub(1);
+        if self.miner {
+            c.miners = c.miners.saturating_sub(1);
+        }
         if let Some(n) = c.by_key.get_mut(&self.key) {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 c.by_key.remove(&self.key);
             }
         }
+        c.gauge();
     }
 }
 
 impl Shared {
+    /// A new connection's place in its source's count.
     pub(super) fn take_address_slot(self: &Arc<Self>, ip: IpAddr) -> Result<AddressSlot, &'static str> {
         let prefix = address_prefix(ip);
         let mut c = self.conns();
-        if c.total >= self.limits.max_connections {
-            return Err("max_connections");
-        }
         let n = c.by_prefix.entry(prefix).or_insert(0);
         if *n >= self.limits.max_connections_per_address {
             return Err("max_connections_per_address");
         }
         *n += 1;
-        c.total += 1;
-        metrics::gauge!("tributary_connections").set(f64::from(c.total));
         Ok(AddressSlot { sh: self.clone(), prefix })
     }
 
-    pub(super) fn take_key_slot(self: &Arc<Self>, key: PublicKey) -> Option<KeySlot> {
+    /// An established connection's place among the unauthenticated ones;
+    /// at the cap, the oldest of them is closed to make room.
+    pub(super) fn enter_pending(self: &Arc<Self>, conn: &quinn::Connection) -> PendingSlot {
         let mut c = self.conns();
-        let n = c.by_key.entry(key).or_insert(0);
-        if *n >= self.limits.max_connections_per_key {
-            return None;
+        while c.pending.len() >= self.limits.max_unauthenticated.max(1) as usize {
+            let Some((_, oldest)) = c.pending.pop_first() else { break };
+            metrics::counter!("tributary_connections_refused_total", "reason" => "max_unauthenticated").increment(1);
+            let remote = oldest.remote_address();
+            self.warn_refusal("max_unauthenticated", || {
+                format!(
+                    "connection from {remote} closed before it authenticated: {} unauthenticated connections are \
+                     open (cap max_unauthenticated), the oldest goes",
+                    self.limits.max_unauthenticated
+                )
+            });
+            oldest.close(1u32.into(), b"too many unauthenticated connections");
         }
-        *n += 1;
-        Some(KeySlot { sh: self.clone(), key })
+        let id = c.next_pending;
+        c.next_pending += 1;
+        c.pending.insert(id, conn.clone());
+        c.gauge();
+        PendingSlot { sh: self.clone(), id }
+    }
+
+    /// An authenticated connection's slot: its key's, and its role's.
+    /// Miners share `max_connections − reserved_role_connections`; the
+    /// validators and the trainer may use every slot, so however many
+    /// miner connections are open, the network's own roles get in.
+    pub(super) fn take_key_slot(self: &Arc<Self>, role: Role, key: PublicKey) -> Result<KeySlot, &'static str> {
+        let l = &self.limits;
+        let mut c = self.conns();
+        if c.by_key.get(&key).is_some_and(|n| *n >= l.max_connections_per_key) {
+            return Err("max_connections_per_key");
+        }
+        let miner = role == Role::Miner;
+        let miner_cap = l.max_connections.saturating_sub(l.reserved_role_connections);
+        if c.authed >= l.max_connections || (miner && c.miners >= miner_cap) {
+            return Err("max_connections");
+        }
+        *c.by_key.entry(key).or_insert(0) += 1;
+        c.authed += 1;
+        if miner {
+            c.miners += 1;
+        }
+        c.gauge();
+        Ok(KeySlot { sh: self.clone(), key, miner })
     }
 }
 
@@ -159,8 +232,8 @@ impl Server {
                         let (total, here) = sh.connections(remote.ip());
                         sh.warn_refusal(which, || {
                             format!(
-                                "connection refused ({which}): {total} open (cap {}), {here} from {prefix} (cap {})",
-                                sh.limits.max_connections, sh.limits.max_connections_per_address
+                                "connection refused ({which}): {total} open, {here} from {prefix} (cap {})",
+                                sh.limits.max_connections_per_address
                             )
                         });
                         incoming.refuse();
@@ -171,7 +244,8 @@ impl Server {
                 tokio::spawn(async move {
                     match incoming.await {
                         Ok(conn) => {
-                            if let Err(e) = handle_connection(conn, sh).await {
+                            let pending = sh.enter_pending(&conn);
+                            if let Err(e) = handle_connection(conn, sh, pending).await {
                                 tracing::debug!(error = %e, "connection ended");
                             }
                         }
@@ -206,7 +280,11 @@ pub(super) async fn send_error(send: &mut quinn::SendStream, code: ErrorCode, de
     let _ = net::write_frame(send, &Frame::Error(ErrorFrame { code, detail: detail.into() })).await;
 }
 
-pub(super) async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) -> Result<(), NetError> {
+pub(super) async fn handle_connection(
+    conn: quinn::Connection,
+    sh: Arc<Shared>,
+    pending: PendingSlot,
+) -> Result<(), NetError> {
     // One deadline for the first stream and the whole handshake: a
     // connection that never opens a stream, or stalls in the handshake, goes.
     let deadline = Duration::from_millis(sh.limits.handshake_timeout_ms.max(1));
@@ -216,6 +294,8 @@ pub(super) async fn handle_connection(conn: quinn::Connection, sh: Arc<Shared>) 
         Ok::<_, NetError>((send, recv, r))
     })
     .await;
+    // Logged in (its key slot taken) or refused: no longer unauthenticated.
+    drop(pending);
     let (send, mut recv, (role, peer, _key_slot)) = match hs {
         Ok(Ok((send, recv, Ok(Some(x))))) => (send, recv, x),
         Ok(Ok((mut send, _, Ok(None)))) => {
@@ -341,17 +421,30 @@ pub(super) async fn handshake(
         send_error(send, ErrorCode::BadHandshake, "signature does not verify").await;
         return Ok(None);
     }
-    let Some(slot) = sh.take_key_slot(hello.key) else {
-        metrics::counter!("tributary_connections_refused_total", "reason" => "max_connections_per_key").increment(1);
-        sh.warn_refusal("max_connections_per_key", || {
-            format!(
-                "handshake refused: key {} already has {} connections open",
-                hello.key.short(),
-                sh.limits.max_connections_per_key
-            )
-        });
-        send_error(send, ErrorCode::RateLimited, "too many connections for this key").await;
-        return Ok(None);
+    let slot = match sh.take_key_slot(hello.role, hello.key) {
+        Ok(slot) => slot,
+        Err(which) => {
+            metrics::counter!("tributary_connections_refused_total", "reason" => which).increment(1);
+            let l = &sh.limits;
+            sh.warn_refusal(which, || {
+                format!(
+                    "handshake refused ({which}): key {} as {}; caps: {} per key, {} authenticated ({} of them for \
+                     miners)",
+                    hello.key.short(),
+                    hello.role.as_str(),
+                    l.max_connections_per_key,
+                    l.max_connections,
+                    l.max_connections.saturating_sub(l.reserved_role_connections)
+                )
+            });
+            let detail = if which == "max_connections_per_key" {
+                "too many connections for this key"
+            } else {
+                "the coordinator is full for this role: retry later"
+            };
+            send_error(send, ErrorCode::RateLimited, detail).await;
+            return Ok(None);
+        }
     };
     let schedule = *sh.core().schedule();
     net::write_frame(send, &Frame::Welcome(Welcome { now_ms: now_ms(), schedule })).await?;

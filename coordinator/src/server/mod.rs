@@ -46,8 +46,15 @@ pub struct Limits {
     pub rollouts_per_sec: u32,
     /// Other requests per second per miner key (burst: one second's worth).
     pub requests_per_sec: u32,
-    /// Connections open at once, in all.
+    /// Authenticated connections open at once, in all.
     pub max_connections: u32,
+    /// Of `max_connections`, the slots only validators and the trainer may
+    /// take: miners share the rest.
+    pub reserved_role_connections: u32,
+    /// Connections open at once that have not authenticated yet (their own
+    /// cap: a flood of them never takes an authenticated role's slot; past
+    /// it the oldest is closed).
+    pub max_unauthenticated: u32,
     /// Connections open at once from one address (IPv4) or /64 (IPv6).
     pub max_connections_per_address: u32,
     /// Authenticated connections open at once per key.
@@ -78,6 +85,8 @@ impl Default for Limits {
             rollouts_per_sec: 20_000,
             requests_per_sec: 200,
             max_connections: 2048,
+            reserved_role_connections: 64,
+            max_unauthenticated: 256,
             max_connections_per_address: 64,
             max_connections_per_key: 8,
             idle_timeout_ms: 300_000,
@@ -235,9 +244,10 @@ impl Shared {
     }
 
     /// Connections open now: in all, and from `ip`'s prefix.
+    /// (connections open in all, connections from `ip`'s address prefix).
     pub fn connections(&self, ip: IpAddr) -> (u32, u32) {
         let c = self.conns();
-        (c.total, c.by_prefix.get(&address_prefix(ip)).copied().unwrap_or(0))
+        (c.authed + c.pending.len() as u32, c.by_prefix.get(&address_prefix(ip)).copied().unwrap_or(0))
     }
 
     /// KiB of checkpoint payload read for answers and not yet sent, in all.

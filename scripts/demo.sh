@@ -31,6 +31,11 @@
 #                       its dashboard keep running until Ctrl-C)
 #   DEMO_EVAL_TASKS=N   held-out problems for the base-vs-last-checkpoint evaluation
 #                       (default 50; 0 skips it: the demo is then a smoke test only)
+#   DEMO_ARCH=FAMILY    llama (default: SmolLM2 as it is), qwen2 or llama3: SmolLM2's
+#                       weights re-expressed in that family's layout (`trainer transplant`:
+#                       qwen2 = Q/K/V biases and NEOX RoPE, llama3 = RoPE frequency
+#                       scaling; docs/model-families.md). The proof contract is not yet
+#                       calibrated on these files.
 #   DEMO_DIR=DIR        working folder (default: a new temporary folder)
 #   DEMO_BIN=DIR        run these prebuilt binaries instead of building (train-bench.sh
 #                       copies them once, so its networks keep running while the tree changes)
@@ -84,6 +89,16 @@ fi
 phase "base checkpoint (SmolLM2-135M-Instruct Q4_1 -> BF16)"
 "$bin/trainer" init-base
 base="$root/.cache/models/SmolLM2-135M-Instruct.bf16.gguf"
+arch="${DEMO_ARCH:-llama}"
+case "$arch" in
+  llama) ;;
+  qwen2|llama3)
+    phase "base in the $arch layout (trainer transplant)"
+    "$bin/trainer" transplant --family "$arch" --src "$base" --out "$dir/base-$arch.gguf"
+    base="$dir/base-$arch.gguf"
+    ;;
+  *) echo "DEMO_ARCH=$arch: expected llama, qwen2 or llama3" >&2; exit 2 ;;
+esac
 
 pids=()
 cleanup() {

@@ -146,7 +146,11 @@ pub fn transplant(src: &Checkpoint, opts: &TransplantOptions, out: &Path) -> Res
     }
     w.set_meta("general.architecture", MetaValue::Str(arch.into()));
     let name = src.header().get_str("general.name").unwrap_or("model").to_owned();
-    w.set_meta("general.name", MetaValue::Str(format!("{name} (transplanted to {arch}/{pre})")));
+    let layout = match opts.layout {
+        Layout::Qwen2 => "qwen2",
+        Layout::Llama3 => "llama3",
+    };
+    w.set_meta("general.name", MetaValue::Str(format!("{name} (transplanted to the {layout} layout)")));
     w.set_meta("tokenizer.ggml.pre", MetaValue::Str(pre.into()));
 
     let missing = |n: &str| CheckpointError::MissingTensor(n.to_owned());

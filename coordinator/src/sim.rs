@@ -127,6 +127,9 @@ pub struct SimConfig {
     /// Soft failures in one verdict that count as a hard failure (0: soft
     /// failures are a statistic, the network default).
     pub soft_failure_threshold: u32,
+    /// Windows each window's pay waits for ([`Core::delayed_weights`]; the
+    /// signed documents use 0).
+    pub pay_delay: u64,
 }
 
 impl SimConfig {
@@ -163,6 +166,7 @@ impl SimConfig {
             ban_windows: 14,
             trainer_groups: 32,
             soft_failure_threshold: 3,
+            pay_delay: 0,
         }
     }
 }
@@ -613,7 +617,7 @@ impl Sim {
                 }
             }
             // What window w's weights document pays.
-            for (k, x) in self.core.weights(w, self.coordinator).weights {
+            for (k, x) in self.core.delayed_weights(w, self.cfg.pay_delay, self.coordinator).weights {
                 if let Some(&m) = index.get(&k) {
                     r.earnings[m] += x;
                 }
@@ -732,9 +736,17 @@ pub struct EconRow {
 /// `budget` rollouts (the network default is 4096; `None`: enough for two
 /// groups of every miner, what a validator covers in a large network),
 /// 12-window weights, 14-window bans, soft failures off (the network
-/// default), the trainer proving 32 whole groups a window; `windows`
-/// windows × `seeds` runs.
-pub fn economics(strategy: Strategy, validators: usize, windows: u64, seeds: u64, budget: Option<u32>) -> EconRow {
+/// default), the trainer proving 32 whole groups a window, each window's
+/// pay delayed by `pay_delay` windows ([`Core::delayed_weights`]; 0: the
+/// signed documents' rule); `windows` windows × `seeds` runs.
+pub fn economics(
+    strategy: Strategy,
+    validators: usize,
+    windows: u64,
+    seeds: u64,
+    budget: Option<u32>,
+    pay_delay: u64,
+) -> EconRow {
     let mut row = EconRow { validators, runs: seeds, ..EconRow::default() };
     let mut ratio_sum = 0.0;
     let mut bans: Vec<u64> = Vec::new();
@@ -756,6 +768,7 @@ pub fn economics(strategy: Strategy, validators: usize, windows: u64, seeds: u64
             windows,
             seed,
             soft_failure_threshold: 0,
+            pay_delay,
             ..SimConfig::network(ECON_HONEST, seed)
         };
         let mut sim = match Sim::new(cfg) {
@@ -877,7 +890,7 @@ mod tests {
             (Strategy::Sybil(4), 2),
             (Strategy::Colluding(0.1), 2),
         ] {
-            let r = economics(strategy, validators, 8, 1, Some(4096));
+            let r = economics(strategy, validators, 8, 1, Some(4096), 0);
             let name = strategy.name();
             assert!(r.earnings_ratio <= 0.05, "{name}, {validators} validators: {}", r.earnings_ratio);
             assert_eq!(r.false_bans, 0, "{name}");

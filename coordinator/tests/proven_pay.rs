@@ -281,6 +281,33 @@ fn a_disputed_rollout_goes_to_a_third_validator_and_the_majority_decides() {
     assert!(weight(&core, 1, h) > 0.0);
 }
 
+/// Pay delayed (`Core::delayed_weights`, what netsim --economics measures
+/// against a miner faking 1 % of its rollouts): the work of window 1 is paid
+/// in the document of window 3, and a failure caught in windows 2 or 3
+/// forfeits it; with no delay it was paid in window 1's document already.
+#[test]
+fn delayed_pay_is_forfeited_by_a_failure_caught_before_it_is_due() {
+    let mut core = core(1);
+    let (m, h, v) = (key(1), key(2), key(100));
+    let dm = store_groups(&mut core, 1, m, 2);
+    let dh = store_groups(&mut core, 1, h, 2);
+    core.record_verdict(closed(1), &verdict(1, m, v, &dm, &[]), true).expect("m passes window 1");
+    core.record_verdict(closed(1), &verdict(1, h, v, &dh, &[]), true).expect("h passes window 1");
+    assert!(weight(&core, 1, m) > 0.0, "undelayed: m is paid for window 1 at once");
+    let delayed = |core: &Core, upto: WindowId, k: PublicKey| {
+        core.delayed_weights(upto, 2, key(99)).weights.iter().find(|(x, _)| *x == k).map_or(0.0, |(_, w)| *w)
+    };
+    assert!(core.delayed_weights(1, 2, key(99)).weights.is_empty(), "nothing is due before window 1 + 2");
+    // Window 3: m's rollout fails (its 1 % of faked tokens caught).
+    let dm3 = store_groups(&mut core, 3, m, 2);
+    let dh3 = store_groups(&mut core, 3, h, 2);
+    core.record_verdict(closed(3), &verdict(3, m, v, &dm3[1..], &[(dm3[0], FailedCheck::Sampling)]), true)
+        .expect("m's failure");
+    core.record_verdict(closed(3), &verdict(3, h, v, &dh3, &[]), true).expect("h passes window 3");
+    assert_eq!(delayed(&core, 3, m), 0.0, "m's window-1 work is forfeited");
+    assert_eq!(delayed(&core, 3, h), 1.0, "h's window-1 work is paid in window 3's document");
+}
+
 /// G: an outsider claims a failure on a digest never stored; h's prover
 /// passes what it was assigned: h is not `Suspect` (it stayed so), and
 /// nothing waits for a confirmation.

@@ -71,35 +71,39 @@ prover, one confirmer on demand); validators of 4096 rollouts, enough for one gr
 every miner. Prints a markdown table (docs/benchmarks.md section 5).
 
 --economics: each cheater strategy (fake tokens at 1, 10, 100 %; a reward nudged inside
-the tolerance; group subsets; a validator colluding with a cheater; 8 Sybil keys storing
+the old 1e-6 tolerance; group subsets; a validator colluding with a cheater; 8 Sybil keys storing
 garbage) against 16 honest miners, with 1, 2 and 3 validators (the first colluding where
 the strategy has one), at the default validator budget (4096) and at two groups of every
-miner; WINDOWS windows (default 20) x SEEDS runs (default 5). Prints the cheater's
+miner (also with each window's pay delayed by 2 windows); WINDOWS windows (default 20)
+x SEEDS runs (default 5). Prints the cheater's
 earnings / an honest miner's, windows until ban, honest false bans, trainer proofs wasted
 (docs/benchmarks.md section 5b).
 ";
 
 /// Issue 28 item 9: the economics table, at the default validator budget
-/// (4096 rollouts) and at two groups of every miner per window.
+/// (4096 rollouts) and at two groups of every miner per window, pay as the
+/// signed documents pay it; then at two groups with pay delayed by 2 windows.
 fn print_economics(windows: u64, seeds: u64) {
-    for (title, budget) in
-        [("validator budget 4096 (the default)", Some(4096)), ("validator budget: two groups of every miner", None)]
-    {
+    for (title, budget, delay) in [
+        ("validator budget 4096 (the default)", Some(4096), 0),
+        ("validator budget: two groups of every miner", None, 0),
+        ("validator budget: two groups of every miner; pay delayed by 2 windows (Core::delayed_weights)", None, 2),
+    ] {
         println!("{title}; {windows} windows x {seeds} seeds:");
         println!();
-        economics_table(windows, seeds, budget);
+        economics_table(windows, seeds, budget, delay);
         println!();
     }
 }
 
-fn economics_table(windows: u64, seeds: u64, budget: Option<u32>) {
+fn economics_table(windows: u64, seeds: u64, budget: Option<u32>, delay: u64) {
     println!(
         "| strategy | V | cheater ÷ honest earnings (goal ≤ 0.05) | windows to ban (mean; never / keys) | honest false bans | trainer groups wasted / window (of proved) | colluder flagged (runs) | honest validator flagged (runs) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for strategy in Strategy::ALL {
         for validators in 1..=3 {
-            let r = economics(strategy, validators, windows, seeds, budget);
+            let r = economics(strategy, validators, windows, seeds, budget, delay);
             let ban = r.windows_to_ban.map_or("-".to_owned(), |b| format!("{b:.2}"));
             let colluder = if matches!(strategy, Strategy::Colluding(_)) {
                 format!("{}/{}", r.colluder_flagged, r.runs)

@@ -53,7 +53,22 @@ impl Core {
     /// restart) pays nothing: its passes cannot be checked against the
     /// store, and a verdict alone (a colluding validator's) is no work.
     pub fn weights(&self, upto: WindowId, coordinator: PublicKey) -> WeightsBody {
-        let from = upto.saturating_sub(self.cfg.weight_windows.saturating_sub(1));
+        self.delayed_weights(upto, 0, coordinator)
+    }
+
+    /// [`Core::weights`] with pay delayed by `delay` windows: the document
+    /// of interval `upto` pays the work of the `weight_windows` windows
+    /// ending at `upto − delay`, and a hard failure claimed in any window
+    /// from the first of those through `upto` zeroes it. Work is paid only
+    /// once `delay` more windows passed without a failure: what a miner
+    /// that cheats on a small share of its rollouts earns before its first
+    /// failure is caught (the simulator's `--economics` measures it; the
+    /// signed documents use `delay` 0 today). Nothing is paid before window `delay`.
+    pub fn delayed_weights(&self, upto: WindowId, delay: u64, coordinator: PublicKey) -> WeightsBody {
+        let Some(work_upto) = upto.checked_sub(delay) else {
+            return WeightsBody { window: upto, weights: Vec::new(), coordinator };
+        };
+        let from = work_upto.saturating_sub(self.cfg.weight_windows.saturating_sub(1));
         let cap = self.cfg.unique_cap_per_window;
         let size = self.cfg.group_size;
         let lo = |w| (w, PublicKey([0; 32]));
@@ -67,7 +82,7 @@ impl Core {
             failed: bool,
         }
         let mut tallies: BTreeMap<PublicKey, Tally> = BTreeMap::new();
-        for ((_, miner), s) in self.submitted.range(lo(from)..=hi(upto)) {
+        for ((_, miner), s) in self.submitted.range(lo(from)..=hi(work_upto)) {
             tallies.entry(*miner).or_default().asked += s.whole_rollouts(size).min(cap);
         }
         let proves = |v: &VerdictBody| v.passed.iter().any(|d| self.holds(v.window, &v.miner, d));
@@ -78,11 +93,14 @@ impl Core {
                 t.proven |= proves(v);
             }
         }
-        for ((_, miner), by_validator) in self.verdicts.range(lo(from)..=hi(upto)) {
+        for ((w, miner), by_validator) in self.verdicts.range(lo(from)..=hi(upto)) {
             let t = tallies.entry(*miner).or_default();
             let counted: Vec<&VerdictBody> = by_validator.values().filter(|v| self.member(v)).collect();
             t.failed |= counted.iter().any(|v| self.claim_holds(v));
             t.proven |= counted.iter().any(|v| proves(v));
+            if *w > work_upto {
+                continue;
+            }
             // The most conservative verdict: the lowest share of valid rollouts.
             let Some(v) = counted.iter().filter(|v| v.checked > 0).min_by(|a, b| {
                 let share = |v: &VerdictBody| f64::from(v.valid) / f64::from(v.checked);

@@ -111,6 +111,8 @@ pub struct Config {
     pub penalties_per_sec: u32,
     /// MiB of checkpoint payload held for answers at once, in all. Default 256.
     pub relay_inflight_mib: u32,
+    /// Checkpoint payload KiB per second per miner key. Default 32 768.
+    pub relay_kib_per_sec: u32,
     /// MiB of submissions read and not yet answered, in all. Default 256.
     pub ingest_inflight_mib: u32,
     /// MiB of rollouts stored per window, all miners together. Default 4096.
@@ -189,6 +191,7 @@ impl Default for Config {
             handshake_timeout_ms: l.handshake_timeout_ms,
             penalties_per_sec: l.penalties_per_sec,
             relay_inflight_mib: l.relay_inflight_mib,
+            relay_kib_per_sec: l.relay_kib_per_sec,
             ingest_inflight_mib: l.ingest_inflight_mib,
             max_window_mib: 4096,
             max_window_miners: 5_000,

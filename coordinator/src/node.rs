@@ -408,6 +408,7 @@ pub async fn start(cfg: &Config, genesis: ContentId) -> anyhow::Result<Node> {
         handshake_timeout_ms: cfg.handshake_timeout_ms,
         penalties_per_sec: cfg.penalties_per_sec,
         relay_inflight_mib: cfg.relay_inflight_mib,
+        relay_kib_per_sec: cfg.relay_kib_per_sec,
         ingest_inflight_mib: cfg.ingest_inflight_mib,
         keep_windows: cfg.keep_windows,
         min_free_mib: cfg.min_free_mib,

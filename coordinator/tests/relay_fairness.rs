@@ -164,3 +164,40 @@ async fn a_framing_error_before_login_closes_with_a_reason() {
         e => panic!("closed otherwise: {e:?}"),
     }
 }
+
+/// Review 2, finding 6: `requests_per_sec` counted requests, not bytes (one
+/// key pulled 100 MiB with 25 requests). A miner key now pulls checkpoint
+/// bytes at most at `relay_kib_per_sec` (burst: one second's worth): at 1 MiB/s
+/// a key's 6 MiB take at least 5 s, and another key's download is not held
+/// behind it (it completes while the first is still pulling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_pulls_checkpoint_bytes_at_its_rate_and_others_are_not_held_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::dev(dir.path().to_path_buf());
+    cfg.window_ms = 600_000;
+    cfg.relay_kib_per_sec = 1024;
+    let node = within(node::start(&cfg, ContentId([1; 32]))).await.unwrap();
+    let id = ContentId([9; 32]);
+    let len = 6 << 20;
+    let data = relay_payload(&node, &cfg, id, len);
+    let started = std::time::Instant::now();
+    let mut greedy = miner(&node, 41).await;
+    let pull = tokio::spawn(async move {
+        let got = download(&mut greedy, id, len).await;
+        (got, std::time::Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut other = miner(&node, 42).await;
+    let small = ContentId([8; 32]);
+    let small_data = relay_payload(&node, &cfg, small, 512 << 10);
+    let got = within(download(&mut other, small, 512 << 10)).await;
+    let other_done = std::time::Instant::now();
+    assert!(got == small_data);
+    let (got, greedy_done) = tokio::time::timeout(Duration::from_secs(60), pull).await.unwrap().unwrap();
+    assert!(got == data, "the greedy key got other bytes");
+    assert!(other_done < greedy_done, "the other key's download waited for the greedy key's");
+    // An upper bound on the rate (a slow machine only makes it slower):
+    // 6 MiB at 1 MiB/s with 1 MiB of burst take at least 5 s.
+    let took = greedy_done - started;
+    assert!(took >= Duration::from_secs(5), "6 MiB at 1 MiB/s in {took:?}");
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::PublicKey;
-use tributary_protocol::wire::{self, ErrorCode, Frame};
+use tributary_protocol::wire::{self, ErrorCode, Frame, Role};
 
 use crate::net::{self};
 use crate::relay::{PIECE_LEN, Payload, RelayError};
@@ -60,7 +60,7 @@ async fn send_payload(
     sh: &Arc<Shared>,
     send: &mut quinn::SendStream,
     conn: &quinn::Connection,
-    peer: PublicKey,
+    (role, peer): (Role, PublicKey),
     what: Payload,
     id: ContentId,
     offset: u64,
@@ -89,6 +89,15 @@ async fn send_payload(
     }
     let piece_kib = (PIECE_LEN >> 10) as u32;
     while chunk.remaining() > 0 {
+        // Bytes, not requests: a miner key pulls at most `relay_kib_per_sec`
+        // (waiting here holds none of the relay budget).
+        if role == Role::Miner {
+            let n = std::num::NonZeroU32::new(piece_kib).unwrap_or(std::num::NonZeroU32::MIN);
+            if sh.relay_rate.check_key_n(&peer, n).is_ok_and(|r| r.is_err()) {
+                metrics::counter!("tributary_relay_throttled_total").increment(1);
+                let _ = sh.relay_rate.until_key_n_ready(&peer, n).await;
+            }
+        }
         let permit = budget.acquire(peer, piece_kib).await;
         let read = tokio::task::spawn_blocking(move || {
             let p = chunk.read_piece(PIECE_LEN);
@@ -131,7 +140,7 @@ pub(super) async fn write_answers(
     wsh: Arc<Shared>,
     mut send: quinn::SendStream,
     conn: quinn::Connection,
-    peer: PublicKey,
+    who: (Role, PublicKey),
     mut ans_rx: mpsc::Receiver<Answer>,
 ) -> quinn::SendStream {
     while let Some(a) = ans_rx.recv().await {
@@ -141,7 +150,7 @@ pub(super) async fn write_answers(
                 Err(_) => continue,
             },
             Answer::Payload { what, id, offset } => {
-                match send_payload(&wsh, &mut send, &conn, peer, what, id, offset).await {
+                match send_payload(&wsh, &mut send, &conn, who, what, id, offset).await {
                     Ok(()) => continue,
                     Err(PayloadEnd::Instead(f)) => f,
                     Err(PayloadEnd::Closed) => break,

@@ -332,7 +332,7 @@ pub(super) async fn handle_connection(
     span.in_scope(|| tracing::info!("authenticated"));
     // Answers go out in request order, as their results become ready.
     let (ans_tx, ans_rx) = mpsc::channel::<Answer>(ANSWER_QUEUE);
-    let writer = tokio::spawn(write_answers(sh.clone(), send, conn.clone(), peer, ans_rx));
+    let writer = tokio::spawn(write_answers(sh.clone(), send, conn.clone(), (role, peer), ans_rx));
     let result = serve_requests(&conn, &mut recv, &sh, role, peer, &ans_tx).instrument(span.clone()).await;
     span.in_scope(|| tracing::debug!(?result, "connection finished"));
     drop(ans_tx);

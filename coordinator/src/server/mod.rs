@@ -69,6 +69,9 @@ pub struct Limits {
     /// MiB of checkpoint payload read for answers at once, in all (each
     /// connection holds at most one chunk).
     pub relay_inflight_mib: u32,
+    /// Checkpoint payload KiB per second per miner key (burst: one second's
+    /// worth): bytes, not requests, bound what one key pulls.
+    pub relay_kib_per_sec: u32,
     /// MiB of submissions read and not yet answered, in all.
     pub ingest_inflight_mib: u32,
     /// Windows of rollouts kept (0: all).
@@ -93,6 +96,7 @@ impl Default for Limits {
             handshake_timeout_ms: 10_000,
             penalties_per_sec: 2,
             relay_inflight_mib: 256,
+            relay_kib_per_sec: 32 << 10,
             ingest_inflight_mib: 256,
             keep_windows: 240,
             min_free_mib: 1024,
@@ -146,6 +150,7 @@ pub struct Shared {
     limits: Limits,
     conn_limit: DefaultKeyedRateLimiter<IpAddr>,
     byte_limit: DefaultKeyedRateLimiter<PublicKey>,
+    relay_rate: DefaultKeyedRateLimiter<PublicKey>,
     rollout_limit: DefaultKeyedRateLimiter<PublicKey>,
     request_limit: DefaultKeyedRateLimiter<PublicKey>,
     penalty_limit: DefaultDirectRateLimiter,
@@ -269,6 +274,14 @@ impl Shared {
     }
 }
 
+/// The relay's per-key quota: `per_sec` KiB a second, a burst of one
+/// second's worth and never less than one piece.
+fn relay_quota(per_sec: u32) -> Quota {
+    let piece = (crate::relay::PIECE_LEN >> 10) as u32;
+    let burst = NonZeroU32::new(per_sec.max(piece)).unwrap_or(NonZeroU32::MIN);
+    quota(per_sec).allow_burst(burst)
+}
+
 fn quota(per_sec: u32) -> Quota {
     Quota::per_second(NonZeroU32::new(per_sec.max(1)).unwrap_or(NonZeroU32::MIN))
 }
@@ -333,6 +346,7 @@ pub fn shared(
         limits,
         conn_limit: RateLimiter::keyed(quota(limits.connections_per_sec)),
         byte_limit: RateLimiter::keyed(quota(limits.kib_per_sec)),
+        relay_rate: RateLimiter::keyed(relay_quota(limits.relay_kib_per_sec)),
         rollout_limit: RateLimiter::keyed(quota(limits.rollouts_per_sec)),
         request_limit: RateLimiter::keyed(quota(limits.requests_per_sec)),
         penalty_limit: RateLimiter::direct(quota(limits.penalties_per_sec)),

@@ -72,7 +72,7 @@ impl Shared {
 
     /// Forgets rate-limiter state of keys and addresses that are idle.
     pub fn prune_limiters(&self) {
-        for l in [&self.byte_limit, &self.rollout_limit, &self.request_limit] {
+        for l in [&self.byte_limit, &self.rollout_limit, &self.request_limit, &self.relay_rate] {
             l.retain_recent();
             l.shrink_to_fit();
         }

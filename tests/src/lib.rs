@@ -98,6 +98,11 @@ pub struct NetConfig {
     /// Rollouts each validator is assigned per window (the coordinator's
     /// `validator_budget`); past one group per miner it buys more groups.
     pub validator_budget: u32,
+    /// Keys storing per window (the coordinator's `max_window_miners`).
+    pub max_window_miners: u32,
+    /// Connection attempts per second per address (every role of a test
+    /// network shares 127.0.0.1).
+    pub connections_per_sec: u32,
 }
 
 /// The key of the `i`-th validator a test network authorises besides the `--dev` one.
@@ -121,6 +126,8 @@ impl NetConfig {
             extra_validators: 0,
             committee: tributary_protocol::assign::DEFAULT_COMMITTEE,
             validator_budget: tributary_protocol::assign::DEFAULT_BUDGET,
+            max_window_miners: Config::dev(PathBuf::new()).max_window_miners,
+            connections_per_sec: Config::dev(PathBuf::new()).connections_per_sec,
         }
     }
 
@@ -135,6 +142,8 @@ impl NetConfig {
         cfg.difficulty = self.difficulty;
         cfg.committee = self.committee;
         cfg.validator_budget = self.validator_budget;
+        cfg.max_window_miners = self.max_window_miners;
+        cfg.connections_per_sec = self.connections_per_sec;
         cfg.validators
             .extend((0..self.extra_validators).map(|i| extra_validator_key(self.seed, i).public().to_string()));
         cfg

@@ -252,3 +252,101 @@ async fn qwen2_mesh_window_mines_proves_and_publishes_a_delta() {
     mesh.miners[0].wait_for(120, |ev| matches!(ev, RunEvent::Submitted { checkpoint, .. } if *checkpoint == id)).await;
     mesh.stop().await;
 }
+
+const PASSAGE: &str = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. \
+How many clips did Natalia sell altogether in April and May? Natalia sold 48/2 = 24 clips in May. \
+Natalia sold 48+24 = 72 clips altogether in April and May. The answer is 72. Weng earns $12 an hour \
+for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?";
+
+/// SmolLM2-135M transplanted to `layout` (`trainer transplant`, default biases) in `dir`.
+fn transplanted(dir: &Path, name: &str, layout: trainer::transplant::Layout) -> PathBuf {
+    use trainer::transplant::{DEFAULT_BIAS_STD, TransplantOptions, transplant};
+    let src = Checkpoint::open(&assets::smollm2_bf16()).expect("the BF16 SmolLM2 base (trainer init-base)");
+    let model = dir.join(format!("smollm2-{name}.gguf"));
+    transplant(&src, &TransplantOptions { layout, seed: 1, bias_std: DEFAULT_BIAS_STD }, &model).unwrap();
+    model
+}
+
+/// SmolLM2-135M's trained weights transplanted to the `qwen2` and `llama3`
+/// layouts: llama.cpp (exact-F32 profile) and the reference agree on a
+/// 116-token GSM8K passage within 1e-4 (SmolLM2's own honest worst is
+/// 6.8e-5, `VerifyParams::DEFAULT`), on a model that predicts text.
+#[test]
+fn transplanted_smollm2_llama_cpp_matches_the_reference() {
+    use trainer::transplant::Layout;
+    tributary_policy::init_threads(Some(2));
+    let dir = tempfile::tempdir().unwrap();
+    for (name, layout) in [("qwen2", Layout::Qwen2), ("llama3", Layout::Llama3)] {
+        let model = transplanted(dir.path(), name, layout);
+        let ckpt = Checkpoint::open(&model).unwrap();
+        let ids: Vec<i64> =
+            Tokenizer::from_gguf_file(&model).unwrap().encode(PASSAGE).unwrap().into_iter().map(i64::from).collect();
+        assert!(ids.len() >= 64);
+        let tokens = Tensor::from_slice(&ids).unsqueeze(0);
+        let next: Vec<i64> = ids[1..].iter().copied().chain([ids[0]]).collect();
+        let next = Tensor::from_slice(&next).view([1, -1, 1]);
+        let reference = ReferenceModel::load(&ckpt, Device::Cpu).unwrap();
+        let want = reference_logprobs(&reference, &tokens, &next);
+        drop(reference);
+        let (d, n) = max_diff(&miner_logprobs(&model, &tokens, &next), &want);
+        let mean = want.narrow(1, 0, n - 1).mean(Kind::Double).double_value(&[]);
+        eprintln!(
+            "{name} (SmolLM2 transplanted): {n} positions, mean log p {mean:.3}, max |Δ log p| llama.cpp-reference {d:.2e}"
+        );
+        assert!(d <= TOL, "{name}: llama.cpp vs reference {d:.2e}");
+        assert!(mean > -3.5, "{name}: the transplant does not predict text (mean log p {mean})");
+    }
+}
+
+/// The proof contract on the transplanted models: every honest rollout the
+/// miner samples is accepted by the validator's whole check (SmolLM2 itself
+/// as the control). Fails today on `qwen2`: 1 of 8 honest 64-token arith
+/// rollouts (seed 23, group 0 rollout 2, a degenerate completion with median
+/// token probability 0.008) is hard-rejected with
+/// `TooManyAmbiguous { ambiguous: 20, total: 64, max: 13 }`, while SmolLM2 and
+/// the `llama3` transplant pass 8/8. The contract was calibrated on SmolLM2
+/// only (issue 30 item 3 asks for ≥ 50,000 positions per family; see
+/// docs/model-families.md, "Left"). About 5 minutes on two cores.
+#[test]
+#[ignore = "issue 30: honest qwen2-transplant rollouts can exceed the ambiguity cap; the contract is not calibrated on this family yet"]
+fn transplanted_smollm2_rollouts_pass_the_validator() {
+    use trainer::transplant::Layout;
+    let dir = tempfile::tempdir().unwrap();
+    let mut models = vec![("smollm2 (control)".to_owned(), assets::smollm2_bf16())];
+    for (name, layout) in [("qwen2", Layout::Qwen2), ("llama3", Layout::Llama3)] {
+        models.push((name.to_owned(), transplanted(dir.path(), name, layout)));
+    }
+    let mut rejected = Vec::new();
+    for (name, model) in &models {
+        let tokenizer = Tokenizer::from_gguf_file(model).unwrap();
+        let mut backend = LlamaCppBackend::load(&LlamaConfig { threads: 2, ..LlamaConfig::new(model) }).unwrap();
+        let seed = 23;
+        let window = OfflineWindow::from_seed(seed);
+        let env = Environment::Arith(ArithEnv::new(102));
+        let opts = GenerateOptions {
+            first_task: 0,
+            tasks: 2,
+            group: 4,
+            max_new_tokens: 64,
+            temperature: 1.0,
+            sketch_params: SketchParams::DEFAULT,
+        };
+        let job =
+            offline::Job { tokenizer: &tokenizer, env: &env, model: None, data: None, window: &window, opts: &opts };
+        let out = dir.path().join(format!("{}.jsonl", rejected.len()));
+        let file = std::fs::File::create(&out).unwrap();
+        offline::generate(&mut backend, &job, offline::jsonl_sink(BufWriter::new(file)), |_| {}).unwrap();
+        drop(backend);
+        let mut check = validator::check::CheckOptions::new(model.to_path_buf(), out, seed);
+        check.threads = Some(2);
+        let mut report = Vec::new();
+        let summary = validator::check::run_check(&check, &mut report).unwrap();
+        let report = String::from_utf8(report).unwrap();
+        eprintln!("{name}: {summary:?}");
+        if summary.rejected > 0 {
+            eprintln!("{report}");
+        }
+        rejected.push((name.clone(), summary.accepted, summary.rejected));
+    }
+    assert!(rejected.iter().all(|(_, a, r)| (*a, *r) == (8, 0)), "honest rollouts rejected: {rejected:?}");
+}

@@ -482,7 +482,11 @@ pub fn status(shared: &Shared, history: &History, now_ms: u64) -> Result<Status,
     let weights_interval = signed.as_ref().map(|d| d.body.window);
     let weights: BTreeMap<PublicKey, f64> = match signed {
         Some(d) => d.body.weights.into_iter().collect(),
-        None => core.weights(weights_upto, shared.key.public()).weights.into_iter().collect(),
+        None => core
+            .delayed_weights(weights_upto, crate::weights::PAY_DELAY_WINDOWS, shared.key.public())
+            .weights
+            .into_iter()
+            .collect(),
     };
     let peers = shared.relay.peers();
     let closed_rows: Vec<&WindowRow> = windows.iter().filter(|r| r.closed && r.rollouts > 0).collect();

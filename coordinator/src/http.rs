@@ -177,7 +177,11 @@ async fn weights_map(State(s): State<AppState>) -> Result<Json<BTreeMap<String, 
         None => {
             let core = s.shared.core();
             let upto = core.current_window(now_ms()).unwrap_or(0).saturating_sub(2);
-            core.weights(upto, s.shared.key.public()).weights.into_iter().map(|(k, w)| (k.to_string(), w)).collect()
+            core.delayed_weights(upto, crate::weights::PAY_DELAY_WINDOWS, s.shared.key.public())
+                .weights
+                .into_iter()
+                .map(|(k, w)| (k.to_string(), w))
+                .collect()
         }
     }))
 }

@@ -128,7 +128,8 @@ pub struct SimConfig {
     /// failures are a statistic, the network default).
     pub soft_failure_threshold: u32,
     /// Windows each window's pay waits for ([`Core::delayed_weights`]; the
-    /// signed documents use 0).
+    /// signed documents wait [`crate::weights::PAY_DELAY_WINDOWS`]; 0 here
+    /// unless set).
     pub pay_delay: u64,
 }
 
@@ -890,7 +891,7 @@ mod tests {
             (Strategy::Sybil(4), 2),
             (Strategy::Colluding(0.1), 2),
         ] {
-            let r = economics(strategy, validators, 8, 1, Some(4096), 0);
+            let r = economics(strategy, validators, 8, 1, Some(4096), crate::weights::PAY_DELAY_WINDOWS);
             let name = strategy.name();
             assert!(r.earnings_ratio <= 0.05, "{name}, {validators} validators: {}", r.earnings_ratio);
             assert_eq!(r.false_bans, 0, "{name}");

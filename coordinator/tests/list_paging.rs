@@ -229,12 +229,13 @@ async fn a_weights_document_is_read_back_whole_across_small_parts() {
         assert!(matches!(within(v.request(&Frame::PostVerdict(verdict))).await.unwrap(), Frame::VerdictAck(_)));
     }
     assert!(now() < schedule.opens_at(2), "the machine is too slow for {window_ms} ms windows");
-    let doc = coordinator::testing::signed_weights(&node.shared, 0).await;
+    // The first document that pays window 0's work (pay waits PAY_DELAY_WINDOWS).
+    let doc = coordinator::testing::signed_weights(&node.shared, coordinator::weights::PAY_DELAY_WINDOWS).await;
     assert_eq!(doc.body.weights.len(), 20);
     node.shared.set_list_answer_bytes(64);
     let mut bytes = Vec::new();
     let mut parts = 0;
-    let mut window = Some(0);
+    let mut window = Some(doc.body.window);
     loop {
         let get = GetWeights { window, offset: bytes.len() as u64 };
         match within(v.request(&Frame::GetWeights(get))).await.unwrap() {

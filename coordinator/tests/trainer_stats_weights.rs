@@ -139,11 +139,18 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     );
     assert!(matches!(within(v.request(&Frame::PostVerdict(verdict))).await.unwrap(), Frame::VerdictAck(_)));
     assert!(now() < schedule.opens_at(2), "the machine is too slow for {window_ms} ms windows");
-    // Window 0's document is signed once window 1 has ended.
-    let doc = coordinator::testing::signed_weights(&node.shared, 0).await;
-    assert!(now() >= schedule.opens_at(2));
-    assert_eq!(doc.body.window, 0);
+    // Window 0's work is paid in the document of interval d (pay waits d
+    // windows), signed once window d + 1 has ended; the earlier ones pay nobody.
+    let d = coordinator::weights::PAY_DELAY_WINDOWS;
+    let doc = coordinator::testing::signed_weights(&node.shared, d).await;
+    assert!(now() >= schedule.opens_at(d + 2));
+    assert_eq!(doc.body.window, d);
     assert_eq!(doc.body.weights, vec![(miner, 1.0)]);
+    for w in 0..d {
+        if let Some(x) = node.shared.store.weights_doc(w).unwrap() {
+            assert!(x.body.weights.is_empty(), "interval {w} pays window 0's work early: {:?}", x.body);
+        }
+    }
     // Served over QUIC (the latest document) and verifiable with the key learnt in the handshake.
     let bytes = match within(v.request(&Frame::GetWeights(GetWeights { window: None, offset: 0 }))).await.unwrap() {
         Frame::Weights(p) if p.offset == 0 && p.data.0.len() as u64 == p.len => p.data.0,
@@ -157,7 +164,7 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     t.body.weights[0].1 = 0.5;
     assert_eq!(WeightsDoc::decode_verified(&t.encode(), &coordinator), Err(WeightsDocError::BadSignature));
     let mut t = doc.clone();
-    t.body.window = 1;
+    t.body.window = d + 1;
     assert_eq!(WeightsDoc::decode_verified(&t.encode(), &coordinator), Err(WeightsDocError::BadSignature));
     let impostor = Keypair::from_seed([8; 32]);
     let forged =
@@ -170,17 +177,17 @@ async fn weights_document_per_interval_is_signed_stored_and_verifies() {
     // One document per interval, never rewritten: a later verdict changes later intervals only.
     let next = within(async {
         loop {
-            if let Some(d) = node.shared.store.weights_doc(1).unwrap() {
-                return d;
+            if let Some(x) = node.shared.store.weights_doc(d + 1).unwrap() {
+                return x;
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     })
     .await;
     next.verify_by(&coordinator).unwrap();
-    assert_eq!(node.shared.store.weights_doc(0).unwrap(), Some(doc.clone()));
+    assert_eq!(node.shared.store.weights_doc(d).unwrap(), Some(doc.clone()));
     let rewrite =
         WeightsDoc::sign(WeightsBody { weights: vec![], ..doc.body.clone() }, &node.shared.key, &node.shared.network());
     assert!(!node.shared.store.put_weights_doc(&rewrite).unwrap());
-    assert_eq!(node.shared.store.weights_doc(0).unwrap(), Some(doc));
+    assert_eq!(node.shared.store.weights_doc(d).unwrap(), Some(doc));
 }

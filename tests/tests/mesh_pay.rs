@@ -12,6 +12,7 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
+use coordinator::weights::PAY_DELAY_WINDOWS;
 use tributary_protocol::env::PRACTICE_LEVEL;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::rollout::Rollout;
@@ -107,14 +108,15 @@ async fn a_reward_nudging_miner_is_paid_nothing_and_never_trained_on() {
     let dir = t.config.dir.clone();
 
     // The signed weights documents of every interval from the first judged
-    // window to the last: the nudger is paid nothing in any of them, the
+    // window to the one that pays the last judged window's work (pay waits
+    // PAY_DELAY_WINDOWS): the nudger is paid nothing in any of them, the
     // honest miner in the last.
     let coordinator = mesh.net.node.shared.key.public();
     let store = mesh.net.node.shared.store.clone();
     let docs: Vec<WeightsDoc> = within(60, async {
         loop {
             let docs: Vec<Option<WeightsDoc>> =
-                (first..=judged).map(|w| store.weights_doc(w).expect("weights document")).collect();
+                (first..=judged + PAY_DELAY_WINDOWS).map(|w| store.weights_doc(w).expect("weights document")).collect();
             if docs.iter().all(Option::is_some) {
                 break docs.into_iter().flatten().collect();
             }

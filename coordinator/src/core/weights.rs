@@ -62,8 +62,9 @@ impl Core {
     /// from the first of those through `upto` zeroes it. Work is paid only
     /// once `delay` more windows passed without a failure: what a miner
     /// that cheats on a small share of its rollouts earns before its first
-    /// failure is caught (the simulator's `--economics` measures it; the
-    /// signed documents use `delay` 0 today). Nothing is paid before window `delay`.
+    /// failure is caught (the simulator's `--economics` measures it). The
+    /// signed documents use `crate::weights::PAY_DELAY_WINDOWS`. Nothing is
+    /// paid before window `delay`.
     pub fn delayed_weights(&self, upto: WindowId, delay: u64, coordinator: PublicKey) -> WeightsBody {
         let Some(work_upto) = upto.checked_sub(delay) else {
             return WeightsBody { window: upto, weights: Vec::new(), coordinator };

@@ -103,6 +103,9 @@ pub struct NetConfig {
     /// Connection attempts per second per address (every role of a test
     /// network shares 127.0.0.1).
     pub connections_per_sec: u32,
+    /// Whether closed windows are archived to an object store in the
+    /// coordinator's folder (`objects/`; the coordinator's `archive`).
+    pub archive: bool,
 }
 
 /// The key of the `i`-th validator a test network authorises besides the `--dev` one.
@@ -128,6 +131,7 @@ impl NetConfig {
             validator_budget: tributary_protocol::assign::DEFAULT_BUDGET,
             max_window_miners: Config::dev(PathBuf::new()).max_window_miners,
             connections_per_sec: Config::dev(PathBuf::new()).connections_per_sec,
+            archive: false,
         }
     }
 
@@ -144,6 +148,9 @@ impl NetConfig {
         cfg.validator_budget = self.validator_budget;
         cfg.max_window_miners = self.max_window_miners;
         cfg.connections_per_sec = self.connections_per_sec;
+        if self.archive {
+            cfg.archive = Some("objects".into());
+        }
         cfg.validators
             .extend((0..self.extra_validators).map(|i| extra_validator_key(self.seed, i).public().to_string()));
         cfg

@@ -9,13 +9,19 @@
 //! - unread relay connections: 3 keys × 2 connections asking for checkpoint
 //!   chunks and never reading (finding 2);
 //! - held connection slots: 3 keys with every connection their cap allows,
-//!   idle (finding 3).
+//!   idle (finding 3);
+//! - a planted manifest: a stranger's window written into the coordinator's
+//!   object store ahead of time (finding 4).
 //!
 //! The honest miners store their whole assignment in every attacked window,
-//! the validator keeps proving them passing, and the trainer keeps
-//! publishing. (A planted manifest needs an object store: see
-//! `coordinator/tests/archive.rs`; the coordinator's RSS under load is the
-//! soak's, `coordinator/tests/soak.rs`.)
+//! the validator keeps proving them passing, the trainer keeps publishing,
+//! the planted window is overwritten by the coordinator's own record and
+//! archiving goes on past it (that a planted manifest is never signed:
+//! `coordinator/tests/archive.rs`), and the
+//! whole network's process (coordinator, both miners, validator, trainer:
+//! ~1.1 GiB, two libtorch roles among them) peaks under 2 GiB and the attack
+//! adds under 512 MiB to its peak. (The coordinator alone under E1–E5, as a child
+//! process with `kill -9`: `coordinator/tests/soak.rs`.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -95,6 +101,7 @@ async fn honest_roles_get_every_windows_work_in_under_the_probes_load() {
             // Every attacker shares the honest roles' 127.0.0.1 here; in the
             // probe they came from many addresses.
             connections_per_sec: 10_000,
+            archive: true,
             ..NetConfig::new(4_000, 600, 2, 2)
         },
         miners: vec![MinerSpec::honest("honest0"), MinerSpec::honest("honest1")],
@@ -108,6 +115,7 @@ async fn honest_roles_get_every_windows_work_in_under_the_probes_load() {
         mesh.validator().until(180, |r| honest.iter().all(|h| r.miners.get(h).is_some_and(|m| m.body.valid > 0))).await;
     let proven_in = r.window;
     let (addr, pin) = (mesh.net.node.quic, mesh.net.node.fingerprint.clone());
+    let before_kib = status_kib("VmHWM:");
     let stop = Arc::new(AtomicBool::new(false));
     let sybils_stored = Arc::new(AtomicU64::new(0));
     let wave = tokio::spawn(sybil_waves(addr, pin.clone(), stop.clone(), sybils_stored.clone()));
@@ -135,6 +143,11 @@ async fn honest_roles_get_every_windows_work_in_under_the_probes_load() {
     // Four windows under attack, each judged by the validator.
     let first = mesh.net.node.shared.core().current_window(coordinator::server::now_ms()).expect("a window") + 1;
     let last = first + 3;
+    // A stranger with write access to the store plants window `first + 1`.
+    let objects = mesh.net.dir.path().join("coordinator/objects");
+    let forger = coordinator::archive::Archive::open(objects.to_str().expect("a UTF-8 path")).expect("the store");
+    let stranger = Keypair::from_seed([77; 32]).public();
+    forger.put_window(first + 1, vec![(stranger, vec![5; 300])]).await.expect("the planted window");
     let r = mesh.validator().until(240, |r| r.window >= last && honest.iter().all(|h| r.miners.contains_key(h))).await;
     stop.store(true, Ordering::Relaxed);
     let _ = wave.await;
@@ -148,7 +161,27 @@ async fn honest_roles_get_every_windows_work_in_under_the_probes_load() {
             assert_eq!(stored, size, "window {w}: honest{i} stored {stored} of {size} (proven since {proven_in})");
         }
     }
+    let planted_stored = core.submitted(first + 1, &stranger).is_some();
     drop(core);
+    assert!(!planted_stored, "the stranger stored nothing at the door");
+    // The planted window: archived from the coordinator's own record, signed as such.
+    let archive_past = || coordinator::archive::archived_upto(&mesh.net.node.shared.store).ok().flatten();
+    tributary_tests::within(120, async {
+        while !archive_past().is_some_and(|u| u > first + 1) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    // The store now holds the coordinator's own record of that window (its
+    // archiver overwrote the planted manifest and went on), with every
+    // honest rollout in it and none of the stranger's.
+    let manifest = forger.manifest(first + 1).await.expect("reading the store").expect("the window's manifest");
+    let honest_rollouts = u64::from(2 * size);
+    assert!(
+        manifest.rollouts >= honest_rollouts,
+        "the store's manifest has {} rollouts: the coordinator's own record, not the planted one (1)",
+        manifest.rollouts
+    );
     let n = sybils_stored.load(Ordering::Relaxed);
     eprintln!("sybil rollouts stored over the attack: {n}");
     assert!(n >= u64::from(CAP - 2), "the waves were real: {n} Sybil rollouts stored");
@@ -165,4 +198,23 @@ async fn honest_roles_get_every_windows_work_in_under_the_probes_load() {
         trained.extend(windows);
     }
     drop(held);
+    let peak_kib = status_kib("VmHWM:");
+    eprintln!(
+        "the whole network's process (coordinator, 2 miners, validator, trainer): RSS {} MiB before the attack, peak {} \
+         MiB",
+        before_kib / 1024,
+        peak_kib / 1024
+    );
+    assert!(peak_kib < 2 << 20, "peak RSS {peak_kib} KiB");
+    assert!(peak_kib - before_kib < 512 << 10, "the attack grew the process by {} KiB", peak_kib - before_kib);
+}
+
+/// A field of /proc/self/status, in KiB.
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("a /proc/self/status field")
 }

@@ -43,7 +43,7 @@ pub(super) fn relay_err(e: &RelayError) -> Frame {
 enum PayloadEnd {
     /// An answer to send instead (the payload is unknown, or unreadable
     /// before anything of it was written).
-    Instead(Frame),
+    Instead(Box<Frame>),
     /// The connection is done: a write failed, or waited past the deadline
     /// (the connection is then closed, `relay write deadline`).
     Closed,
@@ -68,8 +68,8 @@ async fn send_payload(
     let relay = sh.relay.clone();
     let mut chunk = match tokio::task::spawn_blocking(move || relay.open_chunk(what, offset)).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(PayloadEnd::Instead(relay_err(&e))),
-        Err(e) => return Err(PayloadEnd::Instead(err(ErrorCode::Internal, &e.to_string()))),
+        Ok(Err(e)) => return Err(PayloadEnd::Instead(Box::new(relay_err(&e)))),
+        Err(e) => return Err(PayloadEnd::Instead(Box::new(err(ErrorCode::Internal, &e.to_string())))),
     };
     let budget = &sh.relay_budget;
     let deadline = budget.write_deadline();
@@ -152,7 +152,7 @@ pub(super) async fn write_answers(
             Answer::Payload { what, id, offset } => {
                 match send_payload(&wsh, &mut send, &conn, who, what, id, offset).await {
                     Ok(()) => continue,
-                    Err(PayloadEnd::Instead(f)) => f,
+                    Err(PayloadEnd::Instead(f)) => *f,
                     Err(PayloadEnd::Closed) => break,
                 }
             }

@@ -50,8 +50,19 @@ pub const METRICS: &[Metric] = &[
     // coordinator
     m("tributary_window", G, "coordinator", "The open window's number."),
     m("tributary_window_rollouts", G, "coordinator", "Rollouts stored in the open window so far."),
-    m("tributary_miners", G, "coordinator", "Miners the coordinator knows (every key that ever submitted)."),
+    m(
+        "tributary_miners",
+        G,
+        "coordinator",
+        "Miners the coordinator keeps books on (keys active within the span bans and weights read).",
+    ),
     m("tributary_connections", G, "coordinator", "QUIC connections open now."),
+    m(
+        "tributary_connections_unauthenticated",
+        G,
+        "coordinator",
+        "QUIC connections open now that have not authenticated yet.",
+    ),
     m("tributary_connections_refused_total", C, "coordinator", "Connections refused, by reason."),
     m("tributary_connections_closed_total", C, "coordinator", "Connections closed by the coordinator, by reason."),
     m("tributary_frames_refused_total", C, "coordinator", "Frames refused (malformed or unexpected), by reason."),
@@ -73,6 +84,12 @@ pub const METRICS: &[Metric] = &[
     m("tributary_checkpoints_stored_total", C, "coordinator", "Checkpoints copied to the object store."),
     m("tributary_checkpoints_deleted_total", C, "coordinator", "Relayed checkpoints deleted by retention."),
     m("tributary_relay_bytes_total", C, "coordinator", "Checkpoint bytes served by the relay, by kind."),
+    m(
+        "tributary_relay_throttled_total",
+        C,
+        "coordinator",
+        "Relay pieces a miner key waited for (past relay_kib_per_sec).",
+    ),
     m("tributary_weights_interval", G, "coordinator", "The window of the latest signed weights."),
     m("tributary_windows_archived_total", C, "coordinator", "Closed windows written to the object store."),
     m("tributary_archive_conflicts_total", C, "coordinator", "Archive writes that met a different object."),

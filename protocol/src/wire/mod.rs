@@ -58,8 +58,9 @@ pub const ALPN: &[u8] = b"tributary/7";
 /// are scored by ([`WindowInfo::reward`], strict by default: only a
 /// well-formed final `Answer:` line is read). Version 7: a refusal says when
 /// to retry ([`RejectReason::WindowFull`]: in the next window; admission
-/// reserves slots for keys with proven work). Peers of different versions
-/// cannot talk.
+/// reserves slots for keys with proven work), and a claimed reward must
+/// equal the recomputed one bit for bit (no tolerance). Peers of different
+/// versions cannot talk.
 pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Bytes in a frame header (body length + tag).

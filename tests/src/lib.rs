@@ -471,6 +471,9 @@ impl ValidatorHandle {
                                 rep.body.checked,
                                 rep.failed
                             );
+                            if !rep.body.reasons.is_empty() {
+                                eprintln!("  reasons: {:?}", rep.body.reasons);
+                            }
                         }
                         if f(&r) {
                             return *r;

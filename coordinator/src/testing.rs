@@ -19,10 +19,10 @@ use crate::server::Shared;
 /// checkpoint, the core's environment and sampling, the assigned task, a
 /// prompt of 40 tokens and a completion of `max_new_tokens`, token ids
 /// below 1000, `bytes` bytes; digest and content distinct per (window,
-/// miner's first key byte, group, index).
+/// miner, group, index).
 pub fn candidate(core: &Core, window: WindowId, miner: PublicKey, group: u32, index: u32, bytes: u32) -> Candidate {
     let cfg = core.config();
-    let slot = [window as u8, miner.0[0], group as u8, index as u8];
+    let slot = [&window.to_le_bytes()[..], &miner.0, &group.to_le_bytes(), &index.to_le_bytes()].concat();
     Candidate {
         window,
         checkpoint: core.checkpoint_for(window),
@@ -32,7 +32,7 @@ pub fn candidate(core: &Core, window: WindowId, miner: PublicKey, group: u32, in
         task_id: core.assigned_task(window, &miner, group),
         miner,
         digest: *blake3::hash(&slot).as_bytes(),
-        content: *blake3::hash(&[&[1u8][..], &slot].concat()).as_bytes(),
+        content: *blake3::hash(&[&[1u8][..], &slot[..]].concat()).as_bytes(),
         shape: Shape {
             sampling: cfg.sampling,
             prompt_len: 40,
@@ -40,6 +40,42 @@ pub fn candidate(core: &Core, window: WindowId, miner: PublicKey, group: u32, in
             max_token: 999,
             bytes,
         },
+    }
+}
+
+/// Milliseconds per window of [`core_config`]'s schedule (genesis at 10 000 ms, grace 100 ms).
+pub const CORE_WINDOW_MS: u64 = 1_000;
+
+/// A small core configuration the core's tests share: windows of
+/// [`CORE_WINDOW_MS`], arith, 2 groups of 4 rollouts of at most 32 new
+/// tokens, prompts of 256, a vocabulary of 1000, 1 GiB and 1000 keys a
+/// window, bans of 3 windows, weights over 12, committees of 2, soft
+/// failures a statistic only; `access` says who may do what.
+pub fn core_config(access: crate::core::Access) -> crate::core::CoreConfig {
+    crate::core::CoreConfig {
+        schedule: tributary_protocol::window::Schedule::new(10_000, CORE_WINDOW_MS, 100).expect("schedule"),
+        master: [42; 32],
+        env: tributary_protocol::env::EnvId::Arith,
+        groups_per_miner: 2,
+        group_size: 4,
+        sampling: tributary_protocol::rollout::SamplingParams { temperature: 0.7, max_new_tokens: 32 },
+        max_prompt_tokens: 256,
+        vocab_size: Some(1000),
+        max_window_bytes: 1 << 30,
+        max_window_miners: 1000,
+        difficulty: 3,
+        dataset: None,
+        reward: tributary_protocol::env::RewardRule::Strict,
+        genesis_checkpoint: ContentId([1; 32]),
+        access,
+        ban_windows: 3,
+        soft_failure_threshold: 0,
+        weight_windows: 12,
+        unique_cap_per_window: 5000,
+        weight_exponent: 4,
+        committee: 2,
+        validator_budget: 4096,
+        reveal_ms: 300,
     }
 }
 

@@ -7,12 +7,9 @@
 //! than once the rules' span was first full: memory is flat, not growing
 //! with the windows or with the keys that ever knocked.
 
-use coordinator::core::{Access, Candidate, Core, CoreConfig, Footprint};
-use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::EnvId;
+use coordinator::core::{Access, Core, Footprint};
 use tributary_protocol::identity::{Keypair, PublicKey};
-use tributary_protocol::rollout::SamplingParams;
-use tributary_protocol::window::{Schedule, WindowId};
+use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::VerdictBody;
 
 const LEN: u64 = 1_000;
@@ -27,31 +24,10 @@ fn key(n: u64) -> PublicKey {
 }
 
 fn core() -> Core {
-    let cfg = CoreConfig {
-        schedule: Schedule::new(10_000, LEN, 100).expect("schedule"),
-        master: [42; 32],
-        env: EnvId::Arith,
-        groups_per_miner: 2,
-        group_size: GROUP,
-        sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
-        max_prompt_tokens: 256,
-        vocab_size: Some(1000),
-        max_window_bytes: 1 << 30,
-        max_window_miners: 24,
-        difficulty: 3,
-        dataset: None,
-        reward: tributary_protocol::env::RewardRule::Strict,
-        genesis_checkpoint: ContentId([1; 32]),
-        access: Access { validators: [key(100)].into(), ..Access::default() },
-        ban_windows: 3,
-        soft_failure_threshold: 0,
-        weight_windows: 12,
-        unique_cap_per_window: 5000,
-        weight_exponent: 4,
-        committee: 1,
-        validator_budget: 4096,
-        reveal_ms: 300,
-    };
+    let mut cfg = coordinator::testing::core_config(Access { validators: [key(100)].into(), ..Access::default() });
+    cfg.max_window_bytes = 1 << 30;
+    cfg.max_window_miners = 24;
+    cfg.committee = 1;
     let mut core = Core::new(cfg);
     core.set_coordinator(key(99));
     core
@@ -59,13 +35,6 @@ fn core() -> Core {
 
 fn at(window: WindowId) -> u64 {
     10_000 + window * LEN + 1
-}
-
-fn candidate(core: &Core, w: WindowId, m: PublicKey, group: u32, index: u32) -> Candidate {
-    let mut c = coordinator::testing::candidate(core, w, m, group, index, 1000);
-    c.digest =
-        *blake3::hash(&[&m.0[..], &w.to_le_bytes(), &group.to_le_bytes(), &index.to_le_bytes()].concat()).as_bytes();
-    c
 }
 
 /// Each field of `now` is at most `then`'s.
@@ -101,7 +70,7 @@ fn the_cores_books_stay_flat_over_240_windows_of_sybil_load() {
             let mut passed = Vec::new();
             for g in 0..2 {
                 for i in 0..GROUP {
-                    let c = candidate(&core, w, *h, g, i);
+                    let c = coordinator::testing::candidate(&core, w, *h, g, i, 1000);
                     core.admit(t, h, &c).expect("an honest rollout");
                     core.commit(&c);
                     passed.push(c.digest);
@@ -118,7 +87,7 @@ fn the_cores_books_stay_flat_over_240_windows_of_sybil_load() {
                 v.estimated_valid = 2 * GROUP;
                 for g in 0..2 {
                     for i in 0..GROUP {
-                        v.add_passed(candidate(&core, w - 1, *h, g, i).digest);
+                        v.add_passed(coordinator::testing::candidate(&core, w - 1, *h, g, i, 1000).digest);
                     }
                 }
                 core.record_verdict(t + 200, &v, true).expect("the validator's pass");
@@ -130,11 +99,11 @@ fn the_cores_books_stay_flat_over_240_windows_of_sybil_load() {
         for _ in 0..40 {
             sybil += 1;
             let s = key(sybil);
-            let c = candidate(&core, w, s, 0, 0);
+            let c = coordinator::testing::candidate(&core, w, s, 0, 0, 1000);
             if core.admit(t, &s, &c).is_ok() {
                 core.commit(&c);
             }
-            let mut bad = candidate(&core, w, s, 0, 1);
+            let mut bad = coordinator::testing::candidate(&core, w, s, 0, 1, 1000);
             bad.task_id ^= 1;
             let _ = core.admit(t, &s, &bad);
         }

@@ -8,12 +8,9 @@
 //! the honest party gets; on the old rule (first come, first served; a share
 //! from the keys seen) each fails.
 
-use coordinator::core::{Access, Candidate, Core, CoreConfig};
-use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::EnvId;
+use coordinator::core::{Access, Core};
 use tributary_protocol::identity::{Keypair, PublicKey};
-use tributary_protocol::rollout::SamplingParams;
-use tributary_protocol::window::{Schedule, WindowId};
+use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{RejectReason, VerdictBody};
 
 const LEN: u64 = 1_000;
@@ -29,31 +26,11 @@ fn key(n: u32) -> PublicKey {
 
 /// One validator (key 100); `miners` keys and `bytes` per window.
 fn core(miners: u32, bytes: u64) -> Core {
-    let cfg = CoreConfig {
-        schedule: Schedule::new(10_000, LEN, 100).expect("schedule"),
-        master: [42; 32],
-        env: EnvId::Arith,
-        groups_per_miner: 2,
-        group_size: GROUP,
-        sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
-        max_prompt_tokens: 256,
-        vocab_size: Some(1000),
-        max_window_bytes: bytes,
-        max_window_miners: miners,
-        difficulty: 3,
-        dataset: None,
-        reward: tributary_protocol::env::RewardRule::Strict,
-        genesis_checkpoint: ContentId([1; 32]),
-        access: Access { validators: [key(VALIDATOR as u32)].into(), ..Access::default() },
-        ban_windows: 3,
-        soft_failure_threshold: 0,
-        weight_windows: 12,
-        unique_cap_per_window: 5000,
-        weight_exponent: 4,
-        committee: 1,
-        validator_budget: 4096,
-        reveal_ms: 300,
-    };
+    let mut cfg =
+        coordinator::testing::core_config(Access { validators: [key(VALIDATOR as u32)].into(), ..Access::default() });
+    cfg.max_window_bytes = bytes;
+    cfg.max_window_miners = miners;
+    cfg.committee = 1;
     let mut core = Core::new(cfg);
     core.set_coordinator(key(99));
     core
@@ -63,18 +40,9 @@ fn at(window: WindowId) -> u64 {
     10_000 + window * LEN + 1
 }
 
-/// `m`'s rollout (`group`, `index`) of `bytes` bytes in `w` (its digest
-/// distinct per whole key, window and slot).
-fn candidate(core: &Core, w: WindowId, m: PublicKey, group: u32, index: u32, bytes: u32) -> Candidate {
-    let mut c = coordinator::testing::candidate(core, w, m, group, index, bytes);
-    c.digest =
-        *blake3::hash(&[&m.0[..], &w.to_le_bytes(), &group.to_le_bytes(), &index.to_le_bytes()].concat()).as_bytes();
-    c
-}
-
 /// `m`'s rollout (`group`, `index`) of `bytes` bytes in `w`, admitted and stored if the door lets it.
 fn submit(core: &mut Core, w: WindowId, m: PublicKey, group: u32, index: u32, bytes: u32) -> Result<(), RejectReason> {
-    let c = candidate(core, w, m, group, index, bytes);
+    let c = coordinator::testing::candidate(core, w, m, group, index, bytes);
     core.admit(at(w), &m, &c)?;
     core.commit(&c);
     Ok(())
@@ -85,7 +53,8 @@ fn prove(core: &mut Core, w: WindowId, m: PublicKey) {
     for i in 0..GROUP {
         submit(core, w, m, 0, i, 1000).expect("an honest rollout in a quiet window");
     }
-    let digests: Vec<[u8; 32]> = (0..GROUP).map(|i| candidate(core, w, m, 0, i, 1000).digest).collect();
+    let digests: Vec<[u8; 32]> =
+        (0..GROUP).map(|i| coordinator::testing::candidate(core, w, m, 0, i, 1000).digest).collect();
     let mut v = VerdictBody::empty(w, m, key(VALIDATOR as u32));
     v.checked = GROUP;
     v.valid = GROUP;
@@ -191,7 +160,7 @@ fn a_failure_ends_the_reserve() {
     for i in 0..GROUP {
         submit(&mut core, 2, h, 0, i, 1000).expect("stored");
     }
-    let d = candidate(&core, 2, h, 0, 0, 1000).digest;
+    let d = coordinator::testing::candidate(&core, 2, h, 0, 0, 1000).digest;
     let mut v = VerdictBody::empty(2, h, key(VALIDATOR as u32));
     v.checked = 1;
     v.hard_failure = true;

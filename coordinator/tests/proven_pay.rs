@@ -10,12 +10,9 @@
 //! - G: a claim on a digest the store lacks is void; a claim from outside the
 //!   committee cannot hold a miner `Suspect` once its prover passed it.
 
-use coordinator::core::{Access, Core, CoreConfig};
-use tributary_protocol::checkpoint::ContentId;
-use tributary_protocol::env::EnvId;
+use coordinator::core::{Access, Core};
 use tributary_protocol::identity::{Keypair, PublicKey};
-use tributary_protocol::rollout::SamplingParams;
-use tributary_protocol::window::{Schedule, WindowId};
+use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{FailedCheck, FailureEvidence, Figures, MinerStanding, VerdictBody};
 
 const LEN: u64 = 1_000;
@@ -27,35 +24,11 @@ fn key(n: u8) -> PublicKey {
 
 /// Validators are keys 100, 101, ...; the trainer 77; the coordinator 99.
 fn core(validators: u8) -> Core {
-    let cfg = CoreConfig {
-        schedule: Schedule::new(10_000, LEN, 100).expect("schedule"),
-        master: [42; 32],
-        env: EnvId::Arith,
-        groups_per_miner: 2,
-        group_size: GROUP,
-        sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
-        max_prompt_tokens: 256,
-        vocab_size: Some(1000),
-        max_window_bytes: 1 << 30,
-        max_window_miners: 1000,
-        difficulty: 3,
-        dataset: None,
-        reward: tributary_protocol::env::RewardRule::Strict,
-        genesis_checkpoint: ContentId([1; 32]),
-        access: Access {
-            validators: (0..validators).map(|i| key(100 + i)).collect(),
-            trainer: Some(key(77)),
-            ..Access::default()
-        },
-        ban_windows: 3,
-        soft_failure_threshold: 0,
-        weight_windows: 12,
-        unique_cap_per_window: 5000,
-        weight_exponent: 4,
-        committee: 2,
-        validator_budget: 4096,
-        reveal_ms: 300,
-    };
+    let cfg = coordinator::testing::core_config(Access {
+        validators: (0..validators).map(|i| key(100 + i)).collect(),
+        trainer: Some(key(77)),
+        ..Access::default()
+    });
     let mut core = Core::new(cfg);
     core.set_coordinator(key(99));
     core

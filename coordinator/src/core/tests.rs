@@ -13,31 +13,10 @@ const LEN: u64 = 1_000;
 
 fn cfg() -> CoreConfig {
     let validator = Keypair::from_seed([100; 32]).public();
-    CoreConfig {
-        schedule: Schedule::new(10_000, LEN, 100).unwrap(),
-        master: [42; 32],
-        env: EnvId::Arith,
-        groups_per_miner: 2,
-        group_size: 4,
-        sampling: SamplingParams { temperature: 0.7, max_new_tokens: 32 },
-        max_prompt_tokens: 256,
-        vocab_size: Some(1000),
-        max_window_bytes: 1 << 30,
-        max_window_miners: 1000,
-        difficulty: 3,
-        dataset: None,
-        reward: tributary_protocol::env::RewardRule::Strict,
-        genesis_checkpoint: ContentId([1; 32]),
-        access: Access { validators: [validator].into_iter().collect(), ..Access::default() },
-        ban_windows: 3,
-        soft_failure_threshold: 2,
-        weight_windows: 12,
-        unique_cap_per_window: 5000,
-        weight_exponent: 4,
-        committee: 2,
-        validator_budget: 4096,
-        reveal_ms: 300,
-    }
+    let mut c =
+        crate::testing::core_config(Access { validators: [validator].into_iter().collect(), ..Access::default() });
+    c.soft_failure_threshold = 2;
+    c
 }
 
 fn miner(n: u8) -> PublicKey {

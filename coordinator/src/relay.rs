@@ -412,6 +412,28 @@ impl Relay {
             && ann.verify(network).is_ok()
     }
 
+    /// Serves `bytes` as the full file of checkpoint `id` (publication
+    /// `seq`, window 0) with no announcement: the relay never parses what it
+    /// serves, so benches and tests of the serving path use any bytes.
+    pub fn insert_unannounced(&self, id: ContentId, seq: u64, bytes: &[u8]) -> Result<Entry, RelayError> {
+        let path = self.full_path(&id);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        std::fs::write(&path, bytes).map_err(io(&path))?;
+        let entry = Entry {
+            id,
+            seq,
+            window: 0,
+            from_window: 0,
+            full_len: bytes.len() as u64,
+            full_hash: *blake3::hash(bytes).as_bytes(),
+            delta: None,
+        };
+        self.insert(entry.clone());
+        Ok(entry)
+    }
+
     /// Path of a checkpoint's full file.
     pub fn full_path(&self, id: &ContentId) -> PathBuf {
         full_path(&self.dir, id)

@@ -10,27 +10,15 @@ use std::time::Duration;
 use common::within;
 use coordinator::net::{self, Session};
 use coordinator::node::{self, Config, Node};
-use coordinator::relay::{CHUNK_LEN, Entry};
+use coordinator::relay::CHUNK_LEN;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::wire::*;
 
-/// A relay payload of `len` bytes announced as checkpoint `id` (its bytes
-/// are never parsed when served).
-fn relay_payload(node: &Node, cfg: &Config, id: ContentId, len: u64) -> Vec<u8> {
+/// A relay payload of `len` bytes served as checkpoint `id`.
+fn relay_payload(node: &Node, id: ContentId, len: u64) -> Vec<u8> {
     let data: Vec<u8> = (0..len).map(|i| (i * 13 + 5) as u8).collect();
-    let path = node::relay_dir(&cfg.data_dir).join("full").join(format!("{id}.gguf"));
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, &data).unwrap();
-    node.shared.relay.insert(Entry {
-        id,
-        seq: 5,
-        window: 0,
-        from_window: 0,
-        full_len: len,
-        full_hash: *blake3::hash(&data).as_bytes(),
-        delta: None,
-    });
+    node.shared.relay.insert_unannounced(id, 5, &data).unwrap();
     data
 }
 
@@ -73,7 +61,7 @@ async fn an_honest_download_completes_while_unread_relay_connections_are_held() 
     let node = within(node::start(&cfg, ContentId([1; 32]))).await.unwrap();
     let id = ContentId([9; 32]);
     let len = 3 * CHUNK_LEN as u64 + 1000;
-    let data = relay_payload(&node, &cfg, id, len);
+    let data = relay_payload(&node, id, len);
 
     let mut attackers = Vec::new();
     for k in 0..4u8 {
@@ -110,7 +98,7 @@ async fn a_peer_that_stops_reading_is_cut_off_at_the_write_deadline() {
     let node = within(node::start(&cfg, ContentId([1; 32]))).await.unwrap();
     node.shared.relay_budget().set_write_deadline(Duration::from_millis(500));
     let id = ContentId([9; 32]);
-    relay_payload(&node, &cfg, id, 2 * CHUNK_LEN as u64);
+    relay_payload(&node, id, 2 * CHUNK_LEN as u64);
     let mut s = miner(&node, 40).await;
     for c in 0..2u64 {
         within(s.send(&Frame::GetCheckpoint(GetCheckpoint { id, offset: c * CHUNK_LEN as u64 }))).await.unwrap();
@@ -179,7 +167,7 @@ async fn a_key_pulls_checkpoint_bytes_at_its_rate_and_others_are_not_held_behind
     let node = within(node::start(&cfg, ContentId([1; 32]))).await.unwrap();
     let id = ContentId([9; 32]);
     let len = 6 << 20;
-    let data = relay_payload(&node, &cfg, id, len);
+    let data = relay_payload(&node, id, len);
     let started = std::time::Instant::now();
     let mut greedy = miner(&node, 41).await;
     let pull = tokio::spawn(async move {
@@ -189,7 +177,7 @@ async fn a_key_pulls_checkpoint_bytes_at_its_rate_and_others_are_not_held_behind
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut other = miner(&node, 42).await;
     let small = ContentId([8; 32]);
-    let small_data = relay_payload(&node, &cfg, small, 512 << 10);
+    let small_data = relay_payload(&node, small, 512 << 10);
     let got = within(download(&mut other, small, 512 << 10)).await;
     let other_done = std::time::Instant::now();
     assert!(got == small_data);

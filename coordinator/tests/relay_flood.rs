@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::within;
 use coordinator::net::Session;
 use coordinator::node::{self, Config};
-use coordinator::relay::{CHUNK_LEN, Entry};
+use coordinator::relay::CHUNK_LEN;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::wire::*;
@@ -34,18 +34,7 @@ async fn a_peer_that_never_reads_cannot_pin_relay_chunks() {
     // A 64 MiB payload announced in the relay (its bytes are never parsed when served).
     let id = ContentId([9; 32]);
     let len = 64u64 << 20;
-    let path = node::relay_dir(&cfg.data_dir).join("full").join(format!("{id}.gguf"));
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, vec![0x5a; len as usize]).unwrap();
-    node.shared.relay.insert(Entry {
-        id,
-        seq: 5,
-        window: 0,
-        from_window: 0,
-        full_len: len,
-        full_hash: [0; 32],
-        delta: None,
-    });
+    node.shared.relay.insert_unannounced(id, 5, &vec![0x5a; len as usize]).unwrap();
     let before = rss_kib();
     let mut s = within(Session::connect(node.quic, &node.fingerprint, &Keypair::from_seed([41; 32]), Role::Miner))
         .await

@@ -16,27 +16,11 @@
 use std::time::{Duration, Instant};
 
 use coordinator::net::Session;
-use coordinator::node::{self, Config, Node};
-use coordinator::relay::{CHUNK_LEN, Entry};
+use coordinator::node::{self, Config};
+use coordinator::relay::CHUNK_LEN;
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::identity::Keypair;
 use tributary_protocol::wire::{CheckpointChunk, Frame, GetCheckpoint, Role};
-
-fn payload(node: &Node, cfg: &Config, id: ContentId, len: u64) {
-    let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
-    let path = node::relay_dir(&cfg.data_dir).join("full").join(format!("{id}.gguf"));
-    std::fs::create_dir_all(path.parent().expect("relay folder")).expect("relay folder");
-    std::fs::write(&path, &data).expect("payload");
-    node.shared.relay.insert(Entry {
-        id,
-        seq: 5,
-        window: 0,
-        from_window: 0,
-        full_len: len,
-        full_hash: *blake3::hash(&data).as_bytes(),
-        delta: None,
-    });
-}
 
 async fn download(s: &mut Session, id: ContentId, len: u64) -> u64 {
     let mut got = 0u64;
@@ -70,7 +54,8 @@ async fn main() {
     let node = node::start(&cfg, ContentId([1; 32])).await.expect("coordinator");
     let id = ContentId([9; 32]);
     let len = mib << 20;
-    payload(&node, &cfg, id, len);
+    let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+    node.shared.relay.insert_unannounced(id, 5, &data).expect("the payload");
     let (quic, pin) = (node.quic, node.fingerprint.clone());
     let connect = |seed: u8| {
         let pin = pin.clone();

@@ -196,8 +196,10 @@ fetch_release() {
   else
     expected="$sha256"
   fi
-  [ "$(sha_of "$archive" | tr 'A-F' 'a-f')" = "$(echo "$expected" | tr 'A-F' 'a-f')" ] \
-    || die "$name: SHA-256 mismatch (expected $expected): refusing to install it"
+  local actual
+  actual="$(sha_of "$archive" | tr 'A-F' 'a-f')"
+  [ "$actual" = "$(echo "$expected" | tr 'A-F' 'a-f')" ] \
+    || die "$name: SHA-256 mismatch (expected $expected, the file has $actual): refusing to install it"
   say "$name: SHA-256 ok"
   tar -C "$work" -xzf "$archive" || die "unpacking $name failed"
   local stage="$work/${name%.tar.gz}"

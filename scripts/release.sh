@@ -9,8 +9,9 @@
 # with the binaries, the systemd units, the documented configs, the runbook
 # and the miner installer, plus a SHA256SUMS of every file in it; then the
 # archive DIR/tributary-VERSION-TARGET.tar.gz and DIR/SHA256SUMS (the archive's). validator and
-# trainer link libtorch: they run where $LIBTORCH/lib (or the torch wheel's
-# lib folder) is on the library path; the miner and the coordinator need nothing.
+# trainer link libtorch: the archive's installers/install-roles.sh installs
+# them with it (beside the binaries, in PREFIX/lib/tributary; --libtorch DIR on
+# another machine than this one); the miner and the coordinator need nothing.
 #
 # --profile dev --no-build packages what an earlier `cargo build` left in
 # target/debug (CI: llama.cpp is built once, in the dev profile).
@@ -69,7 +70,7 @@ mkdir -p "$stage/bin" "$stage/systemd" "$stage/config" "$stage/installers"
 for b in "${bins[@]}"; do install -m 755 "$tdir/$b" "$stage/bin/$b"; done
 install -m 644 installers/systemd/*.service "$stage/systemd/"
 install -m 644 docs/config/* "$stage/config/"
-install -m 755 installers/install-miner.sh "$stage/installers/"
+install -m 755 installers/install-miner.sh installers/install-roles.sh "$stage/installers/"
 install -m 644 docs/runbook.md README.md "$stage/"
 [ -z "$miner_features" ] || echo "$miner_features" > "$stage/edge-miner.features"
 

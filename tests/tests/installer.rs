@@ -321,6 +321,7 @@ fn release_script_packages_binaries_with_checksums() {
         "config/coordinator.toml",
         "runbook.md",
         "installers/install-miner.sh",
+        "installers/install-roles.sh",
     ] {
         assert!(listed.contains(&format!("{f}: OK")), "{f} not in SHA256SUMS:\n{listed}");
     }
@@ -333,18 +334,19 @@ fn release_script_packages_binaries_with_checksums() {
     // archive's miner (`--from-release FILE`, checked against SHA256SUMS beside it).
     let prefix = tmp.path().join("prefix");
     let fp = "ab".repeat(32);
-    let from_release = |archive: &Path| {
+    let from_release_with = |args: &[&std::ffi::OsStr]| {
         Command::new("bash")
             .arg(stage.join("installers/install-miner.sh"))
             .args(["--coordinator", "127.0.0.1:4433", "--fingerprint", &fp, "--accel", "cpu", "--no-doctor"])
             .args(["--no-service", "--prefix"])
             .arg(&prefix)
             .arg("--from-release")
-            .arg(archive)
+            .args(args)
             .env("PATH", "/usr/bin:/bin")
             .output()
             .unwrap()
     };
+    let from_release = |archive: &Path| from_release_with(&[archive.as_os_str()]);
     let out = from_release(Path::new(&archive));
     let t = text(&out);
     assert!(out.status.success(), "{t}");
@@ -364,6 +366,71 @@ fn release_script_packages_binaries_with_checksums() {
     let out = from_release(&bad);
     assert!(!out.status.success() && text(&out).contains("SHA-256 mismatch"), "{}", text(&out));
     assert!(!prefix.join("bin/edge-miner").exists(), "a tampered archive was installed");
+    assert!(text(&out).contains("the file has "), "{}", text(&out));
+    // A wrong --sha256 is refused the same way.
+    let wrong = "0".repeat(64);
+    let out = from_release_with(&[Path::new(&archive).as_os_str(), "--sha256".as_ref(), wrong.as_ref()]);
+    assert!(!out.status.success() && text(&out).contains("SHA-256 mismatch"), "{}", text(&out));
+    assert!(!prefix.join("bin/edge-miner").exists(), "installed against a wrong --sha256");
+    // A miner's archive (the same, without the other roles' binaries, so the
+    // rest stays quick): rebuilt around a changed binary with a SHA256SUMS to
+    // match, it is refused by the archive's own list of its files; intact, it
+    // installs from a URL (the archive and the SHA256SUMS beside it downloaded).
+    let miner = tmp.path().join("miner");
+    std::fs::create_dir_all(&miner).unwrap();
+    let name = stage.file_name().unwrap().to_str().unwrap().to_string();
+    let o = Command::new("bash")
+        .args(["-euo", "pipefail", "-c"])
+        .arg(
+            r#"cd "$0" && tar -xzf "$1" && n="$2" && rm -f "$n"/bin/{coordinator,validator,trainer}
+grep -v -e ' bin/coordinator$' -e ' bin/validator$' -e ' bin/trainer$' "$n/SHA256SUMS" > sums && mv sums "$n/SHA256SUMS"
+mkdir good bad && tar -cf - "$n" | gzip -1 > "good/$n.tar.gz" && (cd good && sha256sum "$n.tar.gz" > SHA256SUMS)
+printf x >> "$n/bin/edge-miner" && tar -cf - "$n" | gzip -1 > "bad/$n.tar.gz" && (cd bad && sha256sum "$n.tar.gz" > SHA256SUMS)"#,
+        )
+        .arg(&miner)
+        .arg(&archive)
+        .arg(&name)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = from_release(&miner.join(format!("bad/{name}.tar.gz")));
+    let t = text(&out);
+    assert!(!out.status.success() && t.contains("bin/edge-miner does not match its SHA-256"), "{t}");
+    assert!(!prefix.join("bin/edge-miner").exists(), "an archive with a changed binary was installed");
+    let url = serve_files(&miner.join("good"));
+    let out = from_release_with(&[format!("{url}/{name}.tar.gz").as_ref()]);
+    let t = text(&out);
+    assert!(out.status.success() && t.contains("downloading ") && t.contains("SHA-256 ok"), "{t}");
+    let o = Command::new(prefix.join("bin/edge-miner")).arg("--version").output().unwrap();
+    assert!(o.status.success() && text(&o).contains("protocol "), "{}", text(&o));
+}
+
+/// Serves the files of `dir` over plain HTTP on loopback (GET only), for the
+/// life of the test: the address `http://127.0.0.1:PORT`.
+fn serve_files(dir: &Path) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]).to_string();
+            let path = req.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_string();
+            let file = (!path.contains("..")).then(|| std::fs::read(dir.join(&path)).ok()).flatten();
+            let _ = match file {
+                Some(body) => s
+                    .write_all(
+                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())
+                            .as_bytes(),
+                    )
+                    .and_then(|_| s.write_all(&body)),
+                None => s.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+            };
+        }
+    });
+    format!("http://{addr}")
 }
 
 /// A coordinator whose reader goes away (a script that read its address and
@@ -732,5 +799,124 @@ fn check_metrics_and_dashboards(coordinator: &str, miner: &str) {
             }
         }
         assert!(named > 5, "{file}: {named} metric names");
+    }
+}
+
+/// `installers/install-roles.sh` into a prefix: the validator and the trainer
+/// load libtorch as an unprivileged user with an empty environment, from a
+/// folder outside the source tree, as their systemd units run them
+/// (`User=tributary-ROLE`, `ProtectHome=true`, no LD_LIBRARY_PATH). They
+/// used to find libtorch only through the build's runpath into the builder's
+/// virtual environment (`runuser -u nobody -- trainer --help`: "libtorch_cpu.so:
+/// cannot open shared object file"). The libraries are hard-linked (`--link`:
+/// the installed layout is the same as with copies, without copying ~450 MB).
+#[test]
+fn installed_roles_load_libtorch_as_an_unprivileged_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = bin_dir();
+    let tmp = tempfile::tempdir().unwrap();
+    // Readable by the unprivileged user (tempdir makes it 0700).
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let prefix = tmp.path().join("prefix");
+    let out = Command::new("bash")
+        .arg(root().join("installers/install-roles.sh"))
+        .arg("--prefix")
+        .arg(&prefix)
+        .arg("--from-build")
+        .arg(&dir)
+        .arg("--link")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for f in ["bin/coordinator", "bin/validator", "bin/trainer", "lib/tributary/torch/lib/libtorch_cpu.so"] {
+        assert!(prefix.join(f).is_file(), "{f} not installed:\n{t}");
+    }
+    // The units run the installed binaries.
+    for role in ["coordinator", "validator", "trainer"] {
+        let unit =
+            std::fs::read_to_string(prefix.join(format!("lib/systemd/system/tributary-{role}.service"))).unwrap();
+        let exec = format!("ExecStart={} run --config", prefix.join("bin").join(role).display());
+        assert!(unit.contains(&exec), "{role}: {unit}");
+    }
+
+    // What the validator checks: a tiny model and two rollouts of it, in a folder the user can read.
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let model = work.join("tiny.gguf");
+    let o = Command::new(dir.join("trainer")).args(["init-tiny", "--out"]).arg(&model).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let rollouts = work.join("rollouts.jsonl");
+    let o = Command::new(dir.join("edge-miner"))
+        .args(["generate", "--env", "arith", "--tasks", "1", "--group", "2", "--max-new-tokens", "16"])
+        .args(["--seed", "7", "--threads", "1", "--model"])
+        .arg(&model)
+        .arg("--out")
+        .arg(&rollouts)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    for f in [&model, &rollouts] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let config = work.join("role.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "coordinator = \"127.0.0.1:4433\"\nfingerprint = \"{}\"\ndata = \"/nonexistent/data\"\n",
+            "ab".repeat(32)
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    // As root, run each command as `nobody` (setpriv); otherwise as this user,
+    // who cannot be kept out of the builder's folders, so the check that
+    // libtorch comes from the prefix (ldd, below) is what counts.
+    let root_user = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"].into_iter().find(|p| Path::new(p).is_file());
+    assert!(!root_user || setpriv.is_some(), "setpriv (util-linux) is needed to run as nobody");
+    let as_user = |bin: &str, args: &[&str]| {
+        let exe = prefix.join("bin").join(bin);
+        let mut c = match (root_user, setpriv) {
+            (true, Some(s)) => {
+                let mut c = Command::new(s);
+                c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe);
+                c
+            }
+            _ => Command::new(&exe),
+        };
+        let o = c.args(args).env_clear().current_dir(&work).output().unwrap();
+        (o.status.success(), text(&o))
+    };
+    for bin in ["coordinator", "validator", "trainer"] {
+        let (ok, t) = as_user(bin, &["--help"]);
+        assert!(ok && t.contains("Usage:"), "{bin} --help as an unprivileged user:\n{t}");
+    }
+    for bin in ["validator", "trainer"] {
+        let (ok, t) = as_user(bin, &["run", "--check-config", "--config", "role.toml"]);
+        assert!(ok && t.contains("coordinator = \"127.0.0.1:4433\""), "{bin} run --check-config:\n{t}");
+    }
+    // libtorch computes: the reference model checks both rollouts.
+    let (ok, t) = as_user(
+        "validator",
+        &["check", "--model", "tiny.gguf", "--rollouts", "rollouts.jsonl", "--seed", "7", "--threads", "1"],
+    );
+    assert!(ok && t.contains("checked 2: 2 accepted, 0 rejected"), "validator check:\n{t}");
+
+    // Every library the installed roles load is a system library or one in the prefix.
+    for bin in ["validator", "trainer"] {
+        let o = Command::new("ldd").arg(prefix.join("bin").join(bin)).env_clear().output().unwrap();
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        for line in t.lines().filter(|l| l.contains("=>")) {
+            let path = line.split("=>").nth(1).unwrap().split_whitespace().next().unwrap_or("");
+            let system = ["/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/"].iter().any(|d| path.starts_with(d));
+            let real = std::fs::canonicalize(path).unwrap_or_default();
+            assert!(
+                system || real.starts_with(prefix.join("lib/tributary").canonicalize().unwrap()),
+                "the installed {bin} loads a library from outside the prefix: {line}\n{t}"
+            );
+        }
     }
 }

@@ -13,7 +13,7 @@
 //! finite positive number means greedy: the first argmax owns `[0, 1)`).
 
 use tch::{Device, Kind, Tensor};
-use tributary_protocol::sampling;
+use tributary_protocol::sampling::{self, Draw};
 
 use crate::PolicyError;
 use crate::model::{ReferenceModel, pad_batch};
@@ -61,8 +61,9 @@ pub struct SequenceEvidence {
     /// distribution that produced the last token.
     pub eos_prob_last: f64,
     /// The token the reference's own logits draw at each position's seeded
-    /// `u` ([`ReferenceModel::evidence_drawn`]; empty when no draws were given).
-    pub drawn: Vec<u32>,
+    /// `u`, with its interval ([`ReferenceModel::evidence_drawn`]; empty when
+    /// no draws were given).
+    pub drawn: Vec<Draw>,
 }
 
 impl SequenceEvidence {
@@ -240,7 +241,7 @@ impl ReferenceModel {
                 cdf_lo: figures.cdf_lo[span.clone()].to_vec(),
                 cdf_hi: figures.cdf_hi[span.clone()].to_vec(),
                 eos_prob_last: figures.eos_prob[span.end - 1],
-                drawn: figures.drawn.get(span.clone()).map(<[u32]>::to_vec).unwrap_or_default(),
+                drawn: figures.drawn.get(span.clone()).map(<[Draw]>::to_vec).unwrap_or_default(),
             });
             at = span.end;
             at_h += nh;
@@ -258,7 +259,7 @@ struct RowFigures {
     cdf_lo: Vec<f64>,
     cdf_hi: Vec<f64>,
     eos_prob: Vec<f64>,
-    drawn: Vec<u32>,
+    drawn: Vec<Draw>,
 }
 
 impl RowFigures {
@@ -275,7 +276,8 @@ impl RowFigures {
     /// accumulator over 49 152 ids drifts by ~1e-6 relative, which
     /// the sampling check's ε would have to absorb). With `draws` (one `u`
     /// per row) also the drawn token: the smallest id whose cumulative
-    /// weight (f64, id order) exceeds `u·Z` (greedy rows: the argmax).
+    /// weight (f64, id order) exceeds `u·Z` (greedy rows: the argmax), and
+    /// its interval from the same cumulative sum.
     fn push_chunk(
         &mut self,
         logits: &Tensor,
@@ -324,9 +326,18 @@ impl RowFigures {
             let target = Tensor::f_from_slice(&target)?.f_to_device(w.device())?.f_unsqueeze(1)?;
             let cum = w.f_cumsum(1, Kind::Double)?;
             let below = col(&cum.f_le_tensor(&target)?.f_sum_dim_intlist(1, false, Kind::Int64)?)?;
+            let d: Vec<i64> = temps
+                .iter()
+                .enumerate()
+                .map(|(i, &temp)| if temp > 0.0 { below[i].min((vocab - 1) as f64) as i64 } else { argmax[i] as i64 })
+                .collect();
+            let d_t = Tensor::f_from_slice(&d)?.f_to_device(w.device())?.f_unsqueeze(1)?;
+            let hi_d = col(&cum.f_gather(1, &d_t, false)?)?;
+            let w_d = col(&w.f_gather(1, &d_t, false)?)?;
             for (i, &temp) in temps.iter().enumerate() {
-                let d = if temp > 0.0 { below[i].min((vocab - 1) as f64) } else { argmax[i] };
-                self.drawn.push(d as u32);
+                // Greedy: the argmax owns [0, 1).
+                let (lo, hi) = if temp > 0.0 { ((hi_d[i] - w_d[i]) / z[i], hi_d[i] / z[i]) } else { (0.0, 1.0) };
+                self.drawn.push(Draw { token: d[i] as u32, lo, hi });
             }
         }
 

@@ -185,7 +185,12 @@ fn evidence_agrees_with_protocol_sampling_rule() -> Result<()> {
             // The same token, unless the draw lies within rounding of its edge.
             let w = sampling::token_stats(&row, temperature, want as usize).context("drawn token")?;
             let at_edge = [w.cdf_lo, w.cdf_hi].iter().any(|e| (e - draws[j]).abs() < 1e-6);
-            assert!(drawn.drawn[j] == want || at_edge, "T={temperature} pos {p}: drawn {} vs {want}", drawn.drawn[j]);
+            let d = drawn.drawn[j];
+            assert!(d.token == want || at_edge, "T={temperature} pos {p}: drawn {} vs {want}", d.token);
+            // Its interval, which the draw-gap bound measures from.
+            let di = sampling::token_stats(&row, temperature, d.token as usize).context("drawn token")?;
+            close(d.lo, di.cdf_lo, "drawn lo");
+            close(d.hi, di.cdf_hi, "drawn hi");
             // Next to a longer rollout the padded length differs: rounding
             // only (see the padding test).
             close_to(ev2.cdf_lo[j], ev.cdf_lo[j], 5e-4, "batched cdf_lo");

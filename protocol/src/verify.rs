@@ -36,13 +36,16 @@
 //!    in the chosen token's CDF interval; a draw within ε of it (the most two
 //!    honest implementations' CDFs differ) is ambiguous
 //!    ([`sampling::check_draw`], which says why no smaller set is sound),
-//!    and then the chosen token must lie within
-//!    [`VerifyParams::max_draw_distance`] ids of the token the validator's
-//!    own logits draw, when the evidence carries it
-//!    ([`sampling::check_draw_bounded`]): one position admits at most
-//!    `2·max_draw_distance + 1` tokens.
+//!    and then at most [`VerifyParams::max_draw_gap`] of reference
+//!    probability mass may lie between the chosen token and the token the
+//!    validator's own logits draw, when the evidence carries it
+//!    ([`sampling::check_draw_bounded`]): one position admits tokens of
+//!    joint reference mass at most `2·max_draw_gap` besides the two
+//!    straddling ones.
 //! 7. **Sampling coverage** (hard): a rollout has at most
-//!    [`VerifyParams::max_ambiguous`] ambiguous positions, and at most
+//!    [`VerifyParams::max_ambiguous`] ambiguous positions (a bound above the
+//!    count an honest rollout of those tokens reaches,
+//!    [`AmbiguityCap`]), and at most
 //!    [`VerifyParams::max_off_draw`] positions whose draw lies outside the
 //!    chosen token's reference interval (admitted only through the ε band:
 //!    the only positions where a miner could have chosen another token).
@@ -114,16 +117,16 @@ pub struct VerifyParams {
     pub sample_eps: f64,
     /// Positions allowed clearly outside their interval (0: exact).
     pub max_sample_outside: usize,
-    /// Most ambiguous positions a rollout may have: `base + frac · n` for a
-    /// completion of `n` tokens ([`AmbiguityCap::allows`]).
+    /// Most ambiguous positions a rollout may have, from the count its
+    /// tokens make honest ([`AmbiguityCap::max`]).
     pub max_ambiguous: AmbiguityCap,
     /// Most positions per rollout whose draw lies outside the claimed
     /// token's reference interval (within ε).
     pub max_off_draw: usize,
-    /// Farthest (in token ids) an ambiguous position's claimed token may lie
-    /// from the token the validator's logits draw
-    /// ([`sampling::DEFAULT_MAX_DRAW_DISTANCE`]).
-    pub max_draw_distance: u32,
+    /// Most reference probability mass strictly between an ambiguous
+    /// position's claimed token and the token the validator's logits draw
+    /// ([`sampling::DEFAULT_MAX_DRAW_GAP`]).
+    pub max_draw_gap: f64,
     /// Distribution check thresholds.
     pub distribution: DistributionParams,
     /// Minimum `p₁(EOS)` at an EOS ending (grail: 0.02).
@@ -150,7 +153,7 @@ impl VerifyParams {
         max_sample_outside: 0,
         max_ambiguous: AmbiguityCap::DEFAULT,
         max_off_draw: 2,
-        max_draw_distance: sampling::DEFAULT_MAX_DRAW_DISTANCE,
+        max_draw_gap: sampling::DEFAULT_MAX_DRAW_GAP,
         distribution: DistributionParams::GRAIL,
         min_eos_prob: 0.02,
         max_logprob: 1e-3,
@@ -158,30 +161,64 @@ impl VerifyParams {
     };
 }
 
-/// The hard cap on a rollout's ambiguous positions: at most
-/// `base + ⌊frac · n⌋` of `n` completion positions.
+/// The hard cap on a rollout's ambiguous positions, from what its tokens
+/// make an honest rollout reach.
+///
+/// Given the tokens, an honest draw `u` at position `i` is uniform over the
+/// chosen token's interval (width `p_i`, its sampling probability), and the
+/// continuation depends on the token, not on where in the interval `u` fell;
+/// so the position is ambiguous (within `ε` of an edge) with probability
+/// `q_i = min(1, 2ε/p_i)`, independently of the others. The honest count is
+/// a sum of independent Bernoulli(`q_i`) with mean `E = Σ q_i`
+/// ([`AmbiguityCap::expected`]); the cap is `base + ⌈E + sigmas·√E⌉`
+/// ([`AmbiguityCap::max`]). Above its mean plus one, such a count's tail
+/// is at most a binomial's of the same mean (Hoeffding 1956) and that at
+/// most a Poisson's (Anderson and Samuels 1967), so at `base` 8 and `sigmas`
+/// 6 an honest rollout exceeds the cap with probability below 5e-10 at any
+/// `E` (largest at `E` ≈ 400; `docs/calibration.md` §6). A fixed share of the
+/// length (protocol 7: `8 + ⌊0.08·n⌋`) rejected honest rollouts of a flat
+/// model, where most tokens have `p < 2ε` and most positions are ambiguous
+/// (issue 30: 20 of 64 on SmolLM2's weights in the qwen2 layout).
+///
+/// The cap is not where a cheater's choice is bounded: a position whose
+/// draw lies inside the claimed token's reference interval admits no other
+/// token, and the positions where one could have been chosen are bounded by
+/// [`VerifyParams::max_off_draw`]. The cap refuses evidence that is
+/// implausible as a whole.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AmbiguityCap {
-    /// Allowed whatever the length.
+    /// Allowed whatever the tokens.
     pub base: usize,
-    /// Allowed per completion position.
-    pub frac: f64,
+    /// Standard deviations (of a Poisson count of mean `E`) allowed above `E`.
+    pub sigmas: f64,
 }
 
 impl AmbiguityCap {
-    /// Calibrated on honest rollouts (`docs/calibration.md` §6): honest
-    /// ambiguous shares are 0.9–1.8 % of positions on average (GSM8K, SAT,
-    /// arith) and stay far below this cap in every measured rollout.
-    pub const DEFAULT: AmbiguityCap = AmbiguityCap { base: 8, frac: 0.08 };
+    /// Calibrated on honest rollouts (`docs/calibration.md` §6).
+    pub const DEFAULT: AmbiguityCap = AmbiguityCap { base: 8, sigmas: 6.0 };
 
-    /// The most ambiguous positions allowed in `n` completion positions.
-    pub fn max(&self, n: usize) -> usize {
-        self.base.saturating_add((self.frac * n as f64).floor() as usize)
+    /// The honest expectation `E = Σ min(1, 2ε/p_i)` of a rollout's
+    /// ambiguous positions, from the reference's sampling probabilities of
+    /// its tokens (a token of probability 0 counts 1).
+    pub fn expected(ev: &[PositionEvidence], eps: f64) -> f64 {
+        ev.iter()
+            .map(|e| {
+                let p = f64::from(e.prob_sampling);
+                if p > 2.0 * eps { 2.0 * eps / p } else { 1.0 }
+            })
+            .sum()
     }
 
-    /// Whether `ambiguous` of `n` positions is within the cap.
-    pub fn allows(&self, ambiguous: usize, n: usize) -> bool {
-        ambiguous <= self.max(n)
+    /// The most ambiguous positions allowed where an honest rollout expects
+    /// `expected` (a NaN expectation allows `base`).
+    pub fn max(&self, expected: f64) -> usize {
+        let e = if expected.is_finite() { expected.max(0.0) } else { 0.0 };
+        self.base.saturating_add((e + self.sigmas * e.sqrt()).ceil() as usize)
+    }
+
+    /// Whether `ambiguous` positions are within the cap at `expected`.
+    pub fn allows(&self, ambiguous: usize, expected: f64) -> bool {
+        ambiguous <= self.max(expected)
     }
 }
 
@@ -631,7 +668,10 @@ pub enum Failure {
         ambiguous: usize,
         /// Completion positions.
         total: usize,
-        /// The cap for `total` positions.
+        /// How many an honest rollout of these tokens expects
+        /// ([`AmbiguityCap::expected`]).
+        expected: f64,
+        /// The cap.
         max: usize,
     },
     /// Too many positions admitted although the draw lies outside the
@@ -642,8 +682,9 @@ pub enum Failure {
         /// The cap.
         max: usize,
     },
-    /// An ambiguous position's claimed token lies farther from the token the
-    /// validator's logits draw than a position may admit.
+    /// An ambiguous position's claimed token lies farther (in reference
+    /// probability mass) from the token the validator's logits draw than a
+    /// position may admit.
     FarFromDraw {
         /// First such absolute position.
         position: usize,
@@ -651,8 +692,10 @@ pub enum Failure {
         token: u32,
         /// The validator's draw.
         drawn: u32,
-        /// The bound on their distance in ids.
-        max: u32,
+        /// The mass strictly between them.
+        gap: f64,
+        /// The bound on it.
+        max: f64,
     },
     /// Chosen-token probabilities look unlike sampling from the model.
     Distribution {
@@ -1002,7 +1045,7 @@ pub fn check_sampling(
         let pos = pl + i;
         let u = sampling::draw_u(sampling_seed, &r.miner, r.group, r.rollout, pos as u32);
         let token = r.tokens.get(pos).copied().unwrap_or(u32::MAX);
-        match sampling::check_draw_bounded(u, e, token, p.sample_eps, p.max_draw_distance) {
+        match sampling::check_draw_bounded(u, e, token, p.sample_eps, p.max_draw_gap) {
             SampleCheck::Inside => counts.inside += 1,
             SampleCheck::Ambiguous => {
                 counts.ambiguous += 1;
@@ -1012,9 +1055,9 @@ pub fn check_sampling(
                 counts.outside += 1;
                 first.get_or_insert((pos, u, lo, hi));
             }
-            SampleCheck::FarFromDraw { token, drawn } => {
+            SampleCheck::FarFromDraw { token, drawn, gap } => {
                 counts.ambiguous += 1;
-                far.get_or_insert(Failure::FarFromDraw { position: pos, token, drawn, max: p.max_draw_distance });
+                far.get_or_insert(Failure::FarFromDraw { position: pos, token, drawn, gap, max: p.max_draw_gap });
             }
         }
     }
@@ -1026,8 +1069,14 @@ pub fn check_sampling(
         _ => Ok(()),
     };
     let total = ev.len();
-    let coverage = if !p.max_ambiguous.allows(counts.ambiguous, total) {
-        Err(Failure::TooManyAmbiguous { ambiguous: counts.ambiguous, total, max: p.max_ambiguous.max(total) })
+    let expected = AmbiguityCap::expected(ev, p.sample_eps);
+    let coverage = if !p.max_ambiguous.allows(counts.ambiguous, expected) {
+        Err(Failure::TooManyAmbiguous {
+            ambiguous: counts.ambiguous,
+            total,
+            expected,
+            max: p.max_ambiguous.max(expected),
+        })
     } else if counts.off_draw > p.max_off_draw {
         Err(Failure::TooManyOffDraw { off_draw: counts.off_draw, max: p.max_off_draw })
     } else {
@@ -1510,5 +1559,57 @@ mod tests {
         assert_eq!(CheckKind::Sampling.severity(), Severity::Hard);
         assert_eq!(CheckKind::Distribution.severity(), Severity::Soft);
         assert_eq!(CheckKind::SamplingCoverage.severity(), Severity::Hard);
+    }
+
+    /// The ambiguity cap against simulated honest rollouts: given the
+    /// tokens, each position is ambiguous with probability `min(1, 2ε/p)`
+    /// independently ([`AmbiguityCap`]). Profiles from a peaked model (p ≈
+    /// 0.9), SmolLM2-like mixes, and a flat one where most positions are
+    /// ambiguous; none reaches the cap in 20,000 rollouts each, while the
+    /// protocol 7 cap (8 + ⌊0.08·n⌋) rejects most flat ones.
+    #[test]
+    fn the_ambiguity_cap_is_out_of_an_honest_rollouts_reach() {
+        use rand::{Rng, SeedableRng};
+        let eps = sampling::DEFAULT_SAMPLE_EPS;
+        let cap = AmbiguityCap::DEFAULT;
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(28);
+        let ev = |probs: &[f64]| -> Vec<PositionEvidence> {
+            probs
+                .iter()
+                .map(|&p| PositionEvidence {
+                    logprob_t1: 0.0,
+                    prob_t1: 0.0,
+                    prob_sampling: p as f32,
+                    cdf_lo: 0.0,
+                    cdf_hi: p,
+                    drawn: None,
+                })
+                .collect()
+        };
+        let peaked = vec![0.9; 256];
+        let mixed: Vec<f64> = (0..256).map(|i| [0.95, 0.6, 0.2, 0.02, 0.003][i % 5]).collect();
+        let flat: Vec<f64> = (0..64).map(|i| [1e-3, 4e-4, 2e-3, 0.3][i % 4]).collect();
+        let mut old_rejects_flat = 0;
+        for (name, probs) in [("peaked", &peaked), ("mixed", &mixed), ("flat", &flat)] {
+            let e = AmbiguityCap::expected(&ev(probs), eps);
+            let q: Vec<f64> = probs.iter().map(|&p| (2.0 * eps / p).min(1.0)).collect();
+            assert!((e - q.iter().sum::<f64>()).abs() < 1e-3, "{name}: {e}");
+            let (mut most, mut rejected) = (0, 0);
+            for _ in 0..20_000 {
+                let a = q.iter().filter(|&&q| rng.r#gen::<f64>() < q).count();
+                most = most.max(a);
+                rejected += usize::from(!cap.allows(a, e));
+                if name == "flat" {
+                    old_rejects_flat += usize::from(a > 8 + (0.08 * probs.len() as f64) as usize);
+                }
+            }
+            assert_eq!(rejected, 0, "{name}: E = {e}, most {most}, cap {}", cap.max(e));
+        }
+        assert!(old_rejects_flat > 10_000, "the fixed share rejects honest flat rollouts: {old_rejects_flat}");
+        // What the cap allows: base at E = 0, and it grows like E + 6√E.
+        assert_eq!(cap.max(0.0), 8);
+        assert_eq!(cap.max(f64::NAN), 8);
+        assert_eq!(cap.max(4.0), 8 + 16);
+        assert_eq!(cap.max(100.0), 8 + 160);
     }
 }

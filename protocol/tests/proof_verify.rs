@@ -358,21 +358,42 @@ fn edited_and_greedy_completions_fail_the_exact_sampling_check() {
 
 /// Review finding E: a rollout more than half of whose positions are
 /// ambiguous was accepted (the coverage check was soft); the cap is hard.
+/// It is measured against what the tokens make honest (protocol 8): likely
+/// tokens (here p = 0.9) are ambiguous at 2ε/p of positions.
 #[test]
 fn a_mostly_ambiguous_rollout_is_rejected_and_distribution_is_soft() {
     let w = World::new();
     let r = w.mine(0);
-    let ev = w.evidence(&r, 0.0);
-    let wide = VerifyParams { sample_eps: 0.6, ..VerifyParams::DEFAULT };
-    let v = verify_rollout(&r, &w.assignment(), 1.0, &ev, &wide).unwrap();
+    let p = VerifyParams::DEFAULT;
+    let pl = r.prompt_len as usize;
+    let mut ev = w.evidence(&r, 0.0);
+    for (i, e) in ev.positions.iter_mut().enumerate() {
+        let u = draw_u(&w.seed, &r.miner, r.group, r.rollout, (pl + i) as u32);
+        // Every draw lies just inside an edge of a likely token's interval.
+        let lo = (u - p.sample_eps / 2.0).max(0.0);
+        (e.cdf_lo, e.cdf_hi, e.prob_sampling, e.drawn) = (lo, lo + 0.9, 0.9, None);
+    }
+    let v = w.verify(&r, &ev);
     assert!(v.sampling_counts.ambiguous * 2 > r.completion().len(), "{:?}", v.sampling_counts);
-    assert!(matches!(failure(&v, CheckKind::SamplingCoverage), Failure::TooManyAmbiguous { .. }));
+    match failure(&v, CheckKind::SamplingCoverage) {
+        Failure::TooManyAmbiguous { ambiguous, total, expected, max } => {
+            assert_eq!((ambiguous, total), (v.sampling_counts.ambiguous, r.completion().len()));
+            assert!(expected < 0.1 && max == p.max_ambiguous.max(expected) && max <= 10, "{expected} {max}");
+        }
+        f => panic!("{f:?}"),
+    }
     assert!(!v.accepted(), "a rollout > 50 % ambiguous is rejected");
     assert_eq!(v.first_hard_failure().unwrap().kind, CheckKind::SamplingCoverage);
+    // The same count is honest where the tokens are unlikely (p < 2ε: every
+    // position ambiguous in expectation).
+    let mut flat = ev.clone();
+    for e in &mut flat.positions {
+        e.prob_sampling = (p.sample_eps * 1.5) as f32;
+    }
+    assert_eq!(w.verify(&r, &flat).get(CheckKind::SamplingCoverage).unwrap().status, Status::Pass);
 
     // More positions admitted only through the ε band (the draw outside the
     // claimed token's reference interval) than an honest rollout has.
-    let p = VerifyParams::DEFAULT;
     let mut off = w.evidence(&r, 0.0);
     let pl = r.prompt_len as usize;
     for (i, e) in off.positions.iter_mut().enumerate().take(p.max_off_draw + 1) {
@@ -393,9 +414,14 @@ fn a_mostly_ambiguous_rollout_is_rejected_and_distribution_is_soft() {
     let mut far = w.evidence(&r, 0.0);
     let e = &mut far.positions[0];
     let u = draw_u(&w.seed, &r.miner, r.group, r.rollout, pl as u32);
-    e.cdf_lo = u + p.sample_eps / 2.0;
+    e.cdf_lo = u + p.sample_eps * 0.9;
+    e.cdf_hi = e.cdf_lo + 1e-3;
     let token = r.tokens[pl];
-    e.drawn = Some(token + p.max_draw_distance + 1);
+    // The reference draws a token below the claimed one, whose interval
+    // holds `u`, with more than `max_draw_gap` of mass between them.
+    let hi = e.cdf_lo - p.max_draw_gap * 1.5;
+    assert!(hi > u);
+    e.drawn = Some(sampling::Draw { token: token.saturating_sub(1), lo: u - 1e-3, hi });
     let v = w.verify(&r, &far);
     assert!(matches!(failure(&v, CheckKind::Sampling), Failure::FarFromDraw { position, .. } if position == pl));
     assert!(!v.accepted());

@@ -40,7 +40,7 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/7";
+pub const ALPN: &[u8] = b"tributary/8";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
@@ -59,9 +59,13 @@ pub const ALPN: &[u8] = b"tributary/7";
 /// well-formed final `Answer:` line is read). Version 7: a refusal says when
 /// to retry ([`RejectReason::WindowFull`]: in the next window; admission
 /// reserves slots for keys with proven work), and a claimed reward must
-/// equal the recomputed one bit for bit (no tolerance). Peers of different
-/// versions cannot talk.
-pub const PROTOCOL_VERSION: u16 = 7;
+/// equal the recomputed one bit for bit (no tolerance). Version 8: an
+/// ambiguous position's claimed token is bounded by the reference mass
+/// between it and the reference's own draw, not by their distance in ids
+/// ([`crate::sampling::DEFAULT_MAX_DRAW_GAP`]), and a rollout's ambiguous
+/// positions by what its tokens make honest
+/// ([`crate::verify::AmbiguityCap`]). Peers of different versions cannot talk.
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;

@@ -58,6 +58,10 @@ struct Args {
     /// Difficulty of the arith environment.
     #[arg(long, default_value_t = 102)]
     difficulty: u32,
+    /// Reward rule (strict, lenient, format). Cached rollouts carry the
+    /// reward of the rule they were made with: give each rule its own `--work`.
+    #[arg(long, default_value = "strict")]
+    reward: tributary_protocol::env::RewardRule,
     /// GSM8K JSONL file.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -160,8 +164,13 @@ struct Figures {
     dlp: Vec<f64>,
     /// Distance of u to the nearest interval edge, and whether u is inside.
     edge: Vec<(f64, bool)>,
-    /// At every ambiguous position: |claimed token − the reference's draw| in ids.
-    draw_distance: Vec<u32>,
+    /// At every ambiguous position: |claimed token − the reference's draw| in
+    /// ids, and the reference mass strictly between them
+    /// ([`sampling::TokenStats::draw_gap`], what the protocol bounds).
+    draw_distance: Vec<(u32, f64)>,
+    /// The ambiguous positions an honest rollout of these tokens expects
+    /// ([`verify::AmbiguityCap::expected`]).
+    ambiguous_expected: f64,
 }
 
 fn main() -> Result<()> {
@@ -169,7 +178,7 @@ fn main() -> Result<()> {
     let threads = tributary_policy::init_threads(args.threads);
     std::fs::create_dir_all(&args.work)?;
     let tokenizer = Tokenizer::from_gguf_file(&args.model)?;
-    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None, reward: Default::default() };
+    let spec = EnvSpec { env: args.env, difficulty: args.difficulty, dataset: None, reward: args.reward };
     let env = Environment::build(&spec, args.data.as_deref())?;
     let window = OfflineWindow::from_seed(args.seed);
     let run = Run { tokenizer, env, window, params: VerifyParams::DEFAULT, threads, args };
@@ -557,11 +566,12 @@ impl Run {
                     let d = (u - e.cdf_lo).abs().min((u - e.cdf_hi).abs());
                     f.edge.push((d, e.cdf_lo < u && u < e.cdf_hi));
                     if d <= p.sample_eps
-                        && let Some(drawn) = e.drawn
+                        && let (Some(drawn), Some(gap)) = (e.drawn, e.draw_gap())
                     {
-                        f.draw_distance.push(drawn.abs_diff(r.tokens[pl + j]));
+                        f.draw_distance.push((drawn.token.abs_diff(r.tokens[pl + j]), gap));
                     }
                 }
+                f.ambiguous_expected = verify::AmbiguityCap::expected(&positions, p.sample_eps);
                 let a = assignment(r, &batch[i].tokens[..batch[i].prompt_len], groups, self, &eos, vocab, miner);
                 f.verdict = verify::verify_rollout(r, &a, batch[i].reward, &Evidence { sketches, positions }, p)?;
                 out.push(f);
@@ -792,44 +802,55 @@ fn report_honest(title: &str, figs: &[Figures], p: &VerifyParams) {
 }
 
 /// The hard caps on ambiguity (`verify::VerifyParams::max_ambiguous`,
-/// `max_off_draw`, `max_draw_distance`) against the honest figures: per
-/// rollout the ambiguous and off-draw positions (largest, and largest share
-/// of the cap), per ambiguous position the distance from the reference's draw.
+/// `max_off_draw`, `max_draw_gap`) against the honest figures: per rollout
+/// the ambiguous positions against the count its tokens make honest (`E`,
+/// largest share of the cap, largest excess over `E` in √E), the off-draw
+/// positions; per ambiguous position the mass between the claimed token and
+/// the reference's draw (and, for comparison, the distance in ids that
+/// protocol 7 capped).
 fn report_ambiguity(figs: &[Figures], p: &VerifyParams) {
     let eps = p.sample_eps;
-    let per: Vec<(usize, usize, usize)> = figs
+    let per: Vec<(usize, usize, usize, f64)> = figs
         .iter()
         .map(|f| {
             let amb = f.edge.iter().filter(|e| e.0 <= eps).count();
             let off = f.edge.iter().filter(|e| e.0 <= eps && !e.1).count();
-            (f.edge.len(), amb, off)
+            (f.edge.len(), amb, off, f.ambiguous_expected)
         })
         .collect();
     let positions: usize = per.iter().map(|x| x.0).sum();
     let amb_max = per.iter().map(|x| x.1).max().unwrap_or(0);
-    let n_at = per.iter().max_by_key(|x| x.1).map_or(0, |x| x.0);
-    let worst_share = per.iter().map(|x| x.1 as f64 / p.max_ambiguous.max(x.0).max(1) as f64).fold(0.0, f64::max);
+    let share = |x: &(usize, usize, usize, f64)| x.1 as f64 / p.max_ambiguous.max(x.3).max(1) as f64;
+    let worst = per.iter().copied().max_by(|a, b| share(a).total_cmp(&share(b)));
+    let worst_share = worst.as_ref().map_or(0.0, share);
+    let z = |x: &(usize, usize, usize, f64)| (x.1 as f64 - x.3) / x.3.max(1e-9).sqrt();
+    let z_max = per.iter().map(z).fold(f64::NEG_INFINITY, f64::max);
+    let e_max = per.iter().map(|x| x.3).fold(0.0, f64::max);
+    let (amb_all, e_all): (usize, f64) = per.iter().fold((0, 0.0), |(a, e), x| (a + x.1, e + x.3));
     let off_max = per.iter().map(|x| x.2).max().unwrap_or(0);
     let off_total: usize = per.iter().map(|x| x.2).sum();
-    let dist: Vec<u32> = figs.iter().flat_map(|f| f.draw_distance.iter().copied()).collect();
-    let dist_max = dist.iter().copied().max().unwrap_or(0);
-    let dist_nonzero = dist.iter().filter(|&&d| d > 0).count();
+    let dist: Vec<(u32, f64)> = figs.iter().flat_map(|f| f.draw_distance.iter().copied()).collect();
+    let ids_max = dist.iter().map(|d| d.0).max().unwrap_or(0);
+    let gap_max = dist.iter().map(|d| d.1).fold(0.0, f64::max);
+    let gap_nonzero = dist.iter().filter(|d| d.1 > 0.0).count();
     let mut hist: BTreeMap<usize, usize> = BTreeMap::new();
     for x in &per {
         *hist.entry(x.1).or_default() += 1;
     }
     println!(
-        "ambiguity caps ({} rollouts, {positions} positions): ambiguous per rollout max {amb_max} (at {n_at} tokens: cap {}), \
-         largest share of its cap {worst_share:.2} (cap {} + {}·n); off-draw per rollout max {off_max} \
-         (cap {}), {off_total} in all; |token − reference draw| at {} ambiguous positions: max {dist_max} \
-         (cap {}), {dist_nonzero} nonzero",
+        "ambiguity caps ({} rollouts, {positions} positions): ambiguous {amb_all} in all against {e_all:.1} expected; \
+         per rollout max {amb_max}, expected at most {e_max:.2}; largest share of its cap {worst_share:.2} \
+         ({:?}: n, ambiguous, off-draw, E; cap {} + ⌈E + {}·√E⌉); largest (ambiguous − E)/√E {z_max:.2}; \
+         off-draw per rollout max {off_max} (cap {}), {off_total} in all; mass between the claimed token and \
+         the reference draw at {} ambiguous positions: max {gap_max:.3e} (cap {:.1e}), {gap_nonzero} nonzero; \
+         in ids: max {ids_max}",
         figs.len(),
-        p.max_ambiguous.max(n_at),
+        worst,
         p.max_ambiguous.base,
-        p.max_ambiguous.frac,
+        p.max_ambiguous.sigmas,
         p.max_off_draw,
         dist.len(),
-        p.max_draw_distance
+        p.max_draw_gap
     );
     let hist: Vec<String> = hist.iter().map(|(k, v)| format!("{k}:{v}")).collect();
     println!("ambiguous positions per rollout (count:rollouts): {}", hist.join(" "));
@@ -839,8 +860,8 @@ fn report_ambiguity(figs: &[Figures], p: &VerifyParams) {
 /// item 5): for rollout 0 of each group (the draw of rollout 0 is what a
 /// one-sequence group reproduces), the first ambiguous completion position;
 /// every other token that position admits under the hard caps (its
-/// reference interval meets `[u − ε, u + ε]`, within `max_draw_distance`
-/// ids of the reference's own draw); from each, the rest of the rollout
+/// reference interval meets `[u − ε, u + ε]`, within `max_draw_gap` of
+/// reference mass of the reference's own draw); from each, the rest of the rollout
 /// generated honestly by llama.cpp with the same seeded draws, and its
 /// reward. The branch passes every check (one off-draw position), so the
 /// miner may report whichever reward it prefers.
@@ -856,6 +877,7 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
     let key = SketchKey::derive(&run.window.secrets.seed, model.dims().d_model);
     let miner = *run.window.miner.public().as_bytes();
     let (mut tried, mut branched, mut changed, mut alternatives, mut most) = (0usize, 0usize, 0usize, 0usize, 0usize);
+    let mut admitted_total = 0usize;
     let (mut gain_best, mut gain_worst, mut base) = (0f64, 0f64, 0f64);
     let started = Instant::now();
     for rec in honest.iter().filter(|r| r.rollout == 0).take(run.args.branch) {
@@ -872,24 +894,41 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
             if sampling::check_draw(u, &st, eps) != sampling::SampleCheck::Ambiguous {
                 continue;
             }
-            let drawn = st.drawn.unwrap_or(rec.tokens[pos]);
-            let lo = drawn.saturating_sub(p.max_draw_distance) as usize;
-            let hi = (drawn.saturating_add(p.max_draw_distance) as usize).min(row.len() - 1);
-            let admitted: Vec<u32> = (lo..=hi)
-                .filter(|&a| a as u32 != rec.tokens[pos])
-                .filter(|&a| {
-                    sampling::token_stats(&row, rec.temperature, a).is_some_and(|s| {
-                        sampling::check_draw_bounded(u, &s, a as u32, eps, p.max_draw_distance)
-                            == sampling::SampleCheck::Ambiguous
-                    })
-                })
-                .map(|a| a as u32)
-                .collect();
+            let drawn = st.drawn.map_or(rec.tokens[pos], |d| d.token) as usize;
+            // The admitted set is a run of ids around the draw (the mass
+            // between grows with the distance): walk out each way until a
+            // token is refused, or past a wall of zero-weight ones.
+            let mut admitted: Vec<(f64, u32)> = Vec::new();
+            for dir in [-1i64, 1] {
+                let mut a = drawn as i64;
+                let mut zero = 0;
+                loop {
+                    a += dir;
+                    if a < 0 || a as usize >= row.len() || zero > 64 {
+                        break;
+                    }
+                    let s = sampling::token_stats_at(&row, rec.temperature, a as usize, u).context("token")?;
+                    match sampling::check_draw_bounded(u, &s, a as u32, eps, p.max_draw_gap) {
+                        sampling::SampleCheck::Ambiguous | sampling::SampleCheck::Inside => {
+                            zero = 0;
+                            if a as u32 != rec.tokens[pos] {
+                                admitted.push((s.draw_gap().unwrap_or(0.0), a as u32));
+                            }
+                        }
+                        sampling::SampleCheck::Outside { lo, hi, .. } if lo == hi => zero += 1,
+                        _ => break,
+                    }
+                }
+            }
+            if drawn as u32 != rec.tokens[pos] {
+                admitted.push((0.0, drawn as u32));
+            }
+            let total = admitted.len();
             // The nearest few to the reference's draw: each is a whole
             // re-generation (prompt included), ~20 s on the loaded 2-core box.
-            let mut admitted = admitted;
-            admitted.sort_by_key(|&a| a.abs_diff(drawn));
-            admitted.truncate(BRANCH_ALTERNATIVES);
+            admitted.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let admitted: Vec<u32> = admitted.into_iter().take(BRANCH_ALTERNATIVES).map(|a| a.1).collect();
+            admitted_total += total;
             found = Some((pos, admitted));
             break;
         }
@@ -943,10 +982,11 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
     println!("## Branching at the first ambiguous position (rollout 0 of {tried} groups)");
     println!(
         "{branched} rollouts had an ambiguous position admitting another token (caps: ε = {eps}, \
-         {} ids from the reference's draw): {:.1} alternatives on average, {most} at most; \
+         {:.1e} of mass from the reference's draw): {:.1} admitted on average, {:.1} re-generated, {most} at most; \
          the reward changed in {changed} of {branched}; mean honest reward {:.4}, \
          mean best-branch reward {:.4} (+{:.4}), mean worst {:.4} ({:.4}); {:.0}s",
-        p.max_draw_distance,
+        p.max_draw_gap,
+        admitted_total as f64 / n,
         alternatives as f64 / n,
         base / n,
         (base + gain_best) / n,

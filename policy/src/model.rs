@@ -26,6 +26,7 @@
 use tch::{Device, Kind, Tensor, nn};
 
 use tributary_protocol::checkpoint::{Checkpoint, ModelConfig};
+use tributary_protocol::gguf::GgmlType;
 
 use crate::PolicyError;
 
@@ -158,6 +159,43 @@ impl ReferenceModel {
         })
     }
 
+    /// Loads a checkpoint whose matrices are all BF16 (every checkpoint the
+    /// trainer publishes) holding them as BF16: 2 bytes a parameter instead
+    /// of 4, for inference only (nothing is trainable). Each product widens
+    /// its matrix to f32 first (exact: every BF16 value is an f32) and runs
+    /// the same f32 kernels on the same values as [`Self::load`]'s model, so
+    /// the hidden states and logits are the same bits; vectors (norms,
+    /// biases) stay f32. A checkpoint with a matrix of another type is
+    /// refused ([`PolicyError::Config`]): rounding it would change results.
+    pub fn load_bf16_held(ckpt: &Checkpoint, device: Device) -> Result<Self, PolicyError> {
+        if let Some(t) = ckpt.header().tensors.iter().find(|t| !Self::held_as_is(t)) {
+            return Err(PolicyError::Config(format!(
+                "{} is {:?}: only a checkpoint whose matrices are BF16 can be held as BF16",
+                t.name, t.ty
+            )));
+        }
+        Self::build(*ckpt.config(), device, true, |name| {
+            if ckpt.tensor_info(name).is_none() {
+                return Ok(None);
+            }
+            ckpt.tensor_f32(name).map(Some).map_err(|e| PolicyError::Checkpoint(Box::new(e)))
+        })
+    }
+
+    /// Whether [`Self::load_bf16_held`] takes `ckpt`: every matrix is BF16.
+    pub fn can_hold_bf16(ckpt: &Checkpoint) -> bool {
+        ckpt.header().tensors.iter().all(Self::held_as_is)
+    }
+
+    fn held_as_is(t: &tributary_protocol::gguf::TensorInfo) -> bool {
+        t.dims.len() < 2 || t.ty == GgmlType::BF16
+    }
+
+    /// Bytes the parameters take on their device.
+    pub fn parameter_bytes(&self) -> usize {
+        self.vs.variables().values().map(|t| t.numel() * t.kind().elt_size_in_bytes()).sum()
+    }
+
     /// Opens the checkpoint file at `path` and [loads](Self::load) it.
     pub fn open(path: &std::path::Path, device: Device) -> Result<Self, PolicyError> {
         let ckpt = Checkpoint::open(path).map_err(|e| PolicyError::Checkpoint(Box::new(e)))?;
@@ -169,7 +207,16 @@ impl ReferenceModel {
     /// checkpoint has no such tensor (only `output.weight` may be absent: the
     /// head is then tied to the embedding). Parameters are created on `device`
     /// as f32 and marked trainable; wrap inference in [`tch::no_grad`].
-    pub fn from_fn<F>(dims: ModelConfig, device: Device, mut fetch: F) -> Result<Self, PolicyError>
+    pub fn from_fn<F>(dims: ModelConfig, device: Device, fetch: F) -> Result<Self, PolicyError>
+    where
+        F: FnMut(&str) -> Result<Option<Vec<f32>>, PolicyError>,
+    {
+        Self::build(dims, device, false, fetch)
+    }
+
+    /// [`Self::from_fn`], or with `bf16_matrices` every matrix held as BF16
+    /// and nothing trainable ([`Self::load_bf16_held`]).
+    fn build<F>(dims: ModelConfig, device: Device, bf16_matrices: bool, mut fetch: F) -> Result<Self, PolicyError>
     where
         F: FnMut(&str) -> Result<Option<Vec<f32>>, PolicyError>,
     {
@@ -186,14 +233,19 @@ impl ReferenceModel {
             if data.len() as i64 != expected {
                 return Err(PolicyError::TensorShape { name, expected: shape, found: data.len() });
             }
-            let t = Tensor::f_from_slice(&data)?.f_reshape(&shape)?.f_to_device(device)?;
+            let mut t = Tensor::f_from_slice(&data)?.f_reshape(&shape)?;
+            drop(data);
+            if bf16_matrices && shape.len() >= 2 {
+                t = t.f_to_kind(Kind::BFloat16)?;
+            }
+            let t = t.f_to_device(device)?;
             let mut path = root.clone();
             let mut parts: Vec<&str> = name.split('.').collect();
             let leaf = parts.pop().unwrap_or("weight");
             for p in parts {
                 path = path.sub(p);
             }
-            let _param = path.add(leaf, t, name != ROPE_FREQS);
+            let _param = path.add(leaf, t, name != ROPE_FREQS && !bf16_matrices);
         }
         Self::from_var_store(vs, dims)
     }
@@ -327,7 +379,7 @@ impl ReferenceModel {
     pub fn forward_hidden(&self, tokens: &Tensor) -> Result<Tensor, PolicyError> {
         let (tokens, _, l) = self.checked_batch(tokens, 0)?;
         let (cos, sin) = self.rope(0, l)?;
-        let mut x = Tensor::f_embedding(&self.token_embd, &tokens, -1, false, false)?;
+        let mut x = widen(&Tensor::f_embedding(&self.token_embd, &tokens, -1, false, false)?)?;
         for blk in &self.blocks {
             x = self.block(blk, &x, &cos, &sin, None)?.0;
         }
@@ -355,8 +407,8 @@ impl ReferenceModel {
         // Continuation row i sees every prefix position and suffix positions <= i.
         let mask = Tensor::f_ones([s, s], (Kind::Bool, self.device()))?.f_tril(0)?;
         let mask = Tensor::f_cat(&[Tensor::f_ones([s, p], (Kind::Bool, self.device()))?, mask], 1)?;
-        let mut xp = Tensor::f_embedding(&self.token_embd, &prefix, -1, false, false)?;
-        let mut xs = Tensor::f_embedding(&self.token_embd, &suffix, -1, false, false)?;
+        let mut xp = widen(&Tensor::f_embedding(&self.token_embd, &prefix, -1, false, false)?)?;
+        let mut xs = widen(&Tensor::f_embedding(&self.token_embd, &suffix, -1, false, false)?)?;
         for blk in &self.blocks {
             let (x, k, v) = self.block(blk, &xp, &cos_p, &sin_p, None)?;
             xp = x;
@@ -399,14 +451,14 @@ impl ReferenceModel {
         let hd = self.dims.head_dim() as i64;
         let theta = f64::from(self.dims.rope_theta);
         let factors = self.rope_factors.as_deref();
-        let (cos, sin) = rope_tables(offset + len, hd, theta, factors, self.token_embd.kind(), self.device())?;
+        let (cos, sin) = rope_tables(offset + len, hd, theta, factors, self.output_norm.kind(), self.device())?;
         Ok((cos.f_narrow(0, offset, len)?, sin.f_narrow(0, offset, len)?))
     }
 
     /// The LM head: logits `[..., vocab]` from post-norm hidden states.
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor, PolicyError> {
         let w = self.output.as_ref().unwrap_or(&self.token_embd);
-        Ok(hidden.f_linear::<&Tensor>(w, None)?)
+        Ok(hidden.f_linear::<&Tensor>(&widen(w)?, None)?)
     }
 
     /// One transformer block. With `past = (k, v, mask)` the rows of `x`
@@ -432,8 +484,10 @@ impl ReferenceModel {
         let heads =
             |t: Tensor, n: i64| -> Result<Tensor, PolicyError> { Ok(t.f_view([b, l, n, hd])?.f_transpose(1, 2)?) };
         let bias = |i: usize| blk.qkv_bias.as_ref().map(|b| &b[i]);
-        let (mut q, mut k) =
-            (heads(h.f_linear(&blk.attn_q, bias(0))?, nh)?, heads(h.f_linear(&blk.attn_k, bias(1))?, nkv)?);
+        let (mut q, mut k) = (
+            heads(h.f_linear(&widen(&blk.attn_q)?, bias(0))?, nh)?,
+            heads(h.f_linear(&widen(&blk.attn_k)?, bias(1))?, nkv)?,
+        );
         if let Some([qn, kn]) = &blk.qk_norm {
             let eps = f64::from(self.dims.rms_eps);
             q = rms_norm(&q, qn, eps)?;
@@ -442,7 +496,7 @@ impl ReferenceModel {
         let rot = if self.dims.arch.rope_neox() { rope_neox } else { rope };
         let q = rot(&q, cos, sin)?;
         let k = rot(&k, cos, sin)?;
-        let v = heads(h.f_linear(&blk.attn_v, bias(2))?, nkv)?;
+        let v = heads(h.f_linear(&widen(&blk.attn_v)?, bias(2))?, nkv)?;
         let (k_all, v_all) = match past {
             Some((pk, pv, _)) => (Tensor::f_cat(&[pk, &k], 2)?, Tensor::f_cat(&[pv, &v], 2)?),
             None => (k.shallow_clone(), v.shallow_clone()),
@@ -455,12 +509,12 @@ impl ReferenceModel {
         let gqa = nkv != nh;
         let att = Tensor::f_scaled_dot_product_attention(&q, &k_all, &v_all, mask, 0.0, mask.is_none(), scale, gqa)?;
         let att = att.f_transpose(1, 2)?.f_reshape([b, l, nh * hd])?;
-        let x = x.f_add(&att.f_linear::<&Tensor>(&blk.attn_output, None)?)?;
+        let x = x.f_add(&att.f_linear::<&Tensor>(&widen(&blk.attn_output)?, None)?)?;
 
         let h = rms_norm(&x, &blk.ffn_norm, f64::from(self.dims.rms_eps))?;
-        let gate = h.f_linear::<&Tensor>(&blk.ffn_gate, None)?.f_silu()?;
-        let up = h.f_linear::<&Tensor>(&blk.ffn_up, None)?;
-        let ff = gate.f_mul(&up)?.f_linear::<&Tensor>(&blk.ffn_down, None)?;
+        let gate = h.f_linear::<&Tensor>(&widen(&blk.ffn_gate)?, None)?.f_silu()?;
+        let up = h.f_linear::<&Tensor>(&widen(&blk.ffn_up)?, None)?;
+        let ff = gate.f_mul(&up)?.f_linear::<&Tensor>(&widen(&blk.ffn_down)?, None)?;
         Ok((x.f_add(&ff)?, k, v))
     }
 }
@@ -495,6 +549,12 @@ pub fn pad_batch(seqs: &[&[u32]], vocab: usize, pad: u32, device: Device) -> Res
 }
 
 /// `x / sqrt(mean(x²) + eps) * w` over the last dimension.
+/// A BF16-held matrix ([`ReferenceModel::load_bf16_held`]) widened to f32
+/// for one product (exact); any other tensor as it is.
+fn widen(t: &Tensor) -> Result<Tensor, PolicyError> {
+    Ok(if t.kind() == Kind::BFloat16 { t.f_to_kind(Kind::Float)? } else { t.shallow_clone() })
+}
+
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor, PolicyError> {
     let d = *x.size().last().unwrap_or(&0);
     Ok(x.f_rms_norm([d], Some(w), eps)?)

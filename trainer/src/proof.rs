@@ -249,12 +249,23 @@ impl Prover {
         if ckpt.content_id() != id {
             return Err(ProofError::WrongCheckpoint { path: path.to_owned(), found: ckpt.content_id(), expected: id });
         }
-        let model = ReferenceModel::load(&ckpt, self.cfg.device)?;
+        // Held as BF16 (f32 arithmetic, the same bits) when its matrices are
+        // BF16, as every publication's are: 2 bytes a parameter, not 4.
+        let model = if ReferenceModel::can_hold_bf16(&ckpt) {
+            ReferenceModel::load_bf16_held(&ckpt, self.cfg.device)?
+        } else {
+            ReferenceModel::load(&ckpt, self.cfg.device)?
+        };
         self.models.push_back((id, model));
         while self.models.len() > self.cfg.keep_checkpoints.max(1) {
             self.models.pop_front();
         }
         Ok(())
+    }
+
+    /// Bytes the held checkpoints' parameters take.
+    pub fn held_bytes(&self) -> usize {
+        self.models.iter().map(|(_, m)| m.parameter_bytes()).sum()
     }
 
     fn model(&self, id: &ContentId) -> Option<&ReferenceModel> {

@@ -13,6 +13,14 @@
       these scales, so the oracle must be finer than the bound it checks;
       transformers computes RoPE angles in f32 whatever the dtype, so this
       script replaces its rotary embedding by a float64 one: `exact_rope`).
+  hf_oracle.py make  --shape qwen2.5-0.5b --out DIR [--seed N]
+      A random-weight model with Qwen2.5-0.5B's shapes (24 layers, width 896,
+      14 heads, 2 KV heads, FFN 4,864, rope base 1e6, tied head) and
+      SmolLM2's vocabulary, initialised as the tiny ones but with embeddings
+      of std 8/sqrt(width) (logits' std about 8, as the tiny test model's):
+      DIR/config.json + model.safetensors only (no oracle: the float64
+      forward at this size is minutes). `trainer import-hf DIR --out M.gguf`
+      makes the BF16 GGUF (docs/model-families.md, 0.5B).
   hf_oracle.py score --model DIR --tokens FILE --out FILE
       Loads DIR with AutoModelForCausalLM.from_pretrained (e.g. the project's
       HF export, whatever its dtype) and writes the same float64 `logprobs`
@@ -119,7 +127,17 @@ def config_for(arch):
     raise SystemExit(f"unknown arch {arch}")
 
 
-def init_weights(model, seed):
+SHAPES = {
+    # Qwen2.5-0.5B's published config, with SmolLM2's vocabulary.
+    "qwen2.5-0.5b": lambda: transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+        bos_token_id=1, eos_token_id=2),
+}
+
+
+def init_weights(model, seed, emb_std=0.5):
     """Scales that give a peaked next-token distribution: embeddings RMS 0.5
     (logits' std about 4), projections a little above 1/sqrt(fan_in), norms
     near 1, seeded biases; every value BF16-representable."""
@@ -131,7 +149,7 @@ def init_weights(model, seed):
             elif name.endswith(".bias"):
                 v = (0.1 if "v_proj" in name else 0.5) * torch.randn(p.shape, generator=g)
             elif "embed_tokens" in name or "lm_head" in name:
-                v = 0.5 * torch.randn(p.shape, generator=g)
+                v = emb_std * torch.randn(p.shape, generator=g)
             else:
                 fan_in = p.shape[1]
                 gain = 4.0 if "down_proj" in name else (1.5 if any(s in name for s in ("q_proj", "k_proj", "o_proj")) else 1.0)
@@ -198,7 +216,23 @@ def logprobs(model, tokens, ids):
         return torch.gather(lp, -1, ids)
 
 
+def make_shape(args):
+    torch.manual_seed(args.seed)
+    cfg = SHAPES[args.shape]()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.eval()
+    init_weights(model, args.seed, emb_std=8.0 / cfg.hidden_size**0.5)
+    model.save_pretrained(Path(args.out), safe_serialization=True)
+    n = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"shape": args.shape, "architectures": model.config.architectures, "parameters": n,
+                      "transformers": transformers.__version__, "torch": torch.__version__}))
+
+
 def make(args):
+    if args.shape:
+        return make_shape(args)
+    if not args.arch:
+        raise SystemExit("make needs --arch or --shape")
     torch.manual_seed(args.seed)
     cfg = config_for(args.arch)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
@@ -229,7 +263,8 @@ def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("--arch", required=True)
+    m.add_argument("--arch")
+    m.add_argument("--shape", choices=sorted(SHAPES))
     m.add_argument("--out", required=True)
     m.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("score")

@@ -320,8 +320,13 @@ impl Miner {
 
     /// Stops and returns the summary.
     pub async fn stop(self) -> RunSummary {
+        self.stop_within(60).await
+    }
+
+    /// [`Miner::stop`] bounded by `secs` (a large model's group takes longer).
+    pub async fn stop_within(self, secs: u64) -> RunSummary {
         self.stop.cancel();
-        within(60, self.task).await.expect("miner task panicked").expect("miner failed")
+        within(secs, self.task).await.expect("miner task panicked").expect("miner failed")
     }
 
     /// Drops the miner on the floor: its task (uplink, connections) is
@@ -488,9 +493,17 @@ impl ValidatorHandle {
 
     /// Kills the validator task wherever it is (its folder stays); its
     /// configuration and the windows it verified that were not read yet.
-    pub async fn kill(mut self) -> (validator::service::ServiceConfig, Vec<validator::service::WindowReport>) {
+    pub async fn kill(self) -> (validator::service::ServiceConfig, Vec<validator::service::WindowReport>) {
+        self.kill_within(60).await
+    }
+
+    /// [`ValidatorHandle::kill`] bounded by `secs` (a proof in progress ends first).
+    pub async fn kill_within(
+        mut self,
+        secs: u64,
+    ) -> (validator::service::ServiceConfig, Vec<validator::service::WindowReport>) {
         self.task.abort();
-        let _ = within(60, &mut self.task).await;
+        let _ = within(secs, &mut self.task).await;
         let mut unread = Vec::new();
         while let Ok(e) = self.events.try_recv() {
             if let ValidatorEvent::Verified(r) = e {
@@ -634,10 +647,15 @@ impl TrainerHandle {
     }
 
     /// Kills the trainer task wherever it is (its state on disk stays).
-    pub async fn kill(mut self) -> trainer::service::ServiceConfig {
+    pub async fn kill(self) -> trainer::service::ServiceConfig {
+        self.kill_within(60).await
+    }
+
+    /// [`TrainerHandle::kill`] bounded by `secs` (a GRPO step in progress ends first).
+    pub async fn kill_within(mut self, secs: u64) -> trainer::service::ServiceConfig {
         self.stop.store(true, Ordering::Relaxed);
         self.task.abort();
-        let _ = within(60, &mut self.task).await;
+        let _ = within(secs, &mut self.task).await;
         self.config
     }
 }
@@ -760,15 +778,21 @@ impl Mesh {
 
     /// Stops every miner and the trainer; the miners' summaries.
     pub async fn stop(self) -> Vec<RunSummary> {
+        self.stop_within(60).await
+    }
+
+    /// [`Mesh::stop`] with each service's stop bounded by `secs` (work in
+    /// progress on a large model ends first).
+    pub async fn stop_within(self, secs: u64) -> Vec<RunSummary> {
         if let Some(t) = self.trainer {
-            t.kill().await;
+            t.kill_within(secs).await;
         }
         if let Some(v) = self.validator {
-            v.kill().await;
+            v.kill_within(secs).await;
         }
         let mut out = Vec::new();
         for m in self.miners {
-            out.push(m.stop().await);
+            out.push(m.stop_within(secs).await);
         }
         out
     }

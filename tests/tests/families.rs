@@ -31,6 +31,7 @@ use tributary_protocol::env::{ArithEnv, Environment};
 use tributary_protocol::sketch::SketchParams;
 use tributary_protocol::tiny::{self, TinyFamily};
 use tributary_protocol::tokenizer::Tokenizer;
+use tributary_tests::Mesh;
 
 /// The bound of the issue: |Δ log p| against transformers.
 const TOL: f64 = 1e-4;
@@ -203,54 +204,133 @@ fn every_family_generates_rollouts_the_validator_accepts() {
 /// publishes a sparse delta that the honest miner then generates with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen2_mesh_window_mines_proves_and_publishes_a_delta() {
-    use edge_miner::adversary::{self, Attack, AttackOptions};
-    use edge_miner::run::RunEvent;
-    use tributary_protocol::env::PRACTICE_LEVEL;
-    use tributary_protocol::wire::MinerStanding;
-    use tributary_tests::{Mesh, MeshConfig, MinerSpec, NetConfig};
-
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny-qwen2.gguf");
     let src = Checkpoint::open(&assets::smollm2_q4_1()).expect("SmolLM2 GGUF");
     tiny::write_tiny_family(TinyFamily::Qwen2, 5, &src, &model).unwrap();
     let cfg = *Checkpoint::open(&model).unwrap().config();
     assert!(cfg.qkv_bias && cfg.arch.rope_neox(), "{cfg:?}");
-    let attack = adversary::setup(Attack::PrefixEdit, &AttackOptions::default()).unwrap();
-    let mut mesh = Mesh::start_with_model(
-        MeshConfig {
-            net: NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(4_000, 600, 2, 4) },
-            miners: vec![MinerSpec::honest("honest"), MinerSpec::boxed("prefix-editor", attack.tamper, None)],
-            trainer: true,
-            validator: true,
-        },
-        Some(&model),
-    )
-    .await;
-    let (honest, editor) = (mesh.miners[0].key.public(), mesh.miners[1].key.public());
+    mesh_trains_on(&model, &MeshRun { label: "tiny qwen2", window_ms: 4_000, grace_ms: 600, ..MeshRun::DEFAULT }).await;
+}
 
-    // A window in which the validator proved both miners.
-    let r = mesh.validator().until(120, |r| r.miners.contains_key(&honest) && r.miners.contains_key(&editor)).await;
-    let (h, e) = (&r.miners[&honest].body, &r.miners[&editor].body);
-    assert!(h.checked > 0 && h.valid == h.checked && !h.hard_failure, "honest miner on qwen2: {h:?}");
-    assert!(e.hard_failure && e.estimated_valid == 0, "prefix editor on qwen2: {e:?}");
+/// How [`mesh_trains_on`] runs a network on a model.
+struct MeshRun {
+    /// Printed before each figure.
+    label: &'static str,
+    /// Window length and submission grace.
+    window_ms: u64,
+    grace_ms: u64,
+    /// Completion tokens per rollout.
+    max_new_tokens: u32,
+    /// llama.cpp threads of each miner.
+    miner_threads: usize,
+    /// Whether a prefix-editing miner mines beside the honest one.
+    editor: bool,
+    /// Bound on each wait (the validator's first report, each publication,
+    /// the honest miner's submission on the delta), seconds.
+    wait_s: u64,
+    /// Bound on each service's stop in the end ([`Mesh::stop_within`]): a
+    /// 135M or 0.5B GRPO step, proof or group in progress ends first.
+    stop_s: u64,
+}
+
+impl MeshRun {
+    const DEFAULT: MeshRun = MeshRun {
+        label: "",
+        window_ms: 4_000,
+        grace_ms: 600,
+        max_new_tokens: 16,
+        miner_threads: 1,
+        editor: true,
+        wait_s: 180,
+        stop_s: 60,
+    };
+}
+
+/// A network on `model` (coordinator, an honest miner, optionally a
+/// prefix-editing one, the validator, the trainer; arith at the practice
+/// level, 2 groups of 4 a miner): the validator proves the honest miner's
+/// whole window valid (and the editor's with a hard failure), the trainer
+/// trains on verified windows and publishes in full, then a sparse delta over
+/// that, and the honest miner submits rollouts generated with the delta's
+/// checkpoint. Prints when each step was reached.
+async fn mesh_trains_on(model: &Path, run: &MeshRun) {
+    use edge_miner::adversary::{self, Attack, AttackOptions};
+    use edge_miner::run::{RunEvent, llama_loader};
+    use tributary_protocol::env::PRACTICE_LEVEL;
+    use tributary_protocol::wire::MinerStanding;
+    use tributary_tests::{MeshConfig, MinerSpec, NetConfig};
+
+    let label = run.label;
+    let t0 = std::time::Instant::now();
+    let mut honest = MinerSpec::honest("honest");
+    honest.loader = Some(llama_loader(run.miner_threads, 0));
+    let mut miners = vec![honest];
+    if run.editor {
+        let opts = AttackOptions { threads: run.miner_threads, ..AttackOptions::default() };
+        let attack = adversary::setup(Attack::PrefixEdit, &opts).unwrap();
+        let mut editor = MinerSpec::boxed("prefix-editor", attack.tamper, attack.loader);
+        if editor.loader.is_none() {
+            editor.loader = Some(llama_loader(run.miner_threads, 0));
+        }
+        miners.push(editor);
+    }
+    let net = NetConfig {
+        max_new_tokens: run.max_new_tokens,
+        difficulty: PRACTICE_LEVEL,
+        ..NetConfig::new(run.window_ms, run.grace_ms, 2, 4)
+    };
+    let mut mesh =
+        Mesh::start_with_model(MeshConfig { net, miners, trainer: true, validator: true }, Some(model)).await;
+    eprintln!("{label}: network up at {:.1} s", t0.elapsed().as_secs_f64());
+    let honest = mesh.miners[0].key.public();
+    let editor = run.editor.then(|| mesh.miners[1].key.public());
+
+    // A window in which the validator proved every miner.
+    let r = mesh
+        .validator()
+        .until(run.wait_s, |r| r.miners.contains_key(&honest) && editor.is_none_or(|e| r.miners.contains_key(&e)))
+        .await;
+    let h = &r.miners[&honest].body;
+    assert!(h.checked > 0 && h.valid == h.checked && !h.hard_failure, "honest miner on {label}: {h:?}");
+    if let Some(e) = editor {
+        let e = &r.miners[&e].body;
+        assert!(e.hard_failure && e.estimated_valid == 0, "prefix editor on {label}: {e:?}");
+    }
     assert!(mesh.net.node.shared.core().standing(r.window).contains(&(honest, MinerStanding::Passed)));
+    eprintln!(
+        "{label}: window {} proven at {:.1} s (honest {}/{} valid)",
+        r.window,
+        t0.elapsed().as_secs_f64(),
+        h.valid,
+        h.checked
+    );
 
     // The trainer trains on verified windows and publishes: in full first
     // (a publisher's first payload), then a sparse delta over that.
     let trainer = mesh.trainer.as_mut().expect("trainer");
-    let (windows, window, first) = trainer.next_published(180).await;
-    eprintln!("qwen2: trained on windows {windows:?}, published {first} for window {window} (full)");
-    let (windows, window, id) = trainer.next_published(180).await;
-    eprintln!("qwen2: trained on windows {windows:?}, published {id} for window {window}");
+    let (windows, window, first) = trainer.next_published(run.wait_s).await;
+    eprintln!(
+        "{label}: trained on windows {windows:?}, published {first} for window {window} (full) at {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let (windows, window, id) = trainer.next_published(run.wait_s).await;
+    eprintln!(
+        "{label}: trained on windows {windows:?}, published {id} for window {window} at {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
     assert!(!windows.is_empty());
     let entry = mesh.net.node.shared.relay.entry(&id).expect("the relay has the publication");
     let (base, delta_len, _) = entry.delta.expect("the second publication is a delta");
     assert_eq!(base, first, "the delta is over the previous publication");
     assert!(delta_len > 0 && delta_len < entry.full_len, "delta {delta_len} bytes, full {}", entry.full_len);
-    eprintln!("qwen2: delta {delta_len} bytes of a {}-byte checkpoint", entry.full_len);
+    eprintln!("{label}: delta {delta_len} bytes of a {}-byte checkpoint", entry.full_len);
     // The honest miner applies the delta and generates with its result.
-    mesh.miners[0].wait_for(120, |ev| matches!(ev, RunEvent::Submitted { checkpoint, .. } if *checkpoint == id)).await;
-    mesh.stop().await;
+    mesh.miners[0]
+        .wait_for(run.wait_s, |ev| matches!(ev, RunEvent::Submitted { checkpoint, .. } if *checkpoint == id))
+        .await;
+    eprintln!("{label}: honest miner submitted on the delta at {:.1} s", t0.elapsed().as_secs_f64());
+    mesh.stop_within(run.stop_s).await;
 }
 
 const PASSAGE: &str = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. \
@@ -296,6 +376,45 @@ fn transplanted_smollm2_llama_cpp_matches_the_reference() {
         assert!(d <= TOL, "{name}: llama.cpp vs reference {d:.2e}");
         assert!(mean > -3.5, "{name}: the transplant does not predict text (mean log p {mean})");
     }
+}
+
+/// A mesh on SmolLM2-135M's trained weights re-expressed in another family's
+/// layout (`trainer transplant`), as the tiny `qwen2` mesh above: an honest
+/// miner proven valid and a prefix-editing one caught, a GRPO publication in
+/// full, a sparse delta, and the honest miner generating with the delta.
+/// Ignored: minutes on two cores (docs/model-families.md gives the command
+/// and the last run's timings).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "135M mesh, minutes on two cores: cargo test -p tributary-tests --features edge-miner/wgpu --test families -- --ignored transplanted_qwen2_mesh"]
+async fn transplanted_qwen2_mesh_window_mines_proves_and_publishes_a_delta() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = transplanted(dir.path(), "qwen2", trainer::transplant::Layout::Qwen2);
+    let run = MeshRun {
+        label: "smollm2 as qwen2",
+        window_ms: 20_000,
+        grace_ms: 2_000,
+        wait_s: 400,
+        stop_s: 600,
+        ..MeshRun::DEFAULT
+    };
+    mesh_trains_on(&model, &run).await;
+}
+
+/// The same on the `llama3` transplant (Llama 3 RoPE frequency scaling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "135M mesh, minutes on two cores: cargo test -p tributary-tests --features edge-miner/wgpu --test families -- --ignored transplanted_llama3_mesh"]
+async fn transplanted_llama3_mesh_window_mines_proves_and_publishes_a_delta() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = transplanted(dir.path(), "llama3", trainer::transplant::Layout::Llama3);
+    let run = MeshRun {
+        label: "smollm2 as llama3",
+        window_ms: 20_000,
+        grace_ms: 2_000,
+        wait_s: 400,
+        stop_s: 600,
+        ..MeshRun::DEFAULT
+    };
+    mesh_trains_on(&model, &run).await;
 }
 
 /// The proof contract on the transplanted models: every honest rollout the

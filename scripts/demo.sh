@@ -24,22 +24,35 @@
 #                       docs/training.md)
 #   DEMO_LR=X           trainer learning rate (default 1e-5)
 #   DEMO_REWARD=RULE    the coordinator's reward rule: strict, lenient or format
-#                       (default: the coordinator's, strict)
+#                       (default lenient: the number after the last marker, else the
+#                       last number. Under the coordinator's default, strict, which pays
+#                       only a final `Answer: N` line, SmolLM2 scores 0 on every rollout
+#                       (it writes "the answer is 7"): no group has a reward spread, the
+#                       trainer has nothing to learn from and publishes nothing)
 #   DEMO_VALIDATOR=0    run no validator (the trainer then trusts unjudged rollouts)
 #   DEMO_KEEP_CHECKPOINTS=N  checkpoints the relay and the trainer keep on disk (default 4)
 #   DEMO_KEEP=0         stop everything after the summary (default 1: the network and
 #                       its dashboard keep running until Ctrl-C)
-#   DEMO_EVAL_TASKS=N   held-out problems for the base-vs-last-checkpoint evaluation
+#   DEMO_EVAL_TASKS=N   problems per column of the base-vs-last-checkpoint evaluation
 #                       (default 50; 0 skips it: the demo is then a smoke test only)
+#   DEMO_EXTRA_WINDOWS=N  after the last window, wait at most N more windows for one
+#                       generated on a trained checkpoint (default 3)
 #   DEMO_ARCH=FAMILY    llama (default: SmolLM2 as it is), qwen2 or llama3: SmolLM2's
 #                       weights re-expressed in that family's layout (`trainer transplant`:
 #                       qwen2 = Q/K/V biases and NEOX RoPE, llama3 = RoPE frequency
 #                       scaling; docs/model-families.md). The proof contract is not yet
 #                       calibrated on these files.
+#   DEMO_MODEL=FILE     run on this GGUF checkpoint as it is instead of SmolLM2 (e.g. the
+#                       0.5B-shape model of docs/model-families.md; not with DEMO_ARCH)
+#   DEMO_MINERS=N       edge miners (default 2)
+#   DEMO_THREADS=N      CPU threads of each miner and of the validator (default 1)
 #   DEMO_DIR=DIR        working folder (default: a new temporary folder)
 #   DEMO_BIN=DIR        run these prebuilt binaries instead of building (train-bench.sh
 #                       copies them once, so its networks keep running while the tree changes)
 set -euo pipefail
+# The whole script is parsed before it runs (the braces close at its end): an
+# edit of this file, or a `git pull`, during a demo does not change the demo.
+{
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 windows="${DEMO_WINDOWS:-3}"
@@ -99,8 +112,16 @@ case "$arch" in
     ;;
   *) echo "DEMO_ARCH=$arch: expected llama, qwen2 or llama3" >&2; exit 2 ;;
 esac
+if [ -n "${DEMO_MODEL:-}" ]; then
+  [ "$arch" = llama ] || { echo "DEMO_MODEL and DEMO_ARCH exclude each other" >&2; exit 2; }
+  base="$(cd "$(dirname "$DEMO_MODEL")" && pwd)/$(basename "$DEMO_MODEL")"
+  phase "base: $base (DEMO_MODEL)"
+fi
+miners="${DEMO_MINERS:-2}"
+threads="${DEMO_THREADS:-1}"
 
 pids=()
+roles=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -126,7 +147,7 @@ echo "== keys"
 trainer_key="$("$bin/edge-miner" init --data "$dir/trainer-key" | cut -d= -f2)"
 echo "trainer $trainer_key"
 
-echo "== coordinator (window ${window_ms} ms, ${groups} groups x ${group_size} per miner, ${tokens} tokens, arith difficulty ${difficulty})"
+echo "== coordinator (window ${window_ms} ms, ${groups} groups x ${group_size} per miner, ${tokens} tokens, arith difficulty ${difficulty}, reward ${DEMO_REWARD:-lenient})"
 cat > "$dir/coordinator.toml" <<EOF
 listen = "127.0.0.1:0"
 http = "127.0.0.1:0"
@@ -145,7 +166,7 @@ trainer = "$trainer_key"
 # $keep and the trainer's last $keep publications.
 keep_checkpoints = $keep
 EOF
-if [ -n "${DEMO_REWARD:-}" ]; then echo "reward = \"$DEMO_REWARD\"" >> "$dir/coordinator.toml"; fi
+echo "reward = \"${DEMO_REWARD:-lenient}\"" >> "$dir/coordinator.toml"
 validator_args=()
 has_validator=0
 if [ "${DEMO_VALIDATOR:-1}" != 0 ] && "$bin/validator" --help 2>/dev/null | grep -q "^  run"; then
@@ -156,6 +177,7 @@ fi
 "$bin/coordinator" run --dev --config "$dir/coordinator.toml" "${validator_args[@]}" \
   > "$dir/coordinator.out" 2> "$dir/coordinator.log" &
 pids+=($!)
+roles+=(coordinator)
 quic="$(value "$dir/coordinator.out" quic)"
 http="$(value "$dir/coordinator.out" http)"
 fp="$(value "$dir/coordinator.out" fingerprint)"
@@ -163,20 +185,22 @@ genesis="$(value "$dir/coordinator.out" checkpoint)"
 echo "coordinator quic=$quic dashboard=$http genesis=$genesis"
 
 echo "== miners"
-for m in 1 2; do
+for m in $(seq "$miners"); do
   echo "miner$m $("$bin/edge-miner" init --data "$dir/miner$m" | cut -d= -f2)"
   "$bin/edge-miner" run --coordinator "$quic" --fingerprint "$fp" --data "$dir/miner$m" \
-    --model "$base" --threads 1 > "$dir/miner$m.out" 2> "$dir/miner$m.log" &
+    --model "$base" --threads "$threads" > "$dir/miner$m.out" 2> "$dir/miner$m.log" &
   pids+=($!)
+  roles+=("miner$m")
 done
 
 if [ "$has_validator" = 1 ]; then
   echo "== validator"
   mkdir -p "$dir/validator"
   cp "$dir/validator-key/miner.key" "$dir/validator/validator.key"
-  "$bin/validator" run --coordinator "$quic" --fingerprint "$fp" --data "$dir/validator" --threads 1 \
+  "$bin/validator" run --coordinator "$quic" --fingerprint "$fp" --data "$dir/validator" --threads "$threads" \
     > "$dir/validator.out" 2> "$dir/validator.log" &
   pids+=($!)
+  roles+=(validator)
 else
   echo "== validator: none (DEMO_VALIDATOR=0 or no 'validator run' in this build); the trainer trusts unjudged rollouts (--dev)"
 fi
@@ -185,32 +209,50 @@ echo "== trainer"
 "$bin/trainer" run --dev --coordinator "$quic" --fingerprint "$fp" --data "$dir/trainer" \
   --key "$dir/trainer-key/miner.key" --model "$base" --lr "$lr" --keep-publications "$keep" > "$dir/trainer.out" 2> "$dir/trainer.log" &
 pids+=($!)
+roles+=(trainer)
 
 status() { curl -fsS "$http/api/status"; }
 start="$(status | python3 -c 'import json,sys; print(json.load(sys.stdin)["window"])')"
 last=$((start + windows))
-phase "windows $start..$((last - 1))"
+# Past the last window, the demo waits (at most DEMO_EXTRA_WINDOWS more) for a
+# window generated on a checkpoint the trainer published, so the summary shows one.
+extra="${DEMO_EXTRA_WINDOWS:-3}"
+phase "windows $start..$((last - 1)) (+ at most $extra)"
 echo "   progress every 10 s; logs in $dir"
 while :; do
   for p in "${pids[@]}"; do
     kill -0 "$p" 2>/dev/null || { echo "demo: a process exited; see the logs in $dir" >&2; exit 1; }
   done
   s="$(status)"
-  done_now="$(python3 - "$s" "$last" <<'PY'
+  done_now="$(python3 - "$s" "$start" "$last" "$extra" "$genesis" <<'PY'
 import json, sys
-s = json.loads(sys.argv[1]); last = int(sys.argv[2])
+s = json.loads(sys.argv[1]); start, last, extra, genesis = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 ms = ", ".join(f"{m['key'][:8]}: {m['accepted']} ok/{m['refused']} refused" for m in s["miners"]) or "no rollouts yet"
 print(f"  window {s['window']} ({s['time_left_ms'] / 1000:.0f} s left) | {ms} | checkpoints {len(s['checkpoints'])}", file=sys.stderr)
-closed = [w for w in s["windows"] if w["closed"] and w["window"] < last]
-print(1 if s["window"] is not None and s["window"] > last else 0)
+closed = {w["window"]: w for w in s["windows"] if w["closed"] and w["window"] >= start}
+if not all(w in closed for w in range(start, last)):
+    print(0)
+elif any(w["checkpoint"] != genesis and w["rollouts"] > 0 for w in closed.values()):
+    print(1)
+elif s["window"] is not None and s["window"] >= last + extra:
+    print(1)
+else:
+    print(2)
 PY
 )"
   [ "$done_now" = 1 ] && break
+  if [ "$done_now" = 2 ] && [ -z "${said_waiting:-}" ]; then
+    echo "   waiting for a window generated on a trained checkpoint (at most $extra more windows)"
+    said_waiting=1
+  fi
   sleep 10
 done
 
 phase "summary"
 status > "$dir/status.json"
+for i in "${!pids[@]}"; do
+  echo "peak RSS ${roles[$i]}: $(grep VmHWM "/proc/${pids[$i]}/status" | awk '{print $2, $3}')"
+done | tee "$dir/peak-rss.txt"
 python3 - "$dir/status.json" "$start" "$last" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); start, last = int(sys.argv[2]), int(sys.argv[3])
@@ -232,9 +274,10 @@ print("""
   stored     rollouts the coordinator stored for the window (every miner)
   verdicts   rollouts found valid / rollouts checked, summed over every verdict posted
              for the window (one per validator and miner); the trainer re-checks what it
-             trains on as well (its refusals are in trainer.log)
-  mean reward  mean reward of the stored rollouts (0..1: 1 for the right number on a
-             final `Answer: N` line under the default strict rule)
+             trains on as well (its refusals are in trainer.log); 0/0: not judged yet
+  mean reward  mean reward of the stored rollouts (0..1: 1 for the right number, under
+             the demo's default lenient rule the last number after a marker such as
+             `Answer:`, else the last number; under strict only a final `Answer: N` line)
   solved     share of stored rollouts with a reward above 0
   checkpoint the checkpoint the window's rollouts were generated on (genesis = the base)
   published  the checkpoint the trainer published from this window's rollouts; delta its size
@@ -252,13 +295,19 @@ if [ "$eval_tasks" = 0 ] || [ ! -x "$bin/train-bench" ]; then
 elif [ -z "$latest" ] || [ ! -f "$dir/coordinator/relay/full/$latest.gguf" ]; then
   echo "smoke test only: no trained checkpoint was published in these windows."
 else
-  phase "evaluation: base vs $latest ($eval_tasks held-out problems, greedy)"
+  phase "evaluation: base vs ${latest:0:12} (greedy)"
+  # Two columns: `test`, the level's held-out problems (no window assigns them;
+  # a small level has few: level 102 has 55 problems, 5 held out), and `band`,
+  # up to DEMO_EVAL_TASKS problems of the same level from both sides of the
+  # split (the network trains on some of them).
   "$bin/train-bench" eval --model "$base" --label base --model "$dir/coordinator/relay/full/$latest.gguf" \
-    --label trained --difficulty "$difficulty" --band none --ood none --tasks "$eval_tasks" \
+    --label trained --difficulty "$difficulty" --band "$difficulty" --ood none --tasks "$eval_tasks" \
     --base-prompts default --max-new-tokens "$tokens" --threads 2 --out-dir "$dir/eval" 2>"$dir/eval.log" \
     | tee "$dir/eval.txt" || echo "evaluation failed; see $dir/eval.log"
-  echo "   (accuracy in %, strict and lenient scoring; 'trained - base' with its 95 % paired-bootstrap"
-  echo "   interval: an interval that contains 0 means these few windows made no measurable difference)"
+  echo "   (accuracy in %, strict and lenient scoring; the demo trains on the ${DEMO_REWARD:-lenient} reward."
+  echo "   test: the level's held-out problems; band: problems of the same level, some of which the"
+  echo "   network trained on. 'trained - base' with its 95 % paired-bootstrap interval: an interval"
+  echo "   that contains 0 means these few windows made no measurable difference)"
 fi
 phase_report
 echo "working folder: $dir ($(du -sh "$dir" 2>/dev/null | cut -f1)); remove it with: rm -rf $dir"
@@ -268,3 +317,5 @@ if [ "${DEMO_KEEP:-1}" = 1 ]; then
 else
   echo "DEMO_KEEP=0: stopping (the dashboard was $http/)"
 fi
+exit
+}

@@ -403,6 +403,25 @@ printf x >> "$n/bin/edge-miner" && tar -cf - "$n" | gzip -1 > "bad/$n.tar.gz" &&
     assert!(out.status.success() && t.contains("downloading ") && t.contains("SHA-256 ok"), "{t}");
     let o = Command::new(prefix.join("bin/edge-miner")).arg("--version").output().unwrap();
     assert!(o.status.success() && text(&o).contains("protocol "), "{}", text(&o));
+
+    // The archive's roles installer, with no arguments but a prefix, installs
+    // the archive's coordinator, validator and trainer and their units; the
+    // libtorch they link comes along, and they run with an empty environment.
+    let roles = tmp.path().join("roles");
+    let o = Command::new("bash")
+        .arg(stage.join("installers/install-roles.sh"))
+        .arg("--prefix")
+        .arg(&roles)
+        .arg("--link")
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(roles.join("lib/systemd/system/tributary-validator.service").is_file(), "{}", text(&o));
+    for b in ["coordinator", "validator", "trainer"] {
+        let o = Command::new(roles.join("bin").join(b)).arg("--version").env_clear().output().unwrap();
+        assert!(o.status.success() && text(&o).contains("protocol "), "{b}: {}", text(&o));
+    }
 }
 
 /// Serves the files of `dir` over plain HTTP on loopback (GET only), for the

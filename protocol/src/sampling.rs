@@ -533,8 +533,8 @@ pub fn check_draw(u: f64, stats: &TokenStats, eps: f64) -> SampleCheck {
 /// Without `stats.drawn` this is [`check_draw`].
 pub fn check_draw_bounded(u: f64, stats: &TokenStats, token: u32, eps: f64, max_gap: f64) -> SampleCheck {
     match (check_draw(u, stats, eps), stats.drawn, stats.draw_gap()) {
-        // `!(gap <= max)` also refuses a NaN gap.
-        (SampleCheck::Ambiguous, Some(d), Some(gap)) if !(gap <= max_gap) => {
+        // A NaN gap is refused too.
+        (SampleCheck::Ambiguous, Some(d), Some(gap)) if gap.is_nan() || gap > max_gap => {
             SampleCheck::FarFromDraw { token, drawn: d.token, gap }
         }
         (c, ..) => c,

@@ -1,6 +1,7 @@
 //! `trainer init-base`, `init-tiny` and `info`: make and inspect checkpoints.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -62,16 +63,26 @@ pub(crate) fn init_tiny(seed: u64, family: tiny::TinyFamily, tokenizer_src: &Pat
 }
 
 /// Print a checkpoint's config, tensors by type, and content id.
+/// A reader that closes the pipe (`trainer info FILE | head`) ends the
+/// output, not the process with a panic.
 pub(crate) fn info(path: &Path) -> Result<()> {
     let ck = Checkpoint::open(path).with_context(|| format!("opening {}", path.display()))?;
+    match write_info(path, &ck, &mut std::io::stdout().lock()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+fn write_info(path: &Path, ck: &Checkpoint, out: &mut impl Write) -> std::io::Result<()> {
     let h = ck.header();
     let c = ck.config();
-    println!("path={}", path.display());
-    println!("gguf_version={} metadata_keys={} alignment={}", h.version, h.metadata.len(), h.alignment);
+    writeln!(out, "path={}", path.display())?;
+    writeln!(out, "gguf_version={} metadata_keys={} alignment={}", h.version, h.metadata.len(), h.alignment)?;
     if let Some(name) = h.get_str("general.name") {
-        println!("name={name}");
+        writeln!(out, "name={name}")?;
     }
-    println!(
+    writeln!(
+        out,
         "config: arch={} n_layer={} d_model={} n_head={} n_head_kv={} head_dim={} d_ff={} vocab_size={} rms_eps={:e} rope_theta={} context_length={} qkv_bias={} rope_freqs={}",
         c.arch,
         c.n_layer,
@@ -86,8 +97,8 @@ pub(crate) fn info(path: &Path) -> Result<()> {
         c.context_length,
         c.qkv_bias,
         c.rope_freqs
-    );
-    println!("tied_embeddings={}", ck.tied_embeddings());
+    )?;
+    writeln!(out, "tied_embeddings={}", ck.tied_embeddings())?;
     let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     for t in &h.tensors {
         let e = by_type.entry(format!("{:?}", t.ty)).or_default();
@@ -95,15 +106,15 @@ pub(crate) fn info(path: &Path) -> Result<()> {
         e.1 += t.n_elements();
     }
     let n_params: u64 = h.tensors.iter().map(|t| t.n_elements()).sum();
-    println!("tensors={} parameters={n_params}", h.tensors.len());
+    writeln!(out, "tensors={} parameters={n_params}", h.tensors.len())?;
     for (ty, (n, elems)) in by_type {
-        println!("  {ty}: {n} tensors, {elems} elements");
+        writeln!(out, "  {ty}: {n} tensors, {elems} elements")?;
     }
     if let Some(t) = h.get_str("tokenizer.ggml.model") {
         let n_tokens = h.get_str_array("tokenizer.ggml.tokens").map_or(0, <[String]>::len);
-        println!("tokenizer={t} pre={} tokens={n_tokens}", h.get_str("tokenizer.ggml.pre").unwrap_or("-"));
+        writeln!(out, "tokenizer={t} pre={} tokens={n_tokens}", h.get_str("tokenizer.ggml.pre").unwrap_or("-"))?;
     }
-    println!("chat_template={}", h.get_str("tokenizer.chat_template").is_some());
-    println!("content_id={}", ck.content_id());
+    writeln!(out, "chat_template={}", h.get_str("tokenizer.chat_template").is_some())?;
+    writeln!(out, "content_id={}", ck.content_id())?;
     Ok(())
 }

@@ -387,33 +387,22 @@ fn transplanted_smollm2_llama_cpp_matches_the_reference() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "135M mesh, minutes on two cores: cargo test -p tributary-tests --features edge-miner/wgpu --test families -- --ignored transplanted_qwen2_mesh"]
 async fn transplanted_qwen2_mesh_window_mines_proves_and_publishes_a_delta() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = transplanted(dir.path(), "qwen2", trainer::transplant::Layout::Qwen2);
-    let run = MeshRun {
-        label: "smollm2 as qwen2",
-        window_ms: 20_000,
-        grace_ms: 2_000,
-        wait_s: 400,
-        stop_s: 600,
-        ..MeshRun::DEFAULT
-    };
-    mesh_trains_on(&model, &run).await;
+    transplanted_mesh("qwen2", trainer::transplant::Layout::Qwen2, "smollm2 as qwen2").await;
 }
 
 /// The same on the `llama3` transplant (Llama 3 RoPE frequency scaling).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "135M mesh, minutes on two cores: cargo test -p tributary-tests --features edge-miner/wgpu --test families -- --ignored transplanted_llama3_mesh"]
 async fn transplanted_llama3_mesh_window_mines_proves_and_publishes_a_delta() {
+    transplanted_mesh("llama3", trainer::transplant::Layout::Llama3, "smollm2 as llama3").await;
+}
+
+/// [`mesh_trains_on`] the 135M transplant in `layout`, with windows long
+/// enough for 135M on two cores.
+async fn transplanted_mesh(name: &str, layout: trainer::transplant::Layout, label: &'static str) {
     let dir = tempfile::tempdir().unwrap();
-    let model = transplanted(dir.path(), "llama3", trainer::transplant::Layout::Llama3);
-    let run = MeshRun {
-        label: "smollm2 as llama3",
-        window_ms: 20_000,
-        grace_ms: 2_000,
-        wait_s: 400,
-        stop_s: 600,
-        ..MeshRun::DEFAULT
-    };
+    let model = transplanted(dir.path(), name, layout);
+    let run = MeshRun { label, window_ms: 20_000, grace_ms: 2_000, wait_s: 400, stop_s: 600, ..MeshRun::DEFAULT };
     mesh_trains_on(&model, &run).await;
 }
 

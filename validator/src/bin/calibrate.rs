@@ -907,7 +907,9 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
                     if a < 0 || a as usize >= row.len() || zero > 64 {
                         break;
                     }
-                    let s = sampling::token_stats_at(&row, rec.temperature, a as usize, u).context("token")?;
+                    // The reference's draw is the position's, computed once (`st`).
+                    let s = sampling::token_stats(&row, rec.temperature, a as usize).context("token")?;
+                    let s = sampling::TokenStats { drawn: st.drawn, ..s };
                     match sampling::check_draw_bounded(u, &s, a as u32, eps, p.max_draw_gap) {
                         sampling::SampleCheck::Ambiguous | sampling::SampleCheck::Inside => {
                             zero = 0;

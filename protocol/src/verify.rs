@@ -63,6 +63,19 @@
 //!    SmolLM2 rollouts, docs/calibration.md). The floor remains for the one
 //!    case where the draw does not decide: EOS admitted as ambiguous, its
 //!    interval within ε of the draw but not containing it.
+//! 10. **Trainable** (not a check; [`Verdict::trainable`]): an accepted
+//!     rollout whose every completion token is the reference's own seeded
+//!     draw. An ambiguous position admits other tokens (an honest miner's
+//!     arithmetic moves the interval edges a little), so a miner that picks
+//!     one there and regenerates the rest honestly passes every check with
+//!     another completion, and another reward: at a level where rewards vary
+//!     such branches doubled a miner's chosen reward (`docs/calibration.md`
+//!     §6b). Off-draw rollouts are proven work, paid and never a failure, but
+//!     the trainer does not train on their groups: given the task, the seed
+//!     and the reference, the trainable completion of each rollout index is
+//!     unique, so nothing a miner chooses reaches the gradient. Honest
+//!     rollouts leave the draw at ~1 % of rollouts on SmolLM2 (the cost of
+//!     the rule: about that share of rollouts, their groups with them).
 
 use crate::checkpoint::ContentId;
 use crate::env::{EnvId, Environment, completion_reward, task_seed};
@@ -805,8 +818,11 @@ pub struct SamplingCounts {
     pub inside: usize,
     /// Draws within ε of an edge.
     pub ambiguous: usize,
-    /// Of those, draws outside the claimed token's reference interval.
+    /// Of those, draws outside the claimed token's reference interval: the
+    /// claimed token is not the one the reference draws there.
     pub off_draw: usize,
+    /// The first such absolute position.
+    pub first_off_draw: Option<usize>,
     /// Draws clearly outside.
     pub outside: usize,
 }
@@ -820,6 +836,15 @@ impl Verdict {
     /// No hard check failed.
     pub fn accepted(&self) -> bool {
         self.first_hard_failure().is_none()
+    }
+
+    /// Accepted, and every completion token is the one the reference's own
+    /// logits draw at its position: the only rollouts a gradient may use
+    /// (check 10 of the module doc). An accepted rollout with an off-draw
+    /// position is proven work (paid, never a miner's failure), but its
+    /// group is not trained on.
+    pub fn trainable(&self) -> bool {
+        self.accepted() && self.sampling_counts.off_draw == 0
     }
 
     /// The first hard check that failed, if any.
@@ -1049,7 +1074,10 @@ pub fn check_sampling(
             SampleCheck::Inside => counts.inside += 1,
             SampleCheck::Ambiguous => {
                 counts.ambiguous += 1;
-                counts.off_draw += usize::from(!(e.cdf_lo <= u && u < e.cdf_hi));
+                if !(e.cdf_lo <= u && u < e.cdf_hi) {
+                    counts.off_draw += 1;
+                    counts.first_off_draw.get_or_insert(pos);
+                }
             }
             SampleCheck::Outside { u, lo, hi } => {
                 counts.outside += 1;

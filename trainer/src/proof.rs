@@ -25,6 +25,14 @@
 //! first, would decide which samples are reinforced).
 //! A rollout that fails takes its group out of the batch, never the step,
 //! and leaves a [`RejectRecord`] (digest, check, position, figures).
+//!
+//! A group is trained on only if every token of every rollout is the one
+//! the trainer's own logits draw with the rollout's seeded `u`
+//! ([`verify::Verdict::trainable`]). A token admitted through the
+//! ambiguity band but off that draw ([`GroupProof::OffDraw`]) is what an
+//! honest miner's arithmetic sometimes yields (~1 % of SmolLM2 rollouts)
+//! and what a branching miner chooses (the rest regenerated honestly, a
+//! different reward): the group is proven work, and is not trained on.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -137,6 +145,20 @@ impl RejectRecord {
     }
 }
 
+/// A rollout that passed the proof with a token other than the
+/// reference's draw.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OffDrawRecord {
+    /// Rollout index in the group.
+    pub rollout: u32,
+    /// The rollout's digest (hex).
+    pub digest: String,
+    /// The first such absolute position.
+    pub position: usize,
+    /// Such positions in the rollout.
+    pub count: usize,
+}
+
 /// The proof of one group.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GroupProof {
@@ -149,6 +171,13 @@ pub enum GroupProof {
         /// rollout: what the advantages are computed from.
         rewards: Vec<f32>,
     },
+    /// Every rollout passed, but some claimed token is not the one the
+    /// trainer's own logits draw at its position (admitted through the
+    /// ambiguity band, [`verify::Verdict::trainable`]): proven work, not
+    /// the miner's failure, and not trained on, since a miner could have
+    /// chosen that token and with it the rest of the completion
+    /// (`docs/calibration.md` §6b).
+    OffDraw(Vec<OffDrawRecord>),
     /// Some rollout failed a hard check (records of every failing one).
     Rejected(Vec<RejectRecord>),
     /// Not a whole group of the window (a record per rollout says why); no
@@ -165,7 +194,7 @@ impl GroupProof {
     /// `None` when nothing was proven (stale, incomplete).
     pub fn miner_failed(&self) -> Option<bool> {
         match self {
-            GroupProof::Proven { .. } => Some(false),
+            GroupProof::Proven { .. } | GroupProof::OffDraw(_) => Some(false),
             GroupProof::Rejected(_) => Some(true),
             GroupProof::Incomplete(_) | GroupProof::Stale => None,
         }
@@ -355,6 +384,7 @@ impl Prover {
         let evidence = model.evidence_drawn(&reqs, &draw_refs)?;
         let mut old = Vec::with_capacity(rollouts.len());
         let mut rewards = Vec::with_capacity(rollouts.len());
+        let mut off_draw = Vec::new();
         for (((r, ev), prep), a) in rollouts.iter().zip(&evidence).zip(&prepared).zip(&assignments) {
             let v = verify::verify_tokens(r, a, prep.reward, &ev.positions(), &params)?;
             match RejectRecord::of_verdict(r, &v) {
@@ -372,16 +402,27 @@ impl Prover {
                     rejected.push(rec)
                 }
                 None => {
+                    let c = v.sampling_counts;
+                    if let Some(position) = c.first_off_draw {
+                        off_draw.push(OffDrawRecord {
+                            rollout: r.rollout,
+                            digest: hex::encode(r.digest()),
+                            position,
+                            count: c.off_draw,
+                        });
+                    }
                     // Of the sampling distribution softmax(logits / T), as the loss's.
                     old.push(crate::train::tempered_old_logprobs(r.sampling.temperature, &ev.logprob, &ev.prob_temp));
                     rewards.push(prep.reward);
                 }
             }
         }
-        Ok(if rejected.is_empty() {
-            GroupProof::Proven { old_logprobs: old, rewards }
-        } else {
+        Ok(if !rejected.is_empty() {
             GroupProof::Rejected(rejected)
+        } else if !off_draw.is_empty() {
+            GroupProof::OffDraw(off_draw)
+        } else {
+            GroupProof::Proven { old_logprobs: old, rewards }
         })
     }
 }

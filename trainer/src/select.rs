@@ -93,11 +93,14 @@ pub enum DropReason {
     /// Not proven: the window's failed-proof budget is spent and no
     /// validator or proof passed this miner in the window ([`ProofBudget`]).
     ProofBudget,
+    /// Proven, but a rollout's token is not the trainer's own draw at its
+    /// position ([`GroupProof::OffDraw`]): a miner could have chosen it.
+    OffDraw,
 }
 
 impl DropReason {
     /// Every reason, in order.
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 17] = [
         DropReason::BadLogprobs,
         DropReason::InconsistentLengths,
         DropReason::TokenOutOfRange,
@@ -114,6 +117,7 @@ impl DropReason {
         DropReason::Unprovable,
         DropReason::MinerFailedProof,
         DropReason::ProofBudget,
+        DropReason::OffDraw,
     ];
 
     /// Metric label.
@@ -135,6 +139,7 @@ impl DropReason {
             DropReason::Unprovable => "unprovable",
             DropReason::MinerFailedProof => "miner_failed_proof",
             DropReason::ProofBudget => "proof_budget",
+            DropReason::OffDraw => "off_draw",
         }
     }
 }
@@ -401,7 +406,8 @@ pub fn rank_order(a: (f64, &GroupKey), b: (f64, &GroupKey)) -> std::cmp::Orderin
 /// miner's, and the advantages are computed again from the rewards the
 /// proof recomputed (a group whose recomputed rewards are all equal is
 /// dropped as zero-variance, whatever the claimed ones say); or the reason
-/// it is not trained on (`None`: the proof could not run).
+/// it is not trained on (`None`: the proof could not run; a group with a
+/// token off the trainer's own draw: [`DropReason::OffDraw`]).
 pub fn apply_proof(g: &mut TrainGroup, proof: Option<GroupProof>) -> Result<(), DropReason> {
     match proof {
         Some(GroupProof::Proven { old_logprobs, rewards })
@@ -416,6 +422,7 @@ pub fn apply_proof(g: &mut TrainGroup, proof: Option<GroupProof>) -> Result<(), 
         }
         Some(GroupProof::Proven { .. }) | None => Err(DropReason::Unprovable),
         Some(GroupProof::Rejected(_)) => Err(DropReason::ProofFailed),
+        Some(GroupProof::OffDraw(_)) => Err(DropReason::OffDraw),
         Some(GroupProof::Incomplete(_)) => Err(DropReason::InconsistentGroup),
         Some(GroupProof::Stale) => Err(DropReason::Stale),
     }

@@ -28,6 +28,10 @@
 //! `rejected/<window>.jsonl` ([`RejectRecord`]). The digests of the rollouts
 //! of each step's batch are written to `batches/<window>.json`
 //! ([`BatchRecord`]). Both folders keep the last [`KEEP_RECORDS`] files.
+//! A group that passes with a token other than the trainer's own draw
+//! ([`GroupProof::OffDraw`]) is proven work (posted as passing) but not
+//! trained on (dropped as `off_draw`); each such rollout is logged at info
+//! and counted in `trainer_rollouts_off_draw_total`.
 //!
 //! What the proof found goes back to the coordinator as the trainer's signed
 //! verdict per (window, miner) it looked at: the digests it proved passing
@@ -521,7 +525,22 @@ impl Service {
                     pick.incomplete.extend(recs.iter().cloned());
                     Some(GroupProof::Incomplete(recs))
                 }
-                Ok(p @ GroupProof::Proven { .. }) => {
+                Ok(p @ (GroupProof::Proven { .. } | GroupProof::OffDraw(_))) => {
+                    if let GroupProof::OffDraw(recs) = &p {
+                        for r in recs {
+                            tracing::info!(
+                                window = w,
+                                miner = %hex::encode(g.key.miner),
+                                group = g.key.group,
+                                rollout = r.rollout,
+                                digest = %r.digest,
+                                position = r.position,
+                                off_draw = r.count,
+                                "a token is not the trainer's own draw: proven, the group is not trained on"
+                            );
+                        }
+                        metrics::counter!("tributary_trainer_rollouts_off_draw_total").increment(recs.len() as u64);
+                    }
                     budget.record(&g.key.miner, false);
                     let digests = g.rollouts.iter().map(Rollout::digest);
                     pick.proven.entry((w, PublicKey(g.key.miner))).or_default().extend(digests);

@@ -21,8 +21,11 @@ use tributary_protocol::checkpoint::{Checkpoint, ContentId};
 use tributary_protocol::env::{EnvId, Environment, PRACTICE_LEVEL, completion_reward, task_seed};
 use tributary_protocol::prf::Seed;
 use tributary_protocol::rollout::{Rollout, SamplingParams};
-use tributary_protocol::sampling::{draw_u, sample_with_logprob};
+use tributary_protocol::sampling::{
+    SampleCheck, TokenStats, check_draw, check_draw_bounded, draw_u, sample_with_logprob, token_stats, token_stats_at,
+};
 use tributary_protocol::tokenizer::Tokenizer;
+use tributary_protocol::verify::VerifyParams;
 use tributary_protocol::wire::WindowInfo;
 
 const GROUP_SIZE: u32 = 2;
@@ -82,10 +85,26 @@ impl World {
     fn honest_of(&self, miner: [u8; 32], group: u32, rollout: u32) -> Rollout {
         let task = self.env.task(task_seed(&self.info.seed, &miner, group));
         let prompt = self.tok.encode(&self.env.prompt_text(&task)).unwrap();
-        let mut tokens = prompt.clone();
+        self.continued(miner, group, rollout, prompt.clone(), prompt.len())
+    }
+
+    /// A rollout whose first tokens are `tokens` (the prompt, `prompt_len`
+    /// of them, and maybe some completion), continued honestly: seeded
+    /// inverse-CDF sampling until EOS or the window's limit.
+    fn continued(&self, miner: [u8; 32], group: u32, rollout: u32, mut tokens: Vec<u32>, prompt_len: usize) -> Rollout {
+        let task = self.env.task(task_seed(&self.info.seed, &miner, group));
+        let prompt = tokens[..prompt_len].to_vec();
         let mut logprobs = Vec::new();
+        for p in prompt_len..tokens.len() {
+            let ids: Vec<i64> = tokens[..p].iter().map(|&x| i64::from(x)).collect();
+            let input = Tensor::from_slice(&ids).view([1, -1]);
+            let out = tch::no_grad(|| self.model.forward(&input)).unwrap();
+            let last: Vec<f32> = Vec::try_from(out.logits.get(0).get(p as i64 - 1)).unwrap();
+            logprobs.push(token_stats(&last, self.info.sampling.temperature, tokens[p] as usize).unwrap().logprob_t1);
+        }
         let t = self.info.sampling.temperature;
-        while logprobs.len() < self.info.sampling.max_new_tokens as usize {
+        let ended = tokens.len() > prompt_len && self.tok.is_eog(*tokens.last().unwrap());
+        while !ended && logprobs.len() < self.info.sampling.max_new_tokens as usize {
             let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
             let input = Tensor::from_slice(&ids).view([1, -1]);
             let out = tch::no_grad(|| self.model.forward(&input)).unwrap();
@@ -350,4 +369,81 @@ fn a_subset_of_a_group_is_dropped_with_a_record() {
     assert_eq!(records.len(), 2, "one record per rollout");
     assert!(records.iter().all(|r| r.check == "group_size" && r.evidence.is_none()), "{records:?}");
     assert!(records[0].detail.contains("16"), "{}", records[0].detail);
+}
+
+/// The first completion position of `r` where the seeded draw is ambiguous
+/// (within ε of an edge of the claimed token's interval) and another token
+/// is admitted there under every cap (`check_draw_bounded`: the next token
+/// across the near edge), with that token.
+fn branch_point(w: &World, r: &Rollout) -> Option<(usize, u32)> {
+    let p = VerifyParams::DEFAULT;
+    let t = r.sampling.temperature;
+    let ids: Vec<i64> = r.tokens.iter().map(|&x| i64::from(x)).collect();
+    let logits = tch::no_grad(|| w.model.forward(&Tensor::from_slice(&ids).view([1, -1]))).unwrap().logits;
+    for pos in r.prompt_len as usize..r.tokens.len() {
+        let row: Vec<f32> = Vec::try_from(logits.get(0).get(pos as i64 - 1)).unwrap();
+        let u = draw_u(&w.info.seed, &r.miner, r.group, r.rollout, pos as u32);
+        let token = r.tokens[pos];
+        let st = token_stats_at(&row, t, token as usize, u).unwrap();
+        if check_draw(u, &st, p.sample_eps) != SampleCheck::Ambiguous {
+            continue;
+        }
+        for alt in [token.wrapping_sub(1), token + 1] {
+            let Some(s) = token_stats(&row, t, alt as usize) else { continue };
+            let s = TokenStats { drawn: st.drawn, ..s };
+            if check_draw_bounded(u, &s, alt, p.sample_eps, p.max_draw_gap) == SampleCheck::Ambiguous {
+                return Some((pos, alt));
+            }
+        }
+    }
+    None
+}
+
+/// Issue 28, calibration §6b: at an ambiguous position a miner may take
+/// another admitted token and regenerate the rest honestly; the rollout
+/// passes every check with another completion (and reward: at arith 102,
+/// lenient, the best of 5 such branches doubled SmolLM2's mean reward).
+/// The trainer proves it (proven work, not the miner's failure) and does
+/// not train on its group: the only trainable completion of a rollout is
+/// the reference's own seeded draws. An honest group beside it trains.
+#[test]
+fn a_branched_rollout_is_proven_and_its_group_is_not_trained_on() {
+    let mut w = World::new();
+    w.info.groups_per_miner = 32;
+    let mut p = w.prover();
+    let varied = |rs: &[Rollout]| rs.iter().any(|r| r.reward != rs[0].reward);
+    // An honest group that trains, from one miner.
+    let honest = (0..32).map(|g| w.group(g)).find(|rs| varied(rs)).expect("an honest group with varied rewards");
+    // A branched group, from another: rollout 1 takes another token at its
+    // first ambiguous position, the rest sampled honestly from there.
+    let miner = [11; 32];
+    let (branched, at, alt) = (0..32)
+        .find_map(|g| {
+            let mut rs = w.group_of(miner, g);
+            let (pos, alt) = branch_point(&w, &rs[1])?;
+            let mut prefix = rs[1].tokens[..pos].to_vec();
+            prefix.push(alt);
+            rs[1] = w.continued(miner, g, 1, prefix, rs[1].prompt_len as usize);
+            varied(&rs).then_some((rs, pos, alt))
+        })
+        .expect("a rollout with an ambiguous position admitting another token (the tiny model is flat)");
+    assert_eq!(branched[1].tokens[at], alt);
+
+    match p.prove_group(&w.info, &branched).unwrap() {
+        GroupProof::OffDraw(recs) => {
+            assert_eq!(recs.len(), 1, "{recs:?}");
+            assert_eq!((recs[0].rollout, recs[0].position, recs[0].count), (1, at, 1), "{recs:?}");
+            assert_eq!(recs[0].digest, hex::encode(branched[1].digest()));
+        }
+        other => panic!("the branched group: {other:?}"),
+    }
+    assert_eq!(p.prove_group(&w.info, &branched).unwrap().miner_failed(), Some(false), "proven work, no failure");
+
+    let cfg = SelectConfig { group_size: Some(GROUP_SIZE as usize), ..SelectConfig::new(49152) };
+    let mut prove = |g: &TrainGroup| Some(p.prove_group(&w.info, &g.rollouts).unwrap());
+    let all: Vec<Rollout> = honest.iter().chain(&branched).cloned().collect();
+    let sel = select_proven(all, &[w.id], passed, &cfg, &mut prove);
+    let kept: Vec<[u8; 32]> = sel.kept.iter().map(|g| g.key.miner).collect();
+    assert_eq!(kept, vec![w.miner], "only the honest group trains: {:?}", sel.dropped);
+    assert_eq!(sel.dropped.get(&DropReason::OffDraw), Some(&1), "{:?}", sel.dropped);
 }

@@ -156,6 +156,8 @@ struct Run {
 #[derive(Default)]
 struct Figures {
     verdict: Verdict,
+    /// The rollout's group (one task each).
+    group: u32,
     /// Sketch distance ÷ tolerance at every challenged position.
     sketch_ratio: Vec<f64>,
     /// Raw sketch distance at every challenged position.
@@ -516,6 +518,7 @@ impl Run {
                 if s.failed() {
                     out.push(Figures {
                         verdict: Verdict { checks: vec![s], sampling_counts: Default::default() },
+                        group: r.group,
                         ..Default::default()
                     });
                 } else {
@@ -548,7 +551,7 @@ impl Run {
             let evs = model.evidence_drawn(&reqs, &draw_refs)?;
             for (&i, ev) in runnable.iter().zip(evs) {
                 let r = &rollouts[i];
-                let mut f = Figures::default();
+                let mut f = Figures { group: r.group, ..Default::default() };
                 let mut sketches = vec![0u32; r.tokens.len()];
                 for (k, &pos) in challenged[i].iter().enumerate() {
                     let h = ev.hidden_row(k).context("hidden row")?;
@@ -787,6 +790,25 @@ fn report_honest(title: &str, figs: &[Figures], p: &VerifyParams) {
         100.0 * amb as f64 / positions.max(1) as f64,
         figs.len() - accepted
     );
+    // What the trainer may train on (issue 28): a group only if every
+    // token of every rollout is the reference's own draw.
+    let trainable = figs.iter().filter(|f| f.verdict.trainable()).count();
+    let mut groups: BTreeMap<u32, bool> = BTreeMap::new();
+    for f in figs {
+        *groups.entry(f.group).or_insert(true) &= f.verdict.trainable();
+    }
+    let sizes: BTreeMap<u32, usize> = figs.iter().fold(BTreeMap::new(), |mut m, f| {
+        *m.entry(f.group).or_default() += 1;
+        m
+    });
+    let size = sizes.values().copied().max().unwrap_or(0);
+    println!(
+        "trainable (accepted, every token the reference's own draw): {trainable} of {} rollouts; \
+         groups of {size} not trained on (an accepted rollout off the draw, or a rejected one): {} of {}",
+        figs.len(),
+        groups.values().filter(|&&t| !t).count(),
+        groups.len()
+    );
     report_soft(figs, p);
     report_ambiguity(figs, p);
     let over = ratio.iter().filter(|&&r| r > 1.0).count();
@@ -878,6 +900,8 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
     let miner = *run.window.miner.public().as_bytes();
     let (mut tried, mut branched, mut changed, mut alternatives, mut most) = (0usize, 0usize, 0usize, 0usize, 0usize);
     let mut admitted_total = 0usize;
+    let (mut honest_trained, mut branches_trained, mut trained_options_max, mut trained_gain_best) =
+        (0usize, 0usize, 0usize, 0f64);
     let (mut gain_best, mut gain_worst, mut base) = (0f64, 0f64, 0f64);
     let started = Instant::now();
     for rec in honest.iter().filter(|r| r.rollout == 0).take(run.args.branch) {
@@ -942,7 +966,21 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
         alternatives += admitted.len();
         most = most.max(admitted.len());
         let task = run.env.task(rec.task_id);
+        // Whether every completion token is the reference's own draw (what
+        // the trainer trains on, `Verdict::trainable`).
+        let on_draw = |tokens: &[u32], logits: &tch::Tensor| -> Result<bool> {
+            for q in pl..tokens.len() {
+                let row: Vec<f32> = Vec::try_from(logits.get(q as i64 - 1))?;
+                let u = sampling::draw_u(&run.window.secrets.seed, &miner, rec.group, rec.rollout, q as u32);
+                if sampling::sample_inverse_cdf(&row, rec.temperature, u) != tokens[q] as usize {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        };
+        let honest_trainable = on_draw(&rec.tokens, &logits)?;
         let mut rewards = Vec::new();
+        let mut trainable = Vec::new();
         for &a in &admitted {
             let mut prefix = rec.tokens[..pos].to_vec();
             prefix.push(a);
@@ -968,6 +1006,11 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
                 &task,
                 &completion,
             )?));
+            let mut tokens = rec.tokens[..pl].to_vec();
+            tokens.extend(&completion);
+            let t = tch::Tensor::from_slice(&tokens.iter().map(|&x| i64::from(x)).collect::<Vec<_>>()).view([1, -1]);
+            let branch_logits = tch::no_grad(|| model.forward(&t))?.logits.squeeze_dim(0);
+            trainable.push(on_draw(&tokens, &branch_logits)?);
         }
         let r0 = f64::from(rec.reward);
         let best = rewards.iter().copied().fold(r0, f64::max);
@@ -976,6 +1019,19 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
         gain_best += best - r0;
         gain_worst += worst - r0;
         base += r0;
+        // Under the off-draw rule the miner's options are the trainable
+        // completions only (at most one: the reference's seeded draws).
+        let options: Vec<f64> = std::iter::once((r0, honest_trainable))
+            .chain(rewards.iter().copied().zip(trainable.iter().copied()))
+            .filter(|o| o.1)
+            .map(|o| o.0)
+            .collect();
+        honest_trained += usize::from(honest_trainable);
+        branches_trained += trainable.iter().filter(|&&t| t).count();
+        trained_options_max = trained_options_max.max(options.len());
+        if honest_trainable {
+            trained_gain_best += options.iter().copied().fold(r0, f64::max) - r0;
+        }
         eprint!("\rbranching: {tried} rollouts, {branched} branched");
     }
     eprintln!();
@@ -996,6 +1052,13 @@ fn branch_measure(run: &Run, model: &ReferenceModel, honest: &[RolloutRecord]) -
         (base + gain_worst) / n,
         gain_worst / n,
         started.elapsed().as_secs_f64()
+    );
+    println!(
+        "under the off-draw rule (the trainer trains a group only if every token is the reference's own draw): \
+         of the {branched} branched rollouts {honest_trained} honest ones are trainable; {branches_trained} of \
+         {alternatives} branches are trainable; at most {trained_options_max} trainable completion(s) per rollout; \
+         mean trained best-branch gain {:+.4}",
+        trained_gain_best / n
     );
     Ok(())
 }

@@ -25,6 +25,8 @@
 #                       exists is not run again (so a bench can be finished
 #                       in parts)
 #   BENCH_EVAL_JOBS=J   evaluations run at once (default 2, one llama.cpp thread each)
+#   BENCH_EVAL_BATCH=B  problems each evaluation decodes together (default 8; the
+#                       completions are the same as one at a time, bit for bit)
 #   BENCH_EVIDENCE=DIR  also keep the evidence there (e.g. docs/training-evidence):
 #                       every eval JSONL (gzip), each arm's reward.csv, the final
 #                       checkpoints' content ids, the report; `train-bench report
@@ -134,6 +136,7 @@ gsm=()
 if [ -n "${TRIBUTARY_GSM8K_DIR:-}" ] && [ -f "$TRIBUTARY_GSM8K_DIR/test.jsonl" ]; then gsm=(--gsm8k-test "$TRIBUTARY_GSM8K_DIR/test.jsonl"); fi
 "$bin/train-bench" eval "${models[@]}" --difficulty "$DEMO_DIFFICULTY" --tasks "$tasks" \
   "${gsm[@]}" --max-new-tokens "$DEMO_TOKENS" --threads 1 --jobs "${BENCH_EVAL_JOBS:-2}" \
+  --batch "${BENCH_EVAL_BATCH:-8}" \
   --out-dir "$dir/eval" | tee "$dir/report.txt"
 
 if [ -n "${BENCH_EVIDENCE:-}" ]; then

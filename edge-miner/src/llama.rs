@@ -393,6 +393,75 @@ impl LlamaCppBackend {
         schedule::teacher_forced(&mut st, tokens, PREFILL_CHUNK, key, params)
     }
 
+    /// Greedy completions of several prompts decoded together (an
+    /// evaluation's decoding, not a rollout: no draws, no sketches, no
+    /// log-probs): each prompt is its own sequence in one unified cache,
+    /// prefilled in the generation schedule's chunks, and every step feeds
+    /// the pending token of every sequence that has not finished (an
+    /// end-of-generation token in `eog`, or `max_new_tokens`). A row's
+    /// arithmetic does not depend on the other rows of its batch, so each
+    /// completion is the one [`Backend::generate_group`] gives its prompt
+    /// alone at temperature 0 (test `greedy_many_is_each_prompt_alone`); a
+    /// step costs little more for several rows than for one, which is what
+    /// makes a batch of problems cheaper than one at a time.
+    pub fn greedy_many(
+        &self,
+        prompts: &[Vec<u32>],
+        max_new_tokens: usize,
+        eog: &[u32],
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        let mut out = vec![Vec::new(); prompts.len()];
+        if prompts.is_empty() || max_new_tokens == 0 {
+            return Ok(out);
+        }
+        for p in prompts {
+            if p.is_empty() || p.len() + max_new_tokens > self.n_ctx_train {
+                return Err(BackendError::InvalidRequest(format!(
+                    "a prompt of {} tokens with {max_new_tokens} new in a context of {}",
+                    p.len(),
+                    self.n_ctx_train
+                )));
+            }
+            for &t in p {
+                self.token(t)?;
+            }
+        }
+        let greedy = |l: &[f32]| tributary_protocol::sampling::sample_with_logprob(l, 0.0, 0.0).token;
+        let k = prompts.len();
+        let total: usize = prompts.iter().map(Vec::len).sum();
+        let mut st = LlamaStepper::new(self, k, total, max_new_tokens, PREFILL_CHUNK.max(k))?;
+        let mut rows = Vec::with_capacity(PREFILL_CHUNK.max(k));
+        for (s, p) in prompts.iter().enumerate() {
+            for (c, chunk) in p.chunks(PREFILL_CHUNK).enumerate() {
+                rows.clear();
+                rows.extend(chunk.iter().enumerate().map(|(j, &token)| Row {
+                    token,
+                    pos: (c * PREFILL_CHUNK + j) as u32,
+                    seq: s as u32,
+                }));
+                schedule::Stepper::step(&mut st, &rows, rows.len() - 1..rows.len())?;
+            }
+            out[s].push(greedy(schedule::Stepper::logits(&st, rows.len() - 1)?));
+        }
+        let done = |c: &Vec<u32>| c.len() >= max_new_tokens || c.last().is_some_and(|t| eog.contains(t));
+        let mut live: Vec<usize> = (0..k).filter(|&s| !done(&out[s])).collect();
+        while !live.is_empty() {
+            rows.clear();
+            rows.extend(live.iter().map(|&s| Row {
+                token: *out[s].last().expect("a first token"),
+                pos: (prompts[s].len() + out[s].len() - 1) as u32,
+                seq: s as u32,
+            }));
+            schedule::Stepper::step(&mut st, &rows, 0..rows.len())?;
+            for (j, &s) in live.iter().enumerate() {
+                let t = greedy(schedule::Stepper::logits(&st, j)?);
+                out[s].push(t);
+            }
+            live.retain(|&s| !done(&out[s]));
+        }
+        Ok(out)
+    }
+
     /// A one-sequence context for a teacher-forced replay of `tokens`.
     fn replay_stepper(&self, tokens: &[u32]) -> Result<LlamaStepper<'_>, BackendError> {
         if tokens.is_empty() {
@@ -643,6 +712,53 @@ mod tests {
         let seqs = b.generate_group(&req).unwrap();
         assert_eq!(seqs.len(), g);
         assert!(seqs.iter().all(|s| s.completion.len() == n && s.sketches.len() == p + n));
+    }
+
+    /// Prompts of different lengths decoded together give, token for
+    /// token, the greedy completion each gives alone (one group of one at
+    /// temperature 0), with early ends (an end-of-generation id) and the
+    /// length limit.
+    #[test]
+    fn greedy_many_is_each_prompt_alone() {
+        use crate::backend::{DrawKey, GroupRequest};
+        use tributary_protocol::checkpoint::Checkpoint;
+        use tributary_protocol::prf::Seed;
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let source = Checkpoint::open(&tributary_assets::smollm2_q4_1()).expect("SmolLM2 file");
+        tributary_protocol::tiny::write_tiny(7, &source, &path).unwrap();
+        let mut b = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&path) }).unwrap();
+        let prompts: Vec<Vec<u32>> = [5usize, 40, 300, 17]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n as u32).map(|j| 50 + 13 * j + i as u32).collect())
+            .collect();
+        let key = SketchKey::derive(&Seed([3; 32]), b.hidden_size());
+        let alone = |b: &mut LlamaCppBackend, p: &[u32], eog: &[u32], n: usize| {
+            let req = GroupRequest {
+                prompt: p,
+                group_size: 1,
+                max_new_tokens: n,
+                temperature: 0.0,
+                draw: DrawKey { sampling_seed: Seed([0; 32]), miner: [0; 32], group: 0 },
+                sketch_key: &key,
+                sketch_params: SketchParams::DEFAULT,
+                eog,
+            };
+            b.generate_group(&req).unwrap().remove(0).completion
+        };
+        let n = 24;
+        let free: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&mut b, p, &[], n)).collect();
+        // An end-of-generation id that one completion meets early.
+        let eog = [free[1][6]];
+        let each: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&mut b, p, &eog, n)).collect();
+        assert!(each.iter().any(|c| c.len() < n), "an early end: {each:?}");
+        assert_eq!(b.greedy_many(&prompts, n, &eog).unwrap(), each);
+        assert_eq!(b.greedy_many(&prompts, n, &[]).unwrap(), free);
+        assert_eq!(b.greedy_many(&prompts, 0, &[]).unwrap(), vec![Vec::<u32>::new(); 4]);
+        assert!(b.greedy_many(&[vec![]], n, &[]).is_err(), "an empty prompt");
+        assert!(b.greedy_many(&[vec![u32::MAX]], n, &[]).is_err(), "a token outside the vocabulary");
     }
 
     /// The streamed copy is exactly the file the GGUF writer makes of the

@@ -1,6 +1,7 @@
 //! `train-bench`: the measuring half of `scripts/train-bench.sh`.
 //!
-//! - `eval`: greedy accuracy (llama.cpp, G = 1, T = 0) of one or more
+//! - `eval`: greedy accuracy (llama.cpp, T = 0, `--batch` problems decoded
+//!   together, each as it decodes alone) of one or more
 //!   checkpoints on three held-out columns of arith problems: `test`, the
 //!   test split of the training level (`Environment::test_problems`: no window
 //!   ever assigns them, nor, from level 105 on, their swapped twins); `band`,
@@ -34,19 +35,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
-use edge_miner::backend::{Backend, DrawKey, GroupRequest};
+use edge_miner::backend::Backend;
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
 use tributary_protocol::chat::{IM_END, IM_START};
 use tributary_protocol::env::{ArithEnv, Environment, Gsm8kEnv, RewardRule, Task, completion_text_ids};
-use tributary_protocol::prf::Seed;
-use tributary_protocol::sketch::{SketchKey, SketchParams};
 use tributary_protocol::tokenizer::Tokenizer;
 
 const USAGE: &str = "usage:
   train-bench eval --model CKPT.gguf [--label NAME] [--model ... --label ...] [--difficulty D]
                    [--band LEVEL|none] [--ood LEVEL|none] [--tasks N] [--gsm8k-test FILE]
                    [--base-prompts default,answer-prefill,expr-prefill,fewshot]
-                   [--max-new-tokens T] [--threads K] [--jobs J] [--out-dir DIR]
+                   [--max-new-tokens T] [--threads K] [--jobs J] [--batch B] [--out-dir DIR]
   train-bench report --dir DIR [--base LABEL]
   train-bench plot --csv reward.csv [--label NAME] [--csv ... --label ...] --out reward.png
                    [--title TEXT] [--font FILE.ttf]";
@@ -191,44 +190,40 @@ fn evaluate(
     col: &Column,
     max_new_tokens: usize,
     threads: usize,
+    batch: usize,
     out: &Path,
 ) -> Result<()> {
     let tokenizer = Tokenizer::from_gguf_file(model).context("building the tokenizer")?;
-    let mut backend = LlamaCppBackend::load(&LlamaConfig { model: model.to_path_buf(), threads, gpu_layers: 0 })?;
+    let backend = LlamaCppBackend::load(&LlamaConfig { model: model.to_path_buf(), threads, gpu_layers: 0 })?;
     if tokenizer.vocab_size() != backend.vocab_size() {
         bail!("tokenizer has {} tokens, model {}", tokenizer.vocab_size(), backend.vocab_size());
     }
     let eog: Vec<u32> = tokenizer.eog_ids().collect();
-    // Greedy decoding draws nothing; the key only feeds the unused sketches.
-    let seed = Seed([0; 32]);
-    let sketch_key = SketchKey::derive(&seed, backend.hidden_size());
     let tmp = out.with_extension("part");
     let mut file = BufWriter::new(File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
-    for (i, task) in col.tasks.iter().enumerate() {
-        let Some((prompt_text, prefill)) = style.render(&col.env, task) else { return Ok(()) };
-        let prompt = tokenizer.encode(&format!("{prompt_text}{prefill}"))?;
-        let req = GroupRequest {
-            prompt: &prompt,
-            group_size: 1,
-            max_new_tokens,
-            temperature: 0.0,
-            draw: DrawKey { sampling_seed: seed, miner: [0; 32], group: i as u32 },
-            sketch_key: &sketch_key,
-            sketch_params: SketchParams::DEFAULT,
-            eog: &eog,
-        };
-        let seq = backend.generate_group(&req)?.into_iter().next().context("an empty group")?;
-        let text_ids = completion_text_ids(&tokenizer, &seq.completion);
-        let ended = text_ids.len() < seq.completion.len();
-        let text = format!("{prefill}{}", tokenizer.decode(text_ids)?);
-        let score = |rule| task.answer.score(rule, &text) >= 1.0;
-        let line = serde_json::json!({
-            "model": label, "prompt": style.name(), "column": col.name, "task": task.id,
-            "problem": task.prompt, "completion": text, "ended": ended,
-            "strict": score(RewardRule::Strict), "lenient": score(RewardRule::Lenient),
-            "format": score(RewardRule::Format),
-        });
-        writeln!(file, "{line}")?;
+    // `batch` problems decoded together (`LlamaCppBackend::greedy_many`:
+    // each completion is the one its prompt gives alone).
+    for tasks in col.tasks.chunks(batch.max(1)) {
+        let mut rendered = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let Some((prompt_text, prefill)) = style.render(&col.env, task) else { return Ok(()) };
+            rendered.push((tokenizer.encode(&format!("{prompt_text}{prefill}"))?, prefill));
+        }
+        let prompts: Vec<Vec<u32>> = rendered.iter().map(|r| r.0.clone()).collect();
+        let completions = backend.greedy_many(&prompts, max_new_tokens, &eog)?;
+        for ((task, (_, prefill)), completion) in tasks.iter().zip(&rendered).zip(&completions) {
+            let text_ids = completion_text_ids(&tokenizer, completion);
+            let ended = text_ids.len() < completion.len();
+            let text = format!("{prefill}{}", tokenizer.decode(text_ids)?);
+            let score = |rule| task.answer.score(rule, &text) >= 1.0;
+            let line = serde_json::json!({
+                "model": label, "prompt": style.name(), "column": col.name, "task": task.id,
+                "problem": task.prompt, "completion": text, "ended": ended,
+                "strict": score(RewardRule::Strict), "lenient": score(RewardRule::Lenient),
+                "format": score(RewardRule::Format),
+            });
+            writeln!(file, "{line}")?;
+        }
     }
     file.flush()?;
     drop(file);
@@ -261,6 +256,7 @@ fn eval(o: &Opts) -> Result<()> {
     let n: usize = o.num("tasks", 200)?;
     let threads: usize = o.num("threads", 1)?;
     let jobs_at_once: usize = o.num("jobs", 2)?;
+    let batch: usize = o.num("batch", 8)?;
     let max_new_tokens: usize = o.num("max-new-tokens", 96)?;
     let base_styles: Vec<PromptStyle> = o
         .get("base-prompts")
@@ -309,7 +305,16 @@ fn eval(o: &Opts) -> Result<()> {
                     let label = &labels[job.model];
                     let out = out_dir.join(format!("eval-{label}-{}-{}.jsonl", job.style.name(), job.column.name));
                     let t0 = std::time::Instant::now();
-                    let r = evaluate(&models[job.model], label, job.style, job.column, max_new_tokens, threads, &out);
+                    let r = evaluate(
+                        &models[job.model],
+                        label,
+                        job.style,
+                        job.column,
+                        max_new_tokens,
+                        threads,
+                        batch,
+                        &out,
+                    );
                     match r {
                         Ok(()) => eprintln!("done {} ({:.0} s)", out.display(), t0.elapsed().as_secs_f64()),
                         Err(e) => failures.lock().expect("failures").push(format!("{}: {e:#}", out.display())),

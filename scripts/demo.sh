@@ -37,9 +37,10 @@
 #                       (default 50; 0 skips it: the demo is then a smoke test only)
 #   DEMO_EXTRA_WINDOWS=N  after the last window, wait at most N more windows for one
 #                       generated on a trained checkpoint (default 3)
-#   DEMO_ARCH=FAMILY    llama (default: SmolLM2 as it is), qwen2 or llama3: SmolLM2's
+#   DEMO_ARCH=FAMILY    llama (default: SmolLM2 as it is), qwen2, qwen3 or llama3: SmolLM2's
 #                       weights re-expressed in that family's layout (`trainer transplant`:
-#                       qwen2 = Q/K/V biases and NEOX RoPE, llama3 = RoPE frequency
+#                       qwen2 = Q/K/V biases and NEOX RoPE, qwen3 = q/k RMSNorm measured on
+#                       SmolLM2 and NEOX RoPE, llama3 = RoPE frequency
 #                       scaling; docs/model-families.md). The proof contract is not yet
 #                       calibrated on these files.
 #   DEMO_MODEL=FILE     run on this GGUF checkpoint as it is instead of SmolLM2 (e.g. the
@@ -105,12 +106,12 @@ base="$root/.cache/models/SmolLM2-135M-Instruct.bf16.gguf"
 arch="${DEMO_ARCH:-llama}"
 case "$arch" in
   llama) ;;
-  qwen2|llama3)
+  qwen2|qwen3|llama3)
     phase "base in the $arch layout (trainer transplant)"
     "$bin/trainer" transplant --family "$arch" --src "$base" --out "$dir/base-$arch.gguf"
     base="$dir/base-$arch.gguf"
     ;;
-  *) echo "DEMO_ARCH=$arch: expected llama, qwen2 or llama3" >&2; exit 2 ;;
+  *) echo "DEMO_ARCH=$arch: expected llama, qwen2, qwen3 or llama3" >&2; exit 2 ;;
 esac
 if [ -n "${DEMO_MODEL:-}" ]; then
   [ "$arch" = llama ] || { echo "DEMO_MODEL and DEMO_ARCH exclude each other" >&2; exit 2; }

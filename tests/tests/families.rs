@@ -347,16 +347,16 @@ fn transplanted(dir: &Path, name: &str, layout: trainer::transplant::Layout) -> 
     model
 }
 
-/// SmolLM2-135M's trained weights transplanted to the `qwen2` and `llama3`
-/// layouts: llama.cpp (exact-F32 profile) and the reference agree on a
-/// 116-token GSM8K passage within 1e-4 (SmolLM2's own honest worst is
+/// SmolLM2-135M's trained weights transplanted to the `qwen2`, `llama3` and
+/// `qwen3` layouts: llama.cpp (exact-F32 profile) and the reference agree on
+/// a 116-token GSM8K passage within 1e-4 (SmolLM2's own honest worst is
 /// 6.8e-5, `VerifyParams::DEFAULT`), on a model that predicts text.
 #[test]
 fn transplanted_smollm2_llama_cpp_matches_the_reference() {
     use trainer::transplant::Layout;
     tributary_policy::init_threads(Some(2));
     let dir = tempfile::tempdir().unwrap();
-    for (name, layout) in [("qwen2", Layout::Qwen2), ("llama3", Layout::Llama3)] {
+    for (name, layout) in [("qwen2", Layout::Qwen2), ("llama3", Layout::Llama3), ("qwen3", Layout::Qwen3)] {
         let model = transplanted(dir.path(), name, layout);
         let ckpt = Checkpoint::open(&model).unwrap();
         let ids: Vec<i64> =
@@ -414,14 +414,14 @@ async fn transplanted_mesh(name: &str, layout: trainer::transplant::Layout, labe
 /// `TooManyAmbiguous { ambiguous: 20, total: 64, max: 13 }`: a fixed share
 /// of the length is no bound for a flat completion, where most tokens have
 /// probability below 2ε. Protocol 8 caps the count against what the tokens
-/// make honest (`AmbiguityCap`), and all three pass 8/8. About 3 minutes on
-/// two cores.
+/// make honest (`AmbiguityCap`), and all three pass 8/8; the `qwen3`
+/// transplant (measured q/k norms) too. About 4 minutes on two cores.
 #[test]
 fn transplanted_smollm2_rollouts_pass_the_validator() {
     use trainer::transplant::Layout;
     let dir = tempfile::tempdir().unwrap();
     let mut models = vec![("smollm2 (control)".to_owned(), assets::smollm2_bf16())];
-    for (name, layout) in [("qwen2", Layout::Qwen2), ("llama3", Layout::Llama3)] {
+    for (name, layout) in [("qwen2", Layout::Qwen2), ("llama3", Layout::Llama3), ("qwen3", Layout::Qwen3)] {
         models.push((name.to_owned(), transplanted(dir.path(), name, layout)));
     }
     let mut rejected = Vec::new();

@@ -62,9 +62,11 @@ enum Cmd {
         #[arg(long)]
         f32: bool,
     },
-    /// Re-express a trained llama checkpoint (SmolLM2) in the qwen2 or llama3 layout.
+    /// Re-express a trained llama checkpoint (SmolLM2) in the qwen2, qwen3 or llama3 layout.
     Transplant {
-        /// Target layout: qwen2 (Q/K/V biases, NEOX RoPE) or llama3 (RoPE frequency scaling).
+        /// Target layout: qwen2 (Q/K/V biases, NEOX RoPE), qwen3 (per-head q/k RMSNorm, heads
+        /// widened to carry the RMS, norms measured on the source, NEOX RoPE) or llama3 (RoPE
+        /// frequency scaling).
         #[arg(long)]
         family: String,
         /// Source checkpoint (default: the BF16 SmolLM2 base).
@@ -426,7 +428,7 @@ fn trainer_main(cli: Cli) -> Result<()> {
         }
         Cmd::Transplant { family, src, out, seed, bias_std } => {
             let layout = trainer::transplant::Layout::from_name(&family)
-                .with_context(|| format!("family {family:?}: expected qwen2 or llama3"))?;
+                .with_context(|| format!("family {family:?}: expected qwen2, qwen3 or llama3"))?;
             let src = src.unwrap_or_else(assets::smollm2_bf16);
             let ckpt = tributary_protocol::checkpoint::Checkpoint::open(&src)
                 .with_context(|| format!("opening {}", src.display()))?;

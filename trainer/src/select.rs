@@ -407,14 +407,22 @@ pub fn rank_order(a: (f64, &GroupKey), b: (f64, &GroupKey)) -> std::cmp::Orderin
 /// proof recomputed (a group whose recomputed rewards are all equal is
 /// dropped as zero-variance, whatever the claimed ones say); or the reason
 /// it is not trained on (`None`: the proof could not run; a group with a
-/// token off the trainer's own draw: [`DropReason::OffDraw`]).
+/// token off the trainer's own draw and no re-generation left:
+/// [`DropReason::OffDraw`]). A rollout the proof re-generated replaces the
+/// miner's in the group.
 pub fn apply_proof(g: &mut TrainGroup, proof: Option<GroupProof>) -> Result<(), DropReason> {
     match proof {
-        Some(GroupProof::Proven { old_logprobs, rewards })
-            if old_logprobs.len() == g.rollouts.len() && rewards.len() == g.rollouts.len() =>
+        Some(GroupProof::Proven { old_logprobs, rewards, repaired })
+            if old_logprobs.len() == g.rollouts.len()
+                && rewards.len() == g.rollouts.len()
+                && repaired.iter().all(|(i, _)| *i < g.rollouts.len()) =>
         {
             if rewards.iter().all(|&r| r == rewards[0]) {
                 return Err(DropReason::ZeroVariance);
+            }
+            // The trainer's re-generations of off-draw rollouts are what it trains on.
+            for (i, r) in repaired {
+                g.rollouts[i] = r;
             }
             g.advantages = group_advantages(&rewards, 1e-8);
             g.old_logprobs = old_logprobs;
@@ -584,6 +592,7 @@ mod tests {
         GroupProof::Proven {
             old_logprobs: g.rollouts.iter().map(|r| vec![-1.0; r.logprobs.len()]).collect(),
             rewards: g.rollouts.iter().map(|r| r.reward).collect(),
+            repaired: Vec::new(),
         }
     }
 
@@ -601,7 +610,7 @@ mod tests {
         let mut prove = |g: &TrainGroup| {
             let rewards = if g.key.miner[0] == 1 { vec![0.0; 4] } else { vec![1.0, 0.0, 0.0, 1.0] };
             let old_logprobs = g.rollouts.iter().map(|r| vec![-1.0; r.logprobs.len()]).collect();
-            Some(GroupProof::Proven { old_logprobs, rewards })
+            Some(GroupProof::Proven { old_logprobs, rewards, repaired: Vec::new() })
         };
         let s = select_proven(rs, &CK, passed, &cfg(), &mut prove);
         assert_eq!(s.dropped.get(&DropReason::ZeroVariance), Some(&1), "{:?}", s.dropped);

@@ -28,10 +28,13 @@
 //! `rejected/<window>.jsonl` ([`RejectRecord`]). The digests of the rollouts
 //! of each step's batch are written to `batches/<window>.json`
 //! ([`BatchRecord`]). Both folders keep the last [`KEEP_RECORDS`] files.
-//! A group that passes with a token other than the trainer's own draw
-//! ([`GroupProof::OffDraw`]) is proven work (posted as passing) but not
-//! trained on (dropped as `off_draw`); each such rollout is logged at info
-//! and counted in `trainer_rollouts_off_draw_total`.
+//! A group that passes with a token other than the trainer's own draw is
+//! proven work (posted as passing); the trainer re-generates such rollouts
+//! from the first off-draw position with its own draws and trains the
+//! group with them (logged at info, `trainer_rollouts_repaired_total`), up
+//! to `ProofConfig::max_repairs_per_window`; beyond it the group is dropped
+//! as `off_draw` ([`GroupProof::OffDraw`], logged at info, counted in
+//! `trainer_rollouts_off_draw_total`).
 //!
 //! What the proof found goes back to the coordinator as the trainer's signed
 //! verdict per (window, miner) it looked at: the digests it proved passing
@@ -540,6 +543,18 @@ impl Service {
                             );
                         }
                         metrics::counter!("tributary_trainer_rollouts_off_draw_total").increment(recs.len() as u64);
+                    }
+                    if let GroupProof::Proven { repaired, .. } = &p
+                        && !repaired.is_empty()
+                    {
+                        tracing::info!(
+                            window = w,
+                            miner = %hex::encode(g.key.miner),
+                            group = g.key.group,
+                            rollouts = ?repaired.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+                            "rollouts off the trainer's draw re-generated with its own draws: the group trains"
+                        );
+                        metrics::counter!("tributary_trainer_rollouts_repaired_total").increment(repaired.len() as u64);
                     }
                     budget.record(&g.key.miner, false);
                     let digests = g.rollouts.iter().map(Rollout::digest);

@@ -204,7 +204,8 @@ fn honest_groups_are_proven_with_the_trainers_own_logprobs() {
     let mut p = w.prover();
     let rs = w.group(0);
     match p.prove_group(&w.info, &rs).unwrap() {
-        GroupProof::Proven { old_logprobs: old, rewards } => {
+        GroupProof::Proven { old_logprobs: old, rewards, repaired } => {
+            assert!(repaired.is_empty());
             let claimed: Vec<f32> = rs.iter().map(|r| r.reward).collect();
             assert_eq!(rewards, claimed, "honest rewards recomputed exactly");
             assert_eq!(old.len(), rs.len());
@@ -399,36 +400,46 @@ fn branch_point(w: &World, r: &Rollout) -> Option<(usize, u32)> {
     None
 }
 
-/// Issue 28, calibration §6b: at an ambiguous position a miner may take
+/// A world whose miner [11; 32] has a group in which rollout 1 took
+/// another admitted token at its first ambiguous position and was sampled
+/// honestly from there (what a branching miner submits), both that group
+/// and its honest original with varied rewards; with an honest group of
+/// the default miner beside it. Returns (world, honest group, the branched
+/// group, its honest original, the branched position).
+fn branched_world() -> (World, Vec<Rollout>, Vec<Rollout>, Vec<Rollout>, usize) {
+    let mut w = World::new();
+    w.info.groups_per_miner = 32;
+    let varied = |rs: &[Rollout]| rs.iter().any(|r| r.reward != rs[0].reward);
+    let honest = (0..32).map(|g| w.group(g)).find(|rs| varied(rs)).expect("an honest group with varied rewards");
+    let miner = [11; 32];
+    let (branched, original, at) = (0..32)
+        .find_map(|g| {
+            let original = w.group_of(miner, g);
+            let (pos, alt) = branch_point(&w, &original[1])?;
+            let mut prefix = original[1].tokens[..pos].to_vec();
+            prefix.push(alt);
+            let mut rs = original.clone();
+            rs[1] = w.continued(miner, g, 1, prefix, original[1].prompt_len as usize);
+            assert_eq!(rs[1].tokens[pos], alt);
+            (varied(&rs) && varied(&original)).then_some((rs, original, pos))
+        })
+        .expect("a rollout with an ambiguous position admitting another token (the tiny model is flat)");
+    (w, honest, branched, original, at)
+}
+
+/// Issue 28, calibration §6b–c: at an ambiguous position a miner may take
 /// another admitted token and regenerate the rest honestly; the rollout
 /// passes every check with another completion (and reward: at arith 102,
 /// lenient, the best of 5 such branches doubled SmolLM2's mean reward).
-/// The trainer proves it (proven work, not the miner's failure) and does
-/// not train on its group: the only trainable completion of a rollout is
-/// the reference's own seeded draws. An honest group beside it trains.
+/// The trainer proves it (proven work, not the miner's failure) and, with
+/// no re-generation left in the window, does not train on its group: the
+/// only trainable completion of a rollout is the reference's own seeded
+/// draws. An honest group beside it trains.
 #[test]
 fn a_branched_rollout_is_proven_and_its_group_is_not_trained_on() {
-    let mut w = World::new();
-    w.info.groups_per_miner = 32;
-    let mut p = w.prover();
-    let varied = |rs: &[Rollout]| rs.iter().any(|r| r.reward != rs[0].reward);
-    // An honest group that trains, from one miner.
-    let honest = (0..32).map(|g| w.group(g)).find(|rs| varied(rs)).expect("an honest group with varied rewards");
-    // A branched group, from another: rollout 1 takes another token at its
-    // first ambiguous position, the rest sampled honestly from there.
-    let miner = [11; 32];
-    let (branched, at, alt) = (0..32)
-        .find_map(|g| {
-            let mut rs = w.group_of(miner, g);
-            let (pos, alt) = branch_point(&w, &rs[1])?;
-            let mut prefix = rs[1].tokens[..pos].to_vec();
-            prefix.push(alt);
-            rs[1] = w.continued(miner, g, 1, prefix, rs[1].prompt_len as usize);
-            varied(&rs).then_some((rs, pos, alt))
-        })
-        .expect("a rollout with an ambiguous position admitting another token (the tiny model is flat)");
-    assert_eq!(branched[1].tokens[at], alt);
-
+    let (w, honest, branched, _, at) = branched_world();
+    let mut p = Prover::new(&w.genesis, ProofConfig { max_repairs_per_window: 0, ..ProofConfig::default() }).unwrap();
+    p.load(w.id, &w.genesis).unwrap();
     match p.prove_group(&w.info, &branched).unwrap() {
         GroupProof::OffDraw(recs) => {
             assert_eq!(recs.len(), 1, "{recs:?}");
@@ -446,4 +457,35 @@ fn a_branched_rollout_is_proven_and_its_group_is_not_trained_on() {
     let kept: Vec<[u8; 32]> = sel.kept.iter().map(|g| g.key.miner).collect();
     assert_eq!(kept, vec![w.miner], "only the honest group trains: {:?}", sel.dropped);
     assert_eq!(sel.dropped.get(&DropReason::OffDraw), Some(&1), "{:?}", sel.dropped);
+}
+
+/// The same branched group with the window's re-generations left (the
+/// default): the trainer re-generates rollout 1 from the branched position
+/// with its own seeded draws, which gives back exactly the honest rollout
+/// the miner branched from (its tokens and reward), and trains the group
+/// with that; the budget spent, the next such group is dropped.
+#[test]
+fn a_branched_rollout_is_regenerated_into_the_honest_one_and_trained() {
+    let (w, _, branched, original, _) = branched_world();
+    let mut p = w.prover();
+    assert_eq!(p.config().max_repairs_per_window, 2);
+    match p.prove_group(&w.info, &branched).unwrap() {
+        GroupProof::Proven { rewards, repaired, .. } => {
+            assert_eq!(repaired.len(), 1, "{repaired:?}");
+            let (i, r) = &repaired[0];
+            assert_eq!(*i, 1);
+            assert_eq!(r.tokens, original[1].tokens, "the re-generation is the honest rollout");
+            assert_eq!(r.reward, original[1].reward);
+            assert_eq!(rewards, original.iter().map(|r| r.reward).collect::<Vec<_>>());
+        }
+        other => panic!("the branched group: {other:?}"),
+    }
+    let cfg = SelectConfig { group_size: Some(GROUP_SIZE as usize), ..SelectConfig::new(49152) };
+    let mut prove = |g: &TrainGroup| Some(p.prove_group(&w.info, &g.rollouts).unwrap());
+    let sel = select_proven(branched.clone(), &[w.id], passed, &cfg, &mut prove);
+    assert_eq!(sel.kept.len(), 1, "{:?}", sel.dropped);
+    let trained: Vec<&Vec<u32>> = sel.kept[0].rollouts.iter().map(|r| &r.tokens).collect();
+    assert_eq!(trained, original.iter().map(|r| &r.tokens).collect::<Vec<_>>(), "the group trained is the honest one");
+    // Two re-generations spent in window 5: the next is refused.
+    assert!(matches!(p.prove_group(&w.info, &branched).unwrap(), GroupProof::OffDraw(_)));
 }

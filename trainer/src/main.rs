@@ -201,6 +201,10 @@ struct RunConfig {
     /// Checkpoints whose weights the proof keeps loaded (rollouts naming an
     /// older one are dropped as stale). Default 3.
     keep_checkpoints: usize,
+    /// Off-draw rollouts the proof re-generates per window with the
+    /// trainer's own draws so that their groups train (beyond it they are
+    /// dropped). Default 2.
+    max_repairs_per_window: usize,
     /// Publications whose checkpoint and payload files stay on disk (0: all). Default 16.
     keep_publications: usize,
     /// A full payload (instead of a sparse delta) every this many publications. Default 8.
@@ -235,6 +239,7 @@ impl Default for RunConfig {
             ratio_max: t.grpo.ratio_max,
             entropy_coef: t.grpo.entropy_coef,
             keep_checkpoints: trainer::proof::ProofConfig::default().keep_checkpoints,
+            max_repairs_per_window: trainer::proof::ProofConfig::default().max_repairs_per_window,
             keep_publications: 16,
             coordinator: None,
             fingerprint: None,
@@ -355,6 +360,7 @@ fn run(args: RunArgs) -> Result<()> {
     let proof = trainer::proof::ProofConfig {
         gsm8k: conf.gsm8k.clone(),
         keep_checkpoints: conf.keep_checkpoints,
+        max_repairs_per_window: conf.max_repairs_per_window,
         device,
         ..Default::default()
     };

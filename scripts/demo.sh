@@ -41,8 +41,8 @@
 #                       weights re-expressed in that family's layout (`trainer transplant`:
 #                       qwen2 = Q/K/V biases and NEOX RoPE, qwen3 = q/k RMSNorm measured on
 #                       SmolLM2 and NEOX RoPE, llama3 = RoPE frequency
-#                       scaling; docs/model-families.md). The proof contract is not yet
-#                       calibrated on these files.
+#                       scaling; docs/model-families.md). The proof contract is
+#                       calibrated on these files in docs/calibration.md §6d.
 #   DEMO_MODEL=FILE     run on this GGUF checkpoint as it is instead of SmolLM2 (e.g. the
 #                       0.5B-shape model of docs/model-families.md; not with DEMO_ARCH)
 #   DEMO_MINERS=N       edge miners (default 2)

@@ -109,6 +109,18 @@ pub const METRICS: &[Metric] = &[
     m("tributary_trainer_groups_held_total", C, "trainer", "Groups held back for a later window."),
     m("tributary_trainer_groups_dropped_total", C, "trainer", "Groups not trained on, by reason."),
     m("tributary_trainer_rollouts_rejected_total", C, "trainer", "Rollouts the trainer's proof refused, by check."),
+    m(
+        "tributary_trainer_rollouts_off_draw_total",
+        C,
+        "trainer",
+        "Proven rollouts off the trainer's own draw whose groups were not trained on (re-generations spent).",
+    ),
+    m(
+        "tributary_trainer_rollouts_repaired_total",
+        C,
+        "trainer",
+        "Rollouts off the trainer's own draw re-generated with its draws, their groups trained.",
+    ),
     m("tributary_trainer_delta_bytes", G, "trainer", "Bytes of the latest published delta."),
     m("tributary_trainer_delta_change_fraction", G, "trainer", "Fraction of weights the latest delta changed."),
     m("tributary_trainer_published_window", G, "trainer", "The window of the latest published checkpoint."),

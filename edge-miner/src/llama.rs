@@ -675,6 +675,18 @@ mod tests {
         assert!(gpu.op_offload());
     }
 
+    /// The tiny random model (seed 7, SmolLM2's tokenizer) on one thread,
+    /// with the folder that holds its file.
+    fn tiny_backend() -> (tempfile::TempDir, LlamaCppBackend) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        let source =
+            tributary_protocol::checkpoint::Checkpoint::open(&tributary_assets::smollm2_q4_1()).expect("SmolLM2 file");
+        tributary_protocol::tiny::write_tiny(7, &source, &path).unwrap();
+        let b = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&path) }).unwrap();
+        (dir, b)
+    }
+
     /// A group's KV cache is one unified buffer in which the sequences share
     /// the prompt's cells: P + G·N cells rounded up to 256 (2 304 for
     /// gen-bench's group of 16 with a 39-token prompt and 128 new tokens),
@@ -684,14 +696,9 @@ mod tests {
     #[test]
     fn a_group_shares_the_prompts_kv_cells() {
         use crate::backend::{DrawKey, GroupRequest};
-        use tributary_protocol::checkpoint::Checkpoint;
         use tributary_protocol::prf::Seed;
 
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tiny.gguf");
-        let source = Checkpoint::open(&tributary_assets::smollm2_q4_1()).expect("SmolLM2 file");
-        tributary_protocol::tiny::write_tiny(7, &source, &path).unwrap();
-        let mut b = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&path) }).unwrap();
+        let (_dir, mut b) = tiny_backend();
         let (g, p, n) = (16, 39, 128);
         assert_eq!(kv_cells(g, p, n), Some(2087));
         assert_eq!(b.new_context(g, p, n).unwrap().n_ctx(), 2304);
@@ -721,14 +728,9 @@ mod tests {
     #[test]
     fn greedy_many_is_each_prompt_alone() {
         use crate::backend::{DrawKey, GroupRequest};
-        use tributary_protocol::checkpoint::Checkpoint;
         use tributary_protocol::prf::Seed;
 
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tiny.gguf");
-        let source = Checkpoint::open(&tributary_assets::smollm2_q4_1()).expect("SmolLM2 file");
-        tributary_protocol::tiny::write_tiny(7, &source, &path).unwrap();
-        let mut b = LlamaCppBackend::load(&LlamaConfig { threads: 1, ..LlamaConfig::new(&path) }).unwrap();
+        let (_dir, mut b) = tiny_backend();
         let prompts: Vec<Vec<u32>> = [5usize, 40, 300, 17]
             .iter()
             .enumerate()

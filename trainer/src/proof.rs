@@ -269,6 +269,7 @@ struct Repaired {
 fn repair(
     model: &ReferenceModel,
     tokenizer: &Tokenizer,
+    eos: &[u32],
     env: &Environment,
     task: &tributary_protocol::env::Task,
     r: &Rollout,
@@ -278,9 +279,9 @@ fn repair(
     let pl = r.prompt_len as usize;
     let t = r.sampling.temperature;
     let end = pl + r.sampling.max_new_tokens as usize;
+    // `from` is a completion position of a rollout within `end`: at least one draw.
     let mut tokens = r.tokens[..from.min(r.tokens.len())].to_vec();
-    let eos: Vec<u32> = tokenizer.eog_ids().collect();
-    while tokens.len() < end && tokens.last().is_none_or(|l| tokens.len() <= pl || !eos.contains(l)) {
+    loop {
         let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
         let input = tch::Tensor::from_slice(&ids).view([1, -1]).to_device(model.device());
         let logits = tch::no_grad(|| model.forward(&input))?.logits;
@@ -288,7 +289,11 @@ fn repair(
         let row: Vec<f32> =
             Vec::try_from(row).map_err(|e: tch::TchError| ProofError::Policy(PolicyError::Request(e.to_string())))?;
         let u = sampling::draw_u(seed, &r.miner, r.group, r.rollout, tokens.len() as u32);
-        tokens.push(sampling::sample_inverse_cdf(&row, t, u) as u32);
+        let next = sampling::sample_inverse_cdf(&row, t, u) as u32;
+        tokens.push(next);
+        if eos.contains(&next) || tokens.len() >= end {
+            break;
+        }
     }
     let draws: Vec<f64> =
         (pl..tokens.len()).map(|p| sampling::draw_u(seed, &r.miner, r.group, r.rollout, p as u32)).collect();
@@ -531,7 +536,16 @@ impl Prover {
                 };
                 let r = &rollouts[i];
                 let task = env.task(r.task_id);
-                match repair(model, &self.tokenizer, &env, &task, r, &assignments[i].sampling_seed, rec.position)? {
+                match repair(
+                    model,
+                    &self.tokenizer,
+                    &self.eos,
+                    &env,
+                    &task,
+                    r,
+                    &assignments[i].sampling_seed,
+                    rec.position,
+                )? {
                     Some(fixed) => {
                         old[i] = fixed.old_logprobs;
                         rewards[i] = fixed.reward;

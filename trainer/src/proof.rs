@@ -271,7 +271,6 @@ fn repair(
     tokenizer: &Tokenizer,
     eos: &[u32],
     env: &Environment,
-    task: &tributary_protocol::env::Task,
     r: &Rollout,
     seed: &Seed,
     from: usize,
@@ -308,7 +307,7 @@ fn repair(
     if ev.drawn.len() != tokens.len() - pl || ev.drawn.iter().zip(&tokens[pl..]).any(|(d, &tok)| d.token != tok) {
         return Ok(None);
     }
-    let reward = tributary_protocol::env::completion_reward(tokenizer, env, task, &tokens[pl..])?;
+    let reward = tributary_protocol::env::completion_reward(tokenizer, env, &env.task(r.task_id), &tokens[pl..])?;
     let old_logprobs = crate::train::tempered_old_logprobs(t, &ev.logprob, &ev.prob_temp);
     let mut rollout = r.clone();
     rollout.logprobs = ev.logprob.iter().map(|&l| l as f32).collect();
@@ -535,17 +534,7 @@ impl Prover {
                     return Ok(GroupProof::OffDraw(off_draw));
                 };
                 let r = &rollouts[i];
-                let task = env.task(r.task_id);
-                match repair(
-                    model,
-                    &self.tokenizer,
-                    &self.eos,
-                    &env,
-                    &task,
-                    r,
-                    &assignments[i].sampling_seed,
-                    rec.position,
-                )? {
+                match repair(model, &self.tokenizer, &self.eos, &env, r, &assignments[i].sampling_seed, rec.position)? {
                     Some(fixed) => {
                         old[i] = fixed.old_logprobs;
                         rewards[i] = fixed.reward;

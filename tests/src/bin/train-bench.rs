@@ -180,6 +180,42 @@ struct Column {
     tasks: Vec<Task>,
 }
 
+/// What an evaluation file's lines record of how they were made, beyond the
+/// label, prompt and column: the model file's name (a trained checkpoint's
+/// is its content id) and the generation budget.
+struct Settings {
+    model_file: String,
+    max_new_tokens: usize,
+}
+
+impl Settings {
+    fn of(model: &Path, max_new_tokens: usize) -> Self {
+        let model_file = model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        Settings { model_file, max_new_tokens }
+    }
+}
+
+/// Whether `out` already holds this evaluation: one line per task of the
+/// column, in order, each with this label, prompt, column, model file and
+/// budget. Such a file is kept, so an evaluation can be finished in parts
+/// (e.g. the base's prompts while the arms train); anything else (a file of
+/// another model or budget, an older file without these fields, a short or
+/// unreadable one) is evaluated again and overwritten.
+fn done_before(out: &Path, label: &str, style: PromptStyle, col: &Column, settings: &Settings) -> bool {
+    let Ok(text) = std::fs::read_to_string(out) else { return false };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines.len() == col.tasks.len()
+        && lines.iter().zip(&col.tasks).all(|(line, task)| {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { return false };
+            v["model"] == label
+                && v["prompt"] == style.name()
+                && v["column"] == col.name.as_str()
+                && v["task"] == task.id
+                && v["model_file"] == settings.model_file.as_str()
+                && v["max_new_tokens"] == settings.max_new_tokens
+        })
+}
+
 /// Greedy generation of `model` on the column's problems in `style`, one
 /// JSON line per problem to `out`.
 #[allow(clippy::too_many_arguments)]
@@ -199,6 +235,7 @@ fn evaluate(
         bail!("tokenizer has {} tokens, model {}", tokenizer.vocab_size(), backend.vocab_size());
     }
     let eog: Vec<u32> = tokenizer.eog_ids().collect();
+    let settings = Settings::of(model, max_new_tokens);
     let tmp = out.with_extension("part");
     let mut file = BufWriter::new(File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
     // `batch` problems decoded together (`LlamaCppBackend::greedy_many`:
@@ -218,6 +255,7 @@ fn evaluate(
             let score = |rule| task.answer.score(rule, &text) >= 1.0;
             let line = serde_json::json!({
                 "model": label, "prompt": style.name(), "column": col.name, "task": task.id,
+                "model_file": settings.model_file, "max_new_tokens": max_new_tokens,
                 "problem": task.prompt, "completion": text, "ended": ended,
                 "strict": score(RewardRule::Strict), "lenient": score(RewardRule::Lenient),
                 "format": score(RewardRule::Format),
@@ -304,6 +342,11 @@ fn eval(o: &Opts) -> Result<()> {
                     let Some(job) = queue.lock().expect("queue").pop() else { break };
                     let label = &labels[job.model];
                     let out = out_dir.join(format!("eval-{label}-{}-{}.jsonl", job.style.name(), job.column.name));
+                    let settings = Settings::of(&models[job.model], max_new_tokens);
+                    if done_before(&out, label, job.style, job.column, &settings) {
+                        eprintln!("kept {} (written before with these settings)", out.display());
+                        continue;
+                    }
                     let t0 = std::time::Instant::now();
                     let r = evaluate(
                         &models[job.model],
@@ -641,5 +684,37 @@ mod tests {
         let gsm = Environment::Gsm8k(Gsm8kEnv::from_jsonl("{\"question\": \"q?\", \"answer\": \"#### 3\"}").unwrap());
         let t = gsm.test_problems(1).remove(0);
         assert!(PromptStyle::ExprPrefill.render(&gsm, &t).is_none() && PromptStyle::FewShot.render(&gsm, &t).is_none());
+    }
+
+    #[test]
+    fn only_a_whole_file_of_the_same_settings_is_kept() {
+        let env = Environment::Arith(ArithEnv::new(105));
+        let col = Column { name: "test".into(), tasks: env.test_problems(3), env };
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("eval-base-fewshot-test.jsonl");
+        let settings = Settings::of(Path::new("/m/base.gguf"), 96);
+        let line = |task: &Task, model_file: &str, budget: usize| {
+            serde_json::json!({
+                "model": "base", "prompt": "fewshot", "column": "test", "task": task.id,
+                "model_file": model_file, "max_new_tokens": budget, "problem": task.prompt,
+                "completion": "", "ended": true, "strict": false, "lenient": false, "format": false,
+            })
+            .to_string()
+        };
+        let write = |lines: Vec<String>| std::fs::write(&out, lines.join("\n") + "\n").unwrap();
+        let kept = || done_before(&out, "base", PromptStyle::FewShot, &col, &settings);
+        assert!(!kept(), "no file");
+        write(col.tasks.iter().map(|t| line(t, "base.gguf", 96)).collect());
+        assert!(kept(), "the same settings, every task");
+        assert!(!done_before(&out, "base", PromptStyle::Default, &col, &settings), "another prompt");
+        assert!(!done_before(&out, "arm", PromptStyle::FewShot, &col, &settings), "another label");
+        write(col.tasks.iter().map(|t| line(t, "other.gguf", 96)).collect());
+        assert!(!kept(), "another model file");
+        write(col.tasks.iter().map(|t| line(t, "base.gguf", 48)).collect());
+        assert!(!kept(), "another budget");
+        write(col.tasks[..2].iter().map(|t| line(t, "base.gguf", 96)).collect());
+        assert!(!kept(), "a short file");
+        write(col.tasks.iter().rev().map(|t| line(t, "base.gguf", 96)).collect());
+        assert!(!kept(), "other tasks in order");
     }
 }

@@ -96,6 +96,12 @@ pub const METRICS: &[Metric] = &[
     // validator
     m("tributary_validator_reconnects_total", C, "validator", "Reconnections to the coordinator."),
     m("tributary_validator_windows_behind", G, "validator", "Closed windows not yet verified."),
+    m(
+        "tributary_validator_model_bytes",
+        G,
+        "validator",
+        "Bytes of the reference model's parameters (2 a BF16-held matrix element).",
+    ),
     m("tributary_validator_contributions_excluded_total", C, "validator", "Beacon contributions left out of a mix."),
     m("tributary_validator_contributions_withheld_total", C, "validator", "Beacon reveals withheld."),
     m("tributary_validator_window_seconds", H, "validator", "Time to verify one window."),

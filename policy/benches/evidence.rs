@@ -1,7 +1,8 @@
 //! Reference-model throughput on one GRPO group (8 rollouts of one prompt):
-//! the shared-prompt batch the validator uses, and the same rollouts as one
-//! plain right-padded batch. Compare with the miner's generation time for
-//! the speed goal (verify ÷ generate ≤ 0.5).
+//! the shared-prompt batch the validator uses, the same rollouts as one plain
+//! right-padded batch, and the shared-prompt batch on the model held as BF16
+//! (as the validator and the trainer's proof load a BF16 file). Compare with
+//! the miner's generation time for the speed goal (verify ÷ generate ≤ 0.5).
 // criterion_group! defines an undocumented `pub fn benches`.
 #![allow(missing_docs)]
 
@@ -70,6 +71,14 @@ fn bench(c: &mut Criterion) {
     let reqs2: Vec<EvidenceRequest<'_>> =
         distinct.iter().zip(&reqs).map(|(s, r)| EvidenceRequest { tokens: s, ..*r }).collect();
     g.bench_function("group_of_8_padded_batch", |b| b.iter(|| model.evidence(&reqs2).expect("evidence")));
+    // The same group on the model as the validator and the trainer's proof
+    // hold it (`load_for_inference`): BF16 matrices widened to f32 for each
+    // product when the file is BF16 (half the memory, the same bits).
+    let ckpt = tributary_protocol::checkpoint::Checkpoint::open(&path).expect("checkpoint");
+    if ReferenceModel::can_hold_bf16(&ckpt) {
+        let held = ReferenceModel::load_for_inference(&ckpt, tributary_policy::default_device()).expect("model");
+        g.bench_function("group_of_8_shared_prompt_bf16_held", |b| b.iter(|| held.evidence(&reqs).expect("evidence")));
+    }
     g.finish();
 }
 

@@ -182,6 +182,16 @@ impl ReferenceModel {
         })
     }
 
+    /// Loads `ckpt` for inference in the least memory that keeps its bits:
+    /// [held as BF16](Self::load_bf16_held) when every matrix is BF16 (every
+    /// checkpoint the trainer publishes, and the BF16 base), else
+    /// [in f32](Self::load) (e.g. a quantised file). Either way the forward
+    /// computes the same f32 results. The validator and the trainer's proof
+    /// load their reference models this way.
+    pub fn load_for_inference(ckpt: &Checkpoint, device: Device) -> Result<Self, PolicyError> {
+        if Self::can_hold_bf16(ckpt) { Self::load_bf16_held(ckpt, device) } else { Self::load(ckpt, device) }
+    }
+
     /// Whether [`Self::load_bf16_held`] takes `ckpt`: every matrix is BF16.
     pub fn can_hold_bf16(ckpt: &Checkpoint) -> bool {
         ckpt.header().tensors.iter().all(Self::held_as_is)

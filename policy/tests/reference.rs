@@ -278,3 +278,32 @@ fn tiny_model_is_differentiable_and_exports_its_bf16_bits() -> Result<()> {
     assert!(g.is_finite() && g > 0.0, "no gradient reached blk.0.attn_q.weight ({g})");
     Ok(())
 }
+
+/// `load_for_inference` holds a checkpoint as BF16 only when that keeps its
+/// bits (every matrix BF16): the tiny model's 2 bytes a matrix element and the
+/// same logits as the f32-held model; the quantised SmolLM2 file in f32.
+#[test]
+fn load_for_inference_holds_bf16_only_when_the_bits_are_kept() -> Result<()> {
+    let ckpt = tiny_checkpoint()?;
+    let (mut matrices, mut vectors) = (0usize, 0usize);
+    for t in &ckpt.header().tensors {
+        if t.dims.len() >= 2 { matrices += t.n_elements() as usize } else { vectors += t.n_elements() as usize }
+    }
+    let held = ReferenceModel::load_for_inference(&ckpt, Device::Cpu)?;
+    assert_eq!(held.parameter_bytes(), 2 * matrices + 4 * vectors);
+    let f32_held = ReferenceModel::load(&ckpt, Device::Cpu)?;
+    assert_eq!(f32_held.parameter_bytes(), 4 * (matrices + vectors));
+    let tokens = Tensor::randint_low(0, 49152, [2, 29], (Kind::Int64, Device::Cpu));
+    tch::no_grad(|| -> Result<()> {
+        let (a, b) = (held.forward(&tokens)?, f32_held.forward(&tokens)?);
+        assert!(a.logits.equal(&b.logits) && a.hidden.equal(&b.hidden), "BF16-held forward differs");
+        Ok(())
+    })?;
+
+    let q4 = Checkpoint::open(&assets::smollm2_q4_1())?;
+    assert!(!ReferenceModel::can_hold_bf16(&q4));
+    let elements: u64 = q4.header().tensors.iter().map(|t| t.n_elements()).sum();
+    let model = ReferenceModel::load_for_inference(&q4, Device::Cpu)?;
+    assert_eq!(model.parameter_bytes(), 4 * elements as usize, "a quantised file is held in f32");
+    Ok(())
+}

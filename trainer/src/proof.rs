@@ -370,11 +370,7 @@ impl Prover {
         }
         // Held as BF16 (f32 arithmetic, the same bits) when its matrices are
         // BF16, as every publication's are: 2 bytes a parameter, not 4.
-        let model = if ReferenceModel::can_hold_bf16(&ckpt) {
-            ReferenceModel::load_bf16_held(&ckpt, self.cfg.device)?
-        } else {
-            ReferenceModel::load(&ckpt, self.cfg.device)?
-        };
+        let model = ReferenceModel::load_for_inference(&ckpt, self.cfg.device)?;
         self.models.push_back((id, model));
         while self.models.len() > self.cfg.keep_checkpoints.max(1) {
             self.models.pop_front();

@@ -362,7 +362,7 @@ pub fn run_check(opts: &CheckOptions, out: &mut dyn Write) -> Result<CheckSummar
 
     let ckpt = Checkpoint::open(&opts.model)?;
     let tokenizer = Tokenizer::from_gguf_file(&opts.model)?;
-    let model = ReferenceModel::load(&ckpt, opts.device)?;
+    let model = ReferenceModel::load_for_inference(&ckpt, opts.device)?;
     let cx = Context { window: OfflineWindow::from_seed(opts.seed), checkpoint: ckpt.content_id() };
     drop(ckpt);
 

@@ -34,6 +34,11 @@
 //! - **bad input**: bytes that do not decode are counted and logged, never
 //!   a panic; a coordinator that goes away is retried with backoff.
 //!
+//! **Memory.** The reference model of a BF16 checkpoint (every publication)
+//! is held as BF16 with f32 arithmetic
+//! ([`ReferenceModel::load_for_inference`]): 2 bytes a matrix element, the
+//! same results as f32-held weights (`tributary_validator_model_bytes`).
+//!
 //! **Restarts.** Progress is kept in `progress.json` in the service folder:
 //! the next window to verify and the miners whose verdicts on it the
 //! coordinator has already acknowledged (written right after each
@@ -439,8 +444,11 @@ impl Service {
         }
         let tokenizer = Tokenizer::from_gguf_file(&path).map_err(|e| ServiceError::Env(e.to_string()))?;
         self.loaded = None;
-        let model = tokio::task::block_in_place(|| ReferenceModel::load(&ckpt, self.cfg.device))?;
-        tracing::info!(%id, "reference model loaded");
+        // Held as BF16 with f32 arithmetic when the checkpoint's matrices are
+        // BF16 (every publication): half the memory, the same bits.
+        let model = tokio::task::block_in_place(|| ReferenceModel::load_for_inference(&ckpt, self.cfg.device))?;
+        metrics::gauge!("tributary_validator_model_bytes").set(model.parameter_bytes() as f64);
+        tracing::info!(%id, bytes = model.parameter_bytes(), "reference model loaded");
         self.loaded = Some(Loaded { id, model, tokenizer });
         if let Err(e) = crate::models::prune(&self.cfg.dir.join("models"), crate::models::KEEP_MODELS, &path) {
             tracing::warn!(error = %e, "could not prune the models folder");

@@ -204,7 +204,7 @@ fn main() -> Result<()> {
 
     let ckpt = Checkpoint::open(&a.model)?;
     let honest_id = ckpt.content_id();
-    let model = ReferenceModel::load(&ckpt, tributary_policy::default_device())?;
+    let model = ReferenceModel::load_for_inference(&ckpt, tributary_policy::default_device())?;
     drop(ckpt);
 
     // Honest rollouts.

@@ -33,7 +33,9 @@
 #                       --dir DIR` recomputes every figure from those files
 #   BENCH_PNG=FILE      also copy the plot there (e.g. docs/train-reward.png)
 #   DEMO_*              passed to scripts/demo.sh; the bench's defaults:
-#                       DEMO_DIFFICULTY=105, DEMO_TOKENS=96, DEMO_GROUPS=2,
+#                       DEMO_DIFFICULTY=115 (the problems of 105 with three worked
+#                       examples in the prompt: protocol::env::WORKED_LEVELS),
+#                       DEMO_TOKENS=96, DEMO_GROUPS=2,
 #                       DEMO_GROUP_SIZE=8, DEMO_WINDOW_MS=150000, DEMO_LR=3e-5,
 #                       DEMO_VALIDATOR=1
 set -euo pipefail
@@ -41,7 +43,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 k="${BENCH_WINDOWS:-40}"
 tasks="${BENCH_TASKS:-500}"
-export DEMO_DIFFICULTY="${DEMO_DIFFICULTY:-105}"
+export DEMO_DIFFICULTY="${DEMO_DIFFICULTY:-115}"
 export DEMO_TOKENS="${DEMO_TOKENS:-96}"
 export DEMO_GROUPS="${DEMO_GROUPS:-2}"
 export DEMO_GROUP_SIZE="${DEMO_GROUP_SIZE:-8}"

@@ -325,20 +325,23 @@ impl tributary_net::cli::ConfigPaths for Config {
 /// or non-finite temperature, empty windows and budgets, and a genesis model
 /// or dataset that is not there (naming the command that makes it).
 pub fn check_values(cfg: &Config, dev: bool) -> Result<(), ValueError> {
-    use tributary_protocol::env::{BRIDGE_LEVELS, MAX_DIFFICULTY, PRACTICE_LEVEL};
+    use tributary_protocol::env::{BRIDGE_LEVELS, MAX_DIFFICULTY, PRACTICE_LEVEL, WORKED_LEVELS};
     let range = |key, value: &dyn std::fmt::Display, allowed: &str| {
         Err(ValueError::Range { key, value: value.to_string(), allowed: allowed.to_string() })
     };
     let d = cfg.difficulty;
-    if cfg.env == EnvId::Arith && !(d <= MAX_DIFFICULTY || BRIDGE_LEVELS.contains(&d) || d == PRACTICE_LEVEL) {
+    let known = d <= MAX_DIFFICULTY || BRIDGE_LEVELS.contains(&d) || WORKED_LEVELS.contains(&d) || d == PRACTICE_LEVEL;
+    if cfg.env == EnvId::Arith && !known {
         return range(
             "difficulty",
             &d,
             &format!(
-                "the arith levels are 0..={MAX_DIFFICULTY}, {}..={} and {PRACTICE_LEVEL} (--dev practice); \
-                 others were clamped to {MAX_DIFFICULTY}",
+                "the arith levels are 0..={MAX_DIFFICULTY}, {}..={}, {}..={} (worked examples) and {PRACTICE_LEVEL} \
+                 (--dev practice); others were clamped to {MAX_DIFFICULTY}",
                 BRIDGE_LEVELS.start(),
-                BRIDGE_LEVELS.end()
+                BRIDGE_LEVELS.end(),
+                WORKED_LEVELS.start(),
+                WORKED_LEVELS.end()
             ),
         );
     }
@@ -418,6 +421,7 @@ mod value_tests {
         assert_eq!(check_values(&Config::dev("d".into()), true), Ok(()));
         for (e, key) in [
             (refused(|c| c.difficulty = 5000), "difficulty"),
+            (refused(|c| c.difficulty = 110), "difficulty"),
             (refused(|c| c.group_size = 1), "group_size"),
             (refused(|c| c.temperature = -1.0), "temperature"),
             (refused(|c| c.temperature = f32::NAN), "temperature"),
@@ -430,7 +434,7 @@ mod value_tests {
         }
         let e = refused(|c| c.model = Some("/nonexistent/base.gguf".into()));
         assert!(e.to_string().contains("trainer init-base --out"), "{e}");
-        for ok in [0, 10, 102, 900] {
+        for ok in [0, 10, 102, 107, 115, 117, 900] {
             let mut c = Config::dev("d".into());
             c.difficulty = ok;
             assert_eq!(check_values(&c, true), Ok(()), "difficulty {ok}");

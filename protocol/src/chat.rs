@@ -25,6 +25,24 @@ pub fn chatml_prompt(system: Option<&str>, user: &str) -> String {
     s
 }
 
+/// [`chatml_prompt`] with worked examples before the question: after the
+/// system turn, each `(user, assistant)` pair as a user turn and an
+/// assistant turn, then the user turn and the open assistant turn.
+pub fn chatml_prompt_with_examples(system: Option<&str>, examples: &[(String, String)], user: &str) -> String {
+    let mut s = String::new();
+    if let Some(sys) = system {
+        push_turn(&mut s, "system", sys);
+    }
+    for (question, answer) in examples {
+        push_turn(&mut s, "user", question);
+        push_turn(&mut s, "assistant", answer);
+    }
+    push_turn(&mut s, "user", user);
+    s.push_str(IM_START);
+    s.push_str("assistant\n");
+    s
+}
+
 fn push_turn(s: &mut String, role: &str, content: &str) {
     s.push_str(IM_START);
     s.push_str(role);

@@ -27,7 +27,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::chat::chatml_prompt;
+use crate::chat::{chatml_prompt, chatml_prompt_with_examples};
 use crate::prf::{Seed, labels, prf_u64};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -37,7 +37,10 @@ mod gsm8k;
 mod sat;
 
 pub use answer::{RewardRule, UnknownRewardRule, extract_number, final_answer_line, normalize_number, strict_number};
-pub use arith::{ArithEnv, BRIDGE_FIRST, BRIDGE_LEVELS, COMMUTATIVE_SPLIT_FIRST, MAX_DIFFICULTY, PRACTICE_LEVEL};
+pub use arith::{
+    ArithEnv, BRIDGE_FIRST, BRIDGE_LEVELS, COMMUTATIVE_SPLIT_FIRST, MAX_DIFFICULTY, PRACTICE_LEVEL, WORKED_EXAMPLES,
+    WORKED_LEVELS, WORKED_OFFSET,
+};
 pub use gsm8k::{Gsm8kEnv, Gsm8kItem};
 pub use sat::{SatEnv, SatProblem};
 
@@ -424,9 +427,16 @@ impl Environment {
         out
     }
 
-    /// The full prompt text: ChatML with this environment's system prompt.
+    /// The full prompt text: ChatML with this environment's system prompt
+    /// (and, on a [worked-example level](WORKED_LEVELS), its worked examples
+    /// as earlier turns).
     pub fn prompt_text(&self, task: &Task) -> String {
-        chatml_prompt(Some(self.system_prompt()), &task.prompt)
+        match self {
+            Environment::Arith(e) if WORKED_LEVELS.contains(&e.difficulty()) => {
+                chatml_prompt_with_examples(Some(self.system_prompt()), &e.worked_examples(), &task.prompt)
+            }
+            _ => chatml_prompt(Some(self.system_prompt()), &task.prompt),
+        }
     }
 
     /// Reward of `completion` for `task` under this environment's rule

@@ -36,6 +36,26 @@ pub const BRIDGE_FIRST: u32 = 100;
 /// Base SmolLM2-135M-Instruct, greedy: see `docs/training.md`.
 pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_FIRST + 7;
 
+/// The worked-example levels: `115`–`117` ask exactly the problems of
+/// `105`–`107` (the same task for every seed, the same train/test split)
+/// with a prompt that shows the answer format as well as asking for it:
+/// three worked examples ([`WORKED_EXAMPLES`]) as earlier chat turns before
+/// the question ([`ArithEnv::worked_examples`]). With the system prompt alone
+/// SmolLM2-135M-Instruct never ends with an `Answer:` line (greedy: 0 % well
+/// formed on `105`; sampled at T = 0.7: 0 of 384 rollouts in the first four
+/// windows of three networks, `docs/training.md`), so the strict reward is 0
+/// for every rollout and no group has an advantage to learn from.
+pub const WORKED_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST + 15..=BRIDGE_FIRST + 17;
+
+/// How far a worked-example level is above the level whose problems it asks.
+pub const WORKED_OFFSET: u32 = 10;
+
+/// The worked examples of [`WORKED_LEVELS`] (fixed; not tuned on any
+/// evaluation column): `(expression, value)`, each rendered as the user turn
+/// `Compute {expression}.` and the assistant turn
+/// `{expression} = {value}\nAnswer: {value}`.
+pub const WORKED_EXAMPLES: [(&str, &str); 3] = [("23 + 58", "81"), ("41 - 67", "-26"), ("7 + 35", "42")];
+
 /// The first level whose split treats `a + b` and `b + a` as one problem.
 pub const COMMUTATIVE_SPLIT_FIRST: u32 = BRIDGE_FIRST + 5;
 
@@ -75,7 +95,8 @@ impl ArithEnv {
     /// (`0..=10`, larger values clamped to 10), a bridge level
     /// ([`BRIDGE_LEVELS`]) or the [`PRACTICE_LEVEL`] (kept as is).
     pub fn new(difficulty: u32) -> Self {
-        let kept = BRIDGE_LEVELS.contains(&difficulty) || difficulty == PRACTICE_LEVEL;
+        let kept =
+            BRIDGE_LEVELS.contains(&difficulty) || WORKED_LEVELS.contains(&difficulty) || difficulty == PRACTICE_LEVEL;
         let difficulty = if kept { difficulty } else { difficulty.min(MAX_DIFFICULTY) };
         Self { difficulty, reward: RewardRule::default() }
     }
@@ -95,7 +116,7 @@ impl ArithEnv {
     /// where a two-operand sum is written with its smaller operand first, so
     /// that `a + b` and `b + a` fall on the same side.
     pub fn split_key<'a>(&self, prompt: &'a str) -> std::borrow::Cow<'a, str> {
-        if !(COMMUTATIVE_SPLIT_FIRST..=*BRIDGE_LEVELS.end()).contains(&self.difficulty) {
+        if !(COMMUTATIVE_SPLIT_FIRST..=*BRIDGE_LEVELS.end()).contains(&self.problem_level()) {
             return prompt.into();
         }
         let expr = prompt.strip_prefix("Compute ").and_then(|e| e.strip_suffix('.'));
@@ -114,9 +135,25 @@ impl ArithEnv {
         self.difficulty
     }
 
+    /// The level whose problems this one asks: the difficulty, or for a
+    /// [worked-example level](WORKED_LEVELS) the level [`WORKED_OFFSET`] below.
+    pub fn problem_level(&self) -> u32 {
+        if WORKED_LEVELS.contains(&self.difficulty) { self.difficulty - WORKED_OFFSET } else { self.difficulty }
+    }
+
+    /// The worked examples its prompt shows before the question, as
+    /// `(user, assistant)` turns: [`WORKED_EXAMPLES`] on a
+    /// [worked-example level](WORKED_LEVELS), none otherwise.
+    pub fn worked_examples(&self) -> Vec<(String, String)> {
+        if !WORKED_LEVELS.contains(&self.difficulty) {
+            return Vec::new();
+        }
+        WORKED_EXAMPLES.iter().map(|(q, a)| (format!("Compute {q}."), format!("{q} = {a}\nAnswer: {a}"))).collect()
+    }
+
     /// The task for `seed`.
     pub fn task(&self, seed: u64) -> Task {
-        let d = self.difficulty;
+        let d = self.problem_level();
         let mut st = PrfStream::new(labels::ENV, &[b"arith", &d.to_le_bytes(), &seed.to_le_bytes()]);
         let (operands, operators) = match d {
             PRACTICE_LEVEL => coarse(0, &mut st),
@@ -284,6 +321,45 @@ mod tests {
     }
 
     const BRIDGE_PINNED: &str = "9145016bfebb9557abbc21888aa29d23997fa5902f967a4c411f387777e6e442";
+
+    #[test]
+    fn worked_levels_ask_the_mixed_levels_problems_with_examples() {
+        use super::super::Environment;
+        for d in WORKED_LEVELS {
+            let (worked, plain) = (ArithEnv::new(d), ArithEnv::new(d - WORKED_OFFSET));
+            assert_eq!((worked.difficulty(), worked.problem_level()), (d, d - WORKED_OFFSET));
+            let (we, pe) = (Environment::Arith(worked), Environment::Arith(plain));
+            for seed in 0..300 {
+                // The same task for every seed, before and after the split's redraws.
+                assert_eq!(worked.task(seed), plain.task(seed));
+                assert_eq!(we.task(seed), pe.task(seed));
+                let t = we.task(seed);
+                assert_eq!(we.split_of(&t), pe.split_of(&t));
+                assert_eq!(worked.split_key(&t.prompt), plain.split_key(&t.prompt));
+            }
+            assert_eq!(we.test_problems(50), pe.test_problems(50));
+            assert_eq!(we.distinct_problems(50), pe.distinct_problems(50));
+            // The prompt: the plain one with the examples' turns before the question.
+            let t = we.task(1);
+            let (w, p) = (we.prompt_text(&t), pe.prompt_text(&t));
+            assert_ne!(w, p);
+            assert!(w.starts_with(p.split("<|im_start|>user").next().unwrap()), "{w}");
+            assert!(w.ends_with(&format!("<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n", t.prompt)), "{w}");
+            assert_eq!(w.matches("<|im_start|>assistant\n").count(), 1 + WORKED_EXAMPLES.len());
+            assert!(plain.worked_examples().is_empty());
+        }
+        // Every example is right, is a well-formed final Answer line the
+        // strict reward pays, and no example is a problem of any column.
+        for (q, a) in WORKED_EXAMPLES {
+            let (xs, ops) = parse(&format!("Compute {q}."));
+            assert_eq!(evaluate(&xs, &ops).to_string(), a);
+            let answer = TaskAnswer::Number(a.to_owned());
+            assert_eq!(answer.score(RewardRule::Strict, &format!("{q} = {a}\nAnswer: {a}")), 1.0);
+        }
+        // The levels around them are clamped as before.
+        assert_eq!(ArithEnv::new(118).difficulty(), MAX_DIFFICULTY);
+        assert_eq!(ArithEnv::new(114).difficulty(), MAX_DIFFICULTY);
+    }
 
     #[test]
     fn practice_level() {

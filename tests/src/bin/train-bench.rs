@@ -7,7 +7,11 @@
 //!   ever assigns them, nor, from level 105 on, their swapped twins); `band`,
 //!   problems of a level whose operands the training level never draws
 //!   (default 106: an operand in 90..=99); `ood`, an out-of-distribution level
-//!   (default 107: a three-digit and a two-digit operand). With
+//!   (default 107: a three-digit and a two-digit operand). On a
+//!   worked-example level (`115`, whose prompt shows three worked examples:
+//!   `protocol::env::WORKED_LEVELS`) the band and ood columns are `116` and
+//!   `117`, the same problems asked the same way, and `fewshot` is left out
+//!   of the base's default prompts (it is the level's own prompt). With
 //!   `--gsm8k-test FILE` GSM8K's own test file is a fourth column. Every
 //!   completion is scored three ways: strict (the last non-empty line is a
 //!   well-formed `Answer: N` with the right `N`, training's default reward),
@@ -38,7 +42,9 @@ use anyhow::{Context, Result, bail};
 use edge_miner::backend::Backend;
 use edge_miner::llama::{LlamaConfig, LlamaCppBackend};
 use tributary_protocol::chat::{IM_END, IM_START};
-use tributary_protocol::env::{ArithEnv, Environment, Gsm8kEnv, RewardRule, Task, completion_text_ids};
+use tributary_protocol::env::{
+    ArithEnv, Environment, Gsm8kEnv, RewardRule, Task, WORKED_EXAMPLES, WORKED_LEVELS, completion_text_ids,
+};
 use tributary_protocol::tokenizer::Tokenizer;
 
 const USAGE: &str = "usage:
@@ -150,7 +156,7 @@ impl PromptStyle {
                     s.push_str(&format!("{IM_START}{role}\n{text}{IM_END}\n"));
                 };
                 turn(&mut s, "system", env.system_prompt());
-                for (q, a) in FEW_SHOT {
+                for (q, a) in WORKED_EXAMPLES {
                     turn(&mut s, "user", &format!("Compute {q}."));
                     turn(&mut s, "assistant", &format!("{q} = {a}\nAnswer: {a}"));
                 }
@@ -162,9 +168,6 @@ impl PromptStyle {
         }
     }
 }
-
-/// The few-shot prompt's worked examples (fixed; not tuned on any column).
-const FEW_SHOT: [(&str, &str); 3] = [("23 + 58", "81"), ("41 - 67", "-26"), ("7 + 35", "42")];
 
 /// One evaluation: a model, a prompt style and a column.
 struct Job<'a> {
@@ -296,19 +299,23 @@ fn eval(o: &Opts) -> Result<()> {
     let jobs_at_once: usize = o.num("jobs", 2)?;
     let batch: usize = o.num("batch", 8)?;
     let max_new_tokens: usize = o.num("max-new-tokens", 96)?;
-    let base_styles: Vec<PromptStyle> = o
-        .get("base-prompts")
-        .unwrap_or("default,answer-prefill,expr-prefill,fewshot")
-        .split(',')
-        .map(PromptStyle::parse)
-        .collect::<Result<_>>()?;
+    // `fewshot` on a worked-example level would be its default prompt again.
+    let default_styles = if WORKED_LEVELS.contains(&difficulty) {
+        "default,answer-prefill,expr-prefill"
+    } else {
+        "default,answer-prefill,expr-prefill,fewshot"
+    };
+    let base_styles: Vec<PromptStyle> =
+        o.get("base-prompts").unwrap_or(default_styles).split(',').map(PromptStyle::parse).collect::<Result<_>>()?;
     let out_dir = PathBuf::from(o.get("out-dir").unwrap_or("."));
     std::fs::create_dir_all(&out_dir)?;
 
     let mut columns = Vec::new();
     let train = Environment::Arith(ArithEnv::new(difficulty));
     columns.push(Column { name: "test".into(), tasks: train.test_problems(n), env: train });
-    for (name, lvl) in [("band", level(o, "band", 106)?), ("ood", level(o, "ood", 107)?)] {
+    // The band and ood columns of a worked-example level are asked the same way.
+    let (band, ood) = if WORKED_LEVELS.contains(&difficulty) { (116, 117) } else { (106, 107) };
+    for (name, lvl) in [("band", level(o, "band", band)?), ("ood", level(o, "ood", ood)?)] {
         if let Some(l) = lvl {
             let env = Environment::Arith(ArithEnv::new(l));
             columns.push(Column { name: name.into(), tasks: env.distinct_problems(n), env });

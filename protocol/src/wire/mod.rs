@@ -40,7 +40,7 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/8";
+pub const ALPN: &[u8] = b"tributary/9";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
@@ -64,8 +64,12 @@ pub const ALPN: &[u8] = b"tributary/8";
 /// between it and the reference's own draw, not by their distance in ids
 /// ([`crate::sampling::DEFAULT_MAX_DRAW_GAP`]), and a rollout's ambiguous
 /// positions by what its tokens make honest
-/// ([`crate::verify::AmbiguityCap`]). Peers of different versions cannot talk.
-pub const PROTOCOL_VERSION: u16 = 8;
+/// ([`crate::verify::AmbiguityCap`]). Version 9: arith levels 115–117 ask
+/// the problems of 105–107 with worked examples in the prompt
+/// ([`crate::env::WORKED_LEVELS`]); a version-8 peer would clamp them to level
+/// 10 and fail every prompt check. No verification rule changed. Peers of
+/// different versions cannot talk.
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;

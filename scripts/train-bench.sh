@@ -50,6 +50,11 @@ export DEMO_GROUP_SIZE="${DEMO_GROUP_SIZE:-8}"
 export DEMO_WINDOW_MS="${DEMO_WINDOW_MS:-150000}"
 export DEMO_LR="${DEMO_LR:-3e-5}"
 export DEMO_VALIDATOR="${DEMO_VALIDATOR:-1}"
+# Each arm is a demo network that must stop after its last window (demo.sh
+# otherwise keeps it running until Ctrl-C) and skip demo.sh's own small
+# evaluation: this script evaluates every arm itself, after all have trained.
+export DEMO_KEEP=0
+export DEMO_EVAL_TASKS=0
 # libtorch's OpenMP threads sleep instead of spinning while they wait: several
 # networks share the cores.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"

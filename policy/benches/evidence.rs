@@ -3,6 +3,7 @@
 //! right-padded batch, and the shared-prompt batch on the model held as BF16
 //! (as the validator and the trainer's proof load a BF16 file). Compare with
 //! the miner's generation time for the speed goal (verify ÷ generate ≤ 0.5).
+//! `EVIDENCE_MODEL=FILE` benches another GGUF with SmolLM2's vocabulary.
 // criterion_group! defines an undocumented `pub fn benches`.
 #![allow(missing_docs)]
 
@@ -15,8 +16,16 @@ const GROUP: usize = 8;
 
 fn bench(c: &mut Criterion) {
     tributary_policy::init_threads(None);
-    let bf16 = assets::smollm2_bf16();
-    let path = if bf16.exists() { bf16 } else { assets::smollm2_q4_1() };
+    // EVIDENCE_MODEL: another GGUF with SmolLM2's vocabulary (the 0.5B-shape
+    // model of docs/model-families.md); default the SmolLM2 BF16 base.
+    let path = match std::env::var_os("EVIDENCE_MODEL") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            let bf16 = assets::smollm2_bf16();
+            if bf16.exists() { bf16 } else { assets::smollm2_q4_1() }
+        }
+    };
+    eprintln!("evidence bench: model {}", path.display());
     let model = ReferenceModel::open(&path, tributary_policy::default_device()).expect("model");
     let tok = Tokenizer::from_gguf_file(&assets::smollm2_q4_1()).expect("tokenizer");
     let prompt = tok

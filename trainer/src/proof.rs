@@ -317,6 +317,22 @@ fn repair(
     Ok(Some(Repaired { rollout, old_logprobs, reward }))
 }
 
+/// The re-generation the proof spends a window's `max_repairs_per_window`
+/// on, alone: `r` re-generated from completion position `from` with the
+/// trainer's own draws of `seed`, then checked by the evidence forward
+/// (`None` if the two forwards disagree at an edge). For `repair-bench`.
+pub fn regenerate(
+    model: &ReferenceModel,
+    tokenizer: &Tokenizer,
+    env: &Environment,
+    r: &Rollout,
+    seed: &Seed,
+    from: usize,
+) -> Result<Option<Rollout>, ProofError> {
+    let eos: Vec<u32> = tokenizer.eog_ids().collect();
+    Ok(repair(model, tokenizer, &eos, env, r, seed, from)?.map(|x| x.rollout))
+}
+
 /// Loaded checkpoints (most recent last) and the environments seen.
 pub struct Prover {
     cfg: ProofConfig,

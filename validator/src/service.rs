@@ -121,6 +121,10 @@ pub enum ServiceError {
     Progress(String),
 }
 
+/// How long a stop signal waits for the window in progress (its report
+/// posted and saved) before the service stops without it.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// The service's configuration.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -350,17 +354,37 @@ impl Service {
     }
 
     /// Runs until `stop` is cancelled (at once when it waits; after the
-    /// window in progress otherwise), handing each window's report to `on_window`.
+    /// window in progress otherwise, or [`STOP_GRACE`] after the signal if
+    /// that window cannot finish, e.g. with the coordinator gone: its work
+    /// is not saved as done, so a restart does it again), handing each
+    /// window's report to `on_window`.
     pub async fn run(
         &mut self,
         stop: CancellationToken,
         mut on_window: impl FnMut(&WindowReport),
     ) -> Result<(), ServiceError> {
         while !stop.is_cancelled() {
-            if let Err(e) = self.confirm_pending().await {
-                tracing::warn!(error = %e, "confirmations failed (tried again on the next pass)");
-            }
-            match self.step().await? {
+            let outcome = {
+                let step = async {
+                    if let Err(e) = self.confirm_pending().await {
+                        tracing::warn!(error = %e, "confirmations failed (tried again on the next pass)");
+                    }
+                    self.step().await
+                };
+                tokio::pin!(step);
+                tokio::select! {
+                    r = &mut step => Some(r),
+                    () = stop.cancelled() => tokio::time::timeout(STOP_GRACE, &mut step).await.ok(),
+                }
+            };
+            let Some(outcome) = outcome else {
+                tracing::warn!(
+                    grace = ?STOP_GRACE,
+                    "stopping with the window in progress unfinished (not saved: a restart verifies it again)"
+                );
+                break;
+            };
+            match outcome? {
                 Some(r) => {
                     let failed = r.miners.values().filter(|m| m.body.hard_failure).count();
                     tracing::info!(

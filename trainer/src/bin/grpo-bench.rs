@@ -30,6 +30,9 @@
 //! cargo run -p trainer --bin grpo-bench -- --batch .cache/bench/grpo-batch.jsonl --verify --rounds 5
 //! ```
 
+#[path = "../bench_stats.rs"]
+mod bench_stats;
+
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -37,6 +40,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use bench_stats::median;
 use clap::Parser;
 use tch::{Device, Kind, Tensor};
 use trainer::grpo::group_advantages;
@@ -265,19 +269,6 @@ fn save_hf_f32(model: &tributary_policy::ReferenceModel, base: &Checkpoint, path
     })?;
     Tensor::write_safetensors(&out, path)?;
     Ok(())
-}
-
-/// The median: the middle value of an odd count, the mean of the two middle
-/// values of an even one (NaN when empty).
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// The trainer's proof of every rollout of the batch file (as

@@ -16,10 +16,14 @@
 //! cargo run -p trainer --bin repair-bench -- --max-new-tokens 128 --reps 5 --threads 2
 //! ```
 
+#[path = "../bench_stats.rs"]
+mod bench_stats;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use bench_stats::median;
 use clap::Parser;
 use tributary_assets as assets;
 use tributary_policy::{EvidenceRequest, ReferenceModel};
@@ -52,13 +56,6 @@ struct Args {
     /// `max_new_tokens / 2` tokens long.
     #[arg(long, default_value_t = 16)]
     tasks: u32,
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
 fn main() -> Result<()> {
@@ -131,10 +128,9 @@ fn main() -> Result<()> {
     let pl = honest.prompt_len as usize;
     let n = honest.tokens.len() - pl;
     let half = pl + n / 2;
-    let draws: Vec<u32> = honest.tokens.clone();
     let evidence = || -> Result<()> {
         let req = EvidenceRequest {
-            tokens: &draws,
+            tokens: &honest.tokens,
             prompt_len: pl,
             temperature: sampling.temperature,
             eos: tok.eos_id(),

@@ -403,7 +403,12 @@ impl LlamaCppBackend {
     /// completion is the one [`Backend::generate_group`] gives its prompt
     /// alone at temperature 0 (test `greedy_many_is_each_prompt_alone`); a
     /// step costs little more for several rows than for one, which is what
-    /// makes a batch of problems cheaper than one at a time.
+    /// makes a batch of problems cheaper than one at a time. The prompts'
+    /// common prefix (few-shot examples, a system prompt), cut to a multiple
+    /// of [`N_UBATCH`] and short of the shortest prompt, is prefilled once as
+    /// sequence 0 and shared by the others; every micro-batch llama.cpp
+    /// computes then starts where it starts for the prompt alone, so the
+    /// sharing changes no bit (the same test, with a shared prefix).
     pub fn greedy_many(
         &self,
         prompts: &[Vec<u32>],
@@ -431,17 +436,33 @@ impl LlamaCppBackend {
         let total: usize = prompts.iter().map(Vec::len).sum();
         let mut st = LlamaStepper::new(self, k, total, max_new_tokens, PREFILL_CHUNK.max(k))?;
         let mut rows = Vec::with_capacity(PREFILL_CHUNK.max(k));
-        for (s, p) in prompts.iter().enumerate() {
-            for (c, chunk) in p.chunks(PREFILL_CHUNK).enumerate() {
+        let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+        let common = prompts
+            .iter()
+            .skip(1)
+            .fold(prompts[0].len(), |n, p| n.min(prompts[0].iter().zip(p).take_while(|(a, b)| a == b).count()));
+        let ubatch = N_UBATCH as usize;
+        let shared = if k > 1 { common.min(shortest - 1) / ubatch * ubatch } else { 0 };
+        // Prefill `tokens` of sequence `seq` from position `from` in chunks.
+        let mut prefill = |st: &mut LlamaStepper<'_>, tokens: &[u32], from: usize, seq: usize| {
+            for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
                 rows.clear();
                 rows.extend(chunk.iter().enumerate().map(|(j, &token)| Row {
                     token,
-                    pos: (c * PREFILL_CHUNK + j) as u32,
-                    seq: s as u32,
+                    pos: (from + c * PREFILL_CHUNK + j) as u32,
+                    seq: seq as u32,
                 }));
-                schedule::Stepper::step(&mut st, &rows, rows.len() - 1..rows.len())?;
+                schedule::Stepper::step(st, &rows, rows.len() - 1..rows.len())?;
             }
-            out[s].push(greedy(schedule::Stepper::logits(&st, rows.len() - 1)?));
+            Ok::<usize, BackendError>(rows.len())
+        };
+        if shared > 0 {
+            prefill(&mut st, &prompts[0][..shared], 0, 0)?;
+            schedule::Stepper::copy_prompt(&mut st, 1..k, shared)?;
+        }
+        for (s, p) in prompts.iter().enumerate() {
+            let last = prefill(&mut st, &p[shared..], shared, s)?;
+            out[s].push(greedy(schedule::Stepper::logits(&st, last - 1)?));
         }
         let done = |c: &Vec<u32>| c.len() >= max_new_tokens || c.last().is_some_and(|t| eog.contains(t));
         let mut live: Vec<usize> = (0..k).filter(|&s| !done(&out[s])).collect();
@@ -759,6 +780,19 @@ mod tests {
         assert_eq!(b.greedy_many(&prompts, n, &eog).unwrap(), each);
         assert_eq!(b.greedy_many(&prompts, n, &[]).unwrap(), free);
         assert_eq!(b.greedy_many(&prompts, 0, &[]).unwrap(), vec![Vec::<u32>::new(); 4]);
+        // A common prefix (shared: 96 tokens of it) before suffixes of 1, 7,
+        // 40 and 230 tokens, one prompt entirely the prefix plus one token.
+        let prefix: Vec<u32> = (0..100u32).map(|j| 900 + 7 * j).collect();
+        let few_shot: Vec<Vec<u32>> = [1usize, 7, 40, 230]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| prefix.iter().copied().chain((0..n as u32).map(|j| 60 + 11 * j + i as u32)).collect())
+            .collect();
+        let each: Vec<Vec<u32>> = few_shot.iter().map(|p| alone(&mut b, p, &[], n)).collect();
+        assert_eq!(b.greedy_many(&few_shot, n, &[]).unwrap(), each);
+        let same = vec![prefix.clone(), prefix.clone()];
+        let one = alone(&mut b, &prefix, &[], n);
+        assert_eq!(b.greedy_many(&same, n, &[]).unwrap(), vec![one.clone(), one]);
         assert!(b.greedy_many(&[vec![]], n, &[]).is_err(), "an empty prompt");
         assert!(b.greedy_many(&[vec![u32::MAX]], n, &[]).is_err(), "a token outside the vocabulary");
     }

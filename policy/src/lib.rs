@@ -15,7 +15,7 @@ mod evidence;
 mod model;
 
 pub use evidence::{EvidenceRequest, SequenceEvidence};
-pub use model::{ForwardOutput, ROPE_FREQS, ReferenceModel, check_tokens, pad_batch, tensor_shapes};
+pub use model::{ForwardOutput, KvCache, ROPE_FREQS, ReferenceModel, check_tokens, pad_batch, tensor_shapes};
 pub use tributary_protocol::checkpoint::ModelConfig;
 
 /// Errors of the reference model.

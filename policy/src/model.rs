@@ -133,6 +133,27 @@ pub struct ForwardOutput {
     pub logits: Tensor,
 }
 
+/// Keys and values (RoPE applied, `[1, n_head_kv, P, head_dim]`) of the
+/// positions a sequence has decoded so far, one pair per block: the state of
+/// [`ReferenceModel::decode`].
+#[derive(Debug)]
+pub struct KvCache {
+    kv: Vec<(Tensor, Tensor)>,
+    len: i64,
+}
+
+impl KvCache {
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether no position is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// The reference model: a Llama transformer whose parameters are f32 (or
 /// another float kind) tensors in a [`nn::VarStore`] named after the GGUF.
 #[derive(Debug)]
@@ -427,6 +448,56 @@ impl ReferenceModel {
         }
         let eps = f64::from(self.dims.rms_eps);
         Ok((rms_norm(&xp, &self.output_norm, eps)?, rms_norm(&xs, &self.output_norm, eps)?))
+    }
+
+    /// An empty key/value cache for [`ReferenceModel::decode`].
+    pub fn kv_cache(&self) -> KvCache {
+        KvCache { kv: Vec::with_capacity(self.blocks.len()), len: 0 }
+    }
+
+    /// Incremental forward of one sequence: runs `tokens` at the positions
+    /// after those already in `cache`, attending to the cached keys and
+    /// values, appends their own, and returns the logits of the last one
+    /// (`[vocab]`). Decoding a sequence a token at a time gives the logits
+    /// [`ReferenceModel::forward`] gives at the same positions, up to
+    /// rounding (libtorch blocks its GEMMs by row count), at the cost of one
+    /// position a step instead of the whole prefix. Wrap in [`tch::no_grad`].
+    /// On error the cache is unchanged.
+    pub fn decode(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<Tensor, PolicyError> {
+        if tokens.is_empty() {
+            return Err(PolicyError::Request("nothing to decode".to_owned()));
+        }
+        check_tokens(tokens, self.dims.vocab_size)?;
+        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+        let input = Tensor::f_from_slice(&ids)?.f_view([1, ids.len() as i64])?;
+        let p = cache.len;
+        let (input, _, l) = self.checked_batch(&input, p)?;
+        let (cos, sin) = self.rope(p, l)?;
+        let mask = if p == 0 {
+            None
+        } else {
+            let own = Tensor::f_ones([l, l], (Kind::Bool, self.device()))?.f_tril(0)?;
+            Some(Tensor::f_cat(&[Tensor::f_ones([l, p], (Kind::Bool, self.device()))?, own], 1)?)
+        };
+        let mut x = widen(&Tensor::f_embedding(&self.token_embd, &input, -1, false, false)?)?;
+        let mut kv = Vec::with_capacity(self.blocks.len());
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let past = match (&mask, cache.kv.get(i)) {
+                (Some(m), Some((k, v))) => Some((k, v, m)),
+                _ => None,
+            };
+            let (y, k, v) = self.block(blk, &x, &cos, &sin, past)?;
+            x = y;
+            kv.push(match cache.kv.get(i) {
+                Some((pk, pv)) if p > 0 => (Tensor::f_cat(&[pk, &k], 2)?, Tensor::f_cat(&[pv, &v], 2)?),
+                _ => (k, v),
+            });
+        }
+        let last = x.f_select(1, l - 1)?;
+        let logits = self.lm_head(&rms_norm(&last, &self.output_norm, f64::from(self.dims.rms_eps))?)?;
+        cache.kv = kv;
+        cache.len = p + l;
+        Ok(logits.f_select(0, 0)?)
     }
 
     /// Validates a `[B, L]` i64 batch starting at position `offset` and moves

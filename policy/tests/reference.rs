@@ -114,6 +114,50 @@ fn shared_prefix_forward_matches_separate_forwards() -> Result<()> {
     Ok(())
 }
 
+/// Decoding with the key/value cache (the prompt in one call, a chunk of
+/// three, then a token at a time, 48 positions past the prompt) gives the
+/// full forward's log-probabilities at every position, up to rounding; a
+/// step past the context is refused and leaves the cache as it was.
+#[test]
+fn cached_decoding_matches_the_full_forward() -> Result<()> {
+    let s = smol();
+    let vocab = s.model.dims().vocab_size;
+    let mut ids = chatml(&s.tok, "List the first ten prime numbers, then explain why 1 is not prime.")?;
+    let p = ids.len();
+    let mut cache = s.model.kv_cache();
+    let mut rows = vec![tch::no_grad(|| s.model.decode(&mut cache, &ids))?];
+    let chunk = s.tok.encode("The first")?;
+    assert!(chunk.len() >= 2);
+    ids.extend(&chunk);
+    rows.push(tch::no_grad(|| s.model.decode(&mut cache, &chunk))?);
+    while ids.len() < p + 48 {
+        let next = u32::try_from(rows.last().context("a row")?.argmax(0, false).int64_value(&[]))?;
+        ids.push(next);
+        rows.push(tch::no_grad(|| s.model.decode(&mut cache, &[next]))?);
+    }
+    assert_eq!(cache.len(), ids.len());
+    let (batch, _) = pad_batch(&[&ids], vocab, 0, s.model.device())?;
+    let full = tch::no_grad(|| s.model.forward(&batch))?.logits.get(0).log_softmax(-1, Kind::Float);
+    // The positions whose logits each decode call returned.
+    let mut at = vec![p - 1, p + chunk.len() - 1];
+    at.extend(p + chunk.len()..ids.len());
+    assert_eq!(at.len(), rows.len());
+    let mut worst = 0f64;
+    for (row, &i) in rows.iter().zip(&at) {
+        worst = worst.max(max_abs_diff(&row.log_softmax(-1, Kind::Float), &full.get(i as i64)));
+    }
+    println!("cached decoding over {} positions: max |Δ log p| = {worst:e}", rows.len());
+    assert!(worst <= 5e-4, "cached decoding differs from the full forward by {worst}");
+
+    let room = s.model.dims().context_length - cache.len();
+    let long = vec![1u32; room + 1];
+    assert!(matches!(s.model.decode(&mut cache, &long), Err(PolicyError::TooLong { .. })));
+    assert!(matches!(s.model.decode(&mut cache, &[vocab as u32]), Err(PolicyError::TokenOutOfRange { .. })));
+    assert!(matches!(s.model.decode(&mut cache, &[]), Err(PolicyError::Request(_))));
+    assert_eq!(cache.len(), ids.len(), "a refused step changed the cache");
+    Ok(())
+}
+
 #[test]
 fn log_softmax_rows_sum_to_one_and_hidden_is_normalised() -> Result<()> {
     let s = smol();

@@ -205,6 +205,8 @@ struct RunConfig {
     /// trainer's own draws so that their groups train (beyond it they are
     /// dropped). Default 2.
     max_repairs_per_window: usize,
+    /// Of those, the most one miner's rollouts may use per window. Default 1.
+    max_repairs_per_miner: usize,
     /// Publications whose checkpoint and payload files stay on disk (0: all). Default 16.
     keep_publications: usize,
     /// A full payload (instead of a sparse delta) every this many publications. Default 8.
@@ -240,6 +242,7 @@ impl Default for RunConfig {
             entropy_coef: t.grpo.entropy_coef,
             keep_checkpoints: trainer::proof::ProofConfig::default().keep_checkpoints,
             max_repairs_per_window: trainer::proof::ProofConfig::default().max_repairs_per_window,
+            max_repairs_per_miner: trainer::proof::ProofConfig::default().max_repairs_per_miner,
             keep_publications: 16,
             coordinator: None,
             fingerprint: None,
@@ -361,6 +364,7 @@ fn run(args: RunArgs) -> Result<()> {
         gsm8k: conf.gsm8k.clone(),
         keep_checkpoints: conf.keep_checkpoints,
         max_repairs_per_window: conf.max_repairs_per_window,
+        max_repairs_per_miner: conf.max_repairs_per_miner,
         device,
         ..Default::default()
     };

@@ -36,8 +36,9 @@
 //! is not trained on. The trainer re-generates such a rollout from its
 //! first off-draw position with its own seeded draws (the one trainable
 //! completion of that rollout index) and trains the group with it, up to
-//! [`ProofConfig::max_repairs_per_window`] re-generations a window; beyond
-//! that the group is dropped ([`GroupProof::OffDraw`]).
+//! [`ProofConfig::max_repairs_per_window`] re-generations a window and
+//! [`ProofConfig::max_repairs_per_miner`] of them for one miner's rollouts;
+//! beyond that the group is dropped ([`GroupProof::OffDraw`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -68,10 +69,14 @@ pub struct ProofConfig {
     /// Off-draw rollouts the trainer re-generates per window from their
     /// first off-draw position with its own seeded draws
     /// ([`Prover::prove_group`]), so that their groups train; beyond it
-    /// they are dropped ([`GroupProof::OffDraw`]). A re-generation costs one
-    /// forward per new token (no cache), so a miner forcing them spends at
-    /// most this many per window of the trainer's time.
+    /// they are dropped ([`GroupProof::OffDraw`]). A re-generation costs a
+    /// cached decode of its new tokens and one evidence forward, so a miner
+    /// forcing them spends at most this many per window of the trainer's time.
     pub max_repairs_per_window: usize,
+    /// Of those, the most one miner's rollouts may use per window, so that a
+    /// miner sending off-draw rollouts on purpose cannot spend the budget the
+    /// honest miners' (about 1 % of rollouts) need.
+    pub max_repairs_per_miner: usize,
 }
 
 impl Default for ProofConfig {
@@ -82,6 +87,7 @@ impl Default for ProofConfig {
             gsm8k: None,
             device: tch::Device::Cpu,
             max_repairs_per_window: 2,
+            max_repairs_per_miner: 1,
         }
     }
 }
@@ -257,15 +263,21 @@ struct Repaired {
     rollout: Rollout,
     old_logprobs: Vec<f32>,
     reward: f32,
+    /// Rounds of decoding it took (1 unless the forwards disagreed at an edge).
+    rounds: usize,
 }
 
 /// `r` from its first off-draw position `from` on re-generated with the
-/// trainer's own seeded draws (one forward of the whole prefix per token,
-/// until an end-of-generation token or `max_new_tokens`), then checked with
-/// the proof's own evidence forward: every completion token must be the
-/// evidence's draw (`None` if the two forwards disagree at an edge). The
-/// result carries the trainer's log-probs as its claimed ones and no
-/// sketches: it is trained on, never stored or judged.
+/// trainer's own seeded draws, until an end-of-generation token or
+/// `max_new_tokens`. The tokens are made by cached decoding (one position a
+/// step, [`ReferenceModel::decode`]) and settled by the proof's own evidence
+/// forward, whose draws define the one trainable completion: where it draws
+/// another token than the decoding did (the two forwards round differently,
+/// so this happens only within rounding of a draw's edge), the completion is
+/// cut there, the evidence's draw is taken and decoding goes on. `None` if
+/// that has not settled after [`MAX_SETTLE_ROUNDS`] rounds. The result
+/// carries the trainer's log-probs as its claimed ones and no sketches: it
+/// is trained on, never stored or judged.
 fn repair(
     model: &ReferenceModel,
     tokenizer: &Tokenizer,
@@ -278,49 +290,82 @@ fn repair(
     let pl = r.prompt_len as usize;
     let t = r.sampling.temperature;
     let end = pl + r.sampling.max_new_tokens as usize;
+    let draw = |p: usize| sampling::draw_u(seed, &r.miner, r.group, r.rollout, p as u32);
     // `from` is a completion position of a rollout within `end`: at least one draw.
     let mut tokens = r.tokens[..from.min(r.tokens.len())].to_vec();
+    for round in 1..=MAX_SETTLE_ROUNDS {
+        decode_drawn(model, eos, &mut tokens, pl, end, t, &draw)?;
+        let draws: Vec<f64> = (pl..tokens.len()).map(&draw).collect();
+        let req = EvidenceRequest {
+            tokens: &tokens,
+            prompt_len: pl,
+            temperature: t,
+            eos: tokenizer.eos_id(),
+            hidden_positions: &[],
+        };
+        let ev = model.evidence_drawn(&[req], &[&draws])?.remove(0);
+        if ev.drawn.len() != tokens.len() - pl {
+            return Ok(None);
+        }
+        if let Some(j) = ev.drawn.iter().zip(&tokens[pl..]).position(|(d, &tok)| d.token != tok) {
+            tracing::debug!(round, position = pl + j, "re-generation: the evidence forward drew another token there");
+            tokens.truncate(pl + j);
+            tokens.push(ev.drawn[j].token);
+            continue;
+        }
+        let reward = tributary_protocol::env::completion_reward(tokenizer, env, &env.task(r.task_id), &tokens[pl..])?;
+        let old_logprobs = crate::train::tempered_old_logprobs(t, &ev.logprob, &ev.prob_temp);
+        let mut rollout = r.clone();
+        rollout.logprobs = ev.logprob.iter().map(|&l| l as f32).collect();
+        rollout.sketches = vec![0; tokens.len()];
+        rollout.tokens = tokens;
+        rollout.reward = reward;
+        return Ok(Some(Repaired { rollout, old_logprobs, reward, rounds: round }));
+    }
+    Ok(None)
+}
+
+/// Rounds of decoding and settling a re-generation may take
+/// ([`repair`]): one unless the two forwards round across a draw's edge.
+const MAX_SETTLE_ROUNDS: usize = 4;
+
+/// Extends `tokens` (prompt length `pl`) with the seeded draws of cached
+/// decoding at temperature `t` until an end-of-generation token or `end`
+/// tokens; nothing if the completion has already ended.
+fn decode_drawn(
+    model: &ReferenceModel,
+    eos: &[u32],
+    tokens: &mut Vec<u32>,
+    pl: usize,
+    end: usize,
+    t: f32,
+    draw: &dyn Fn(usize) -> f64,
+) -> Result<(), ProofError> {
+    let ended =
+        |tokens: &[u32]| tokens.len() >= end || (tokens.len() > pl && tokens.last().is_some_and(|x| eos.contains(x)));
+    if ended(tokens) {
+        return Ok(());
+    }
+    let mut cache = model.kv_cache();
+    let mut logits = tch::no_grad(|| model.decode(&mut cache, tokens))?;
     loop {
-        let ids: Vec<i64> = tokens.iter().map(|&x| i64::from(x)).collect();
-        let input = tch::Tensor::from_slice(&ids).view([1, -1]).to_device(model.device());
-        let logits = tch::no_grad(|| model.forward(&input))?.logits;
-        let row = logits.get(0).get(tokens.len() as i64 - 1).to_kind(tch::Kind::Float).to_device(tch::Device::Cpu);
+        let row = logits.to_kind(tch::Kind::Float).to_device(tch::Device::Cpu);
         let row: Vec<f32> =
             Vec::try_from(row).map_err(|e: tch::TchError| ProofError::Policy(PolicyError::Request(e.to_string())))?;
-        let u = sampling::draw_u(seed, &r.miner, r.group, r.rollout, tokens.len() as u32);
-        let next = sampling::sample_inverse_cdf(&row, t, u) as u32;
+        let next = sampling::sample_inverse_cdf(&row, t, draw(tokens.len())) as u32;
         tokens.push(next);
-        if eos.contains(&next) || tokens.len() >= end {
-            break;
+        if ended(tokens) {
+            return Ok(());
         }
+        logits = tch::no_grad(|| model.decode(&mut cache, &[next]))?;
     }
-    let draws: Vec<f64> =
-        (pl..tokens.len()).map(|p| sampling::draw_u(seed, &r.miner, r.group, r.rollout, p as u32)).collect();
-    let req = EvidenceRequest {
-        tokens: &tokens,
-        prompt_len: pl,
-        temperature: t,
-        eos: tokenizer.eos_id(),
-        hidden_positions: &[],
-    };
-    let ev = model.evidence_drawn(&[req], &[&draws])?.remove(0);
-    if ev.drawn.len() != tokens.len() - pl || ev.drawn.iter().zip(&tokens[pl..]).any(|(d, &tok)| d.token != tok) {
-        return Ok(None);
-    }
-    let reward = tributary_protocol::env::completion_reward(tokenizer, env, &env.task(r.task_id), &tokens[pl..])?;
-    let old_logprobs = crate::train::tempered_old_logprobs(t, &ev.logprob, &ev.prob_temp);
-    let mut rollout = r.clone();
-    rollout.logprobs = ev.logprob.iter().map(|&l| l as f32).collect();
-    rollout.sketches = vec![0; tokens.len()];
-    rollout.tokens = tokens;
-    rollout.reward = reward;
-    Ok(Some(Repaired { rollout, old_logprobs, reward }))
 }
 
 /// The re-generation the proof spends a window's `max_repairs_per_window`
 /// on, alone: `r` re-generated from completion position `from` with the
-/// trainer's own draws of `seed`, then checked by the evidence forward
-/// (`None` if the two forwards disagree at an edge). For `repair-bench`.
+/// trainer's own draws of `seed` and settled by the evidence forward, with
+/// the rounds of decoding that took (`None` if it did not settle). For
+/// `repair-bench`.
 pub fn regenerate(
     model: &ReferenceModel,
     tokenizer: &Tokenizer,
@@ -328,9 +373,16 @@ pub fn regenerate(
     r: &Rollout,
     seed: &Seed,
     from: usize,
-) -> Result<Option<Rollout>, ProofError> {
+) -> Result<Option<(Rollout, usize)>, ProofError> {
     let eos: Vec<u32> = tokenizer.eog_ids().collect();
-    Ok(repair(model, tokenizer, &eos, env, r, seed, from)?.map(|x| x.rollout))
+    Ok(repair(model, tokenizer, &eos, env, r, seed, from)?.map(|x| (x.rollout, x.rounds)))
+}
+
+/// Re-generations one window has spent: in all, and per miner.
+#[derive(Debug, Default)]
+struct RepairsSpent {
+    all: usize,
+    by_miner: BTreeMap<[u8; 32], usize>,
 }
 
 /// Loaded checkpoints (most recent last) and the environments seen.
@@ -341,7 +393,7 @@ pub struct Prover {
     models: VecDeque<(ContentId, ReferenceModel)>,
     envs: BTreeMap<(EnvId, u32, Option<[u8; 32]>), Environment>,
     /// Re-generations spent per window (the last few windows).
-    repairs: std::cell::RefCell<BTreeMap<u64, usize>>,
+    repairs: std::cell::RefCell<BTreeMap<u64, RepairsSpent>>,
 }
 
 impl std::fmt::Debug for Prover {
@@ -399,14 +451,17 @@ impl Prover {
         self.models.iter().map(|(_, m)| m.parameter_bytes()).sum()
     }
 
-    /// Spends `n` of `window`'s re-generations, if that many are left.
-    fn take_repairs(&self, window: u64, n: usize) -> bool {
+    /// Spends `n` of `window`'s re-generations for `miner`'s group, if that
+    /// many are left to the window and to the miner.
+    fn take_repairs(&self, window: u64, miner: [u8; 32], n: usize) -> bool {
         let mut spent = self.repairs.borrow_mut();
-        let used = spent.entry(window).or_default();
-        if *used + n > self.cfg.max_repairs_per_window {
+        let w = spent.entry(window).or_default();
+        let mine = w.by_miner.entry(miner).or_default();
+        if w.all + n > self.cfg.max_repairs_per_window || *mine + n > self.cfg.max_repairs_per_miner {
             return false;
         }
-        *used += n;
+        *mine += n;
+        w.all += n;
         while spent.len() > 16 {
             spent.pop_first();
         }
@@ -538,7 +593,7 @@ impl Prover {
         }
         let mut repaired = Vec::new();
         if !off_draw.is_empty() {
-            if !self.take_repairs(info.window, off_draw.len()) {
+            if !self.take_repairs(info.window, rollouts[0].miner, off_draw.len()) {
                 return Ok(GroupProof::OffDraw(off_draw));
             }
             for rec in &off_draw {

@@ -32,7 +32,8 @@
 //! proven work (posted as passing); the trainer re-generates such rollouts
 //! from the first off-draw position with its own draws and trains the
 //! group with them (logged at info, `trainer_rollouts_repaired_total`), up
-//! to `ProofConfig::max_repairs_per_window`; beyond it the group is dropped
+//! to `ProofConfig::max_repairs_per_window` (`max_repairs_per_miner` of
+//! them for one miner); beyond it the group is dropped
 //! as `off_draw` ([`GroupProof::OffDraw`], logged at info, counted in
 //! `trainer_rollouts_off_draw_total`).
 //!

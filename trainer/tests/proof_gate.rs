@@ -411,11 +411,20 @@ fn branched_world() -> (World, Vec<Rollout>, Vec<Rollout>, Vec<Rollout>, usize) 
     w.info.groups_per_miner = 32;
     let varied = |rs: &[Rollout]| rs.iter().any(|r| r.reward != rs[0].reward);
     let honest = (0..32).map(|g| w.group(g)).find(|rs| varied(rs)).expect("an honest group with varied rewards");
-    let miner = [11; 32];
-    let (branched, original, at) = (0..32)
+    let (branched, original, at) = branched_group(&w, [11; 32]);
+    (w, honest, branched, original, at)
+}
+
+/// A group of `miner` in which rollout 1 took another admitted token at
+/// its first ambiguous position and was sampled honestly from there, both
+/// it and its honest original with varied rewards. Returns (the branched
+/// group, its honest original, the branched position).
+fn branched_group(w: &World, miner: [u8; 32]) -> (Vec<Rollout>, Vec<Rollout>, usize) {
+    let varied = |rs: &[Rollout]| rs.iter().any(|r| r.reward != rs[0].reward);
+    (0..w.info.groups_per_miner)
         .find_map(|g| {
             let original = w.group_of(miner, g);
-            let (pos, alt) = branch_point(&w, &original[1])?;
+            let (pos, alt) = branch_point(w, &original[1])?;
             let mut prefix = original[1].tokens[..pos].to_vec();
             prefix.push(alt);
             let mut rs = original.clone();
@@ -423,8 +432,7 @@ fn branched_world() -> (World, Vec<Rollout>, Vec<Rollout>, Vec<Rollout>, usize) 
             assert_eq!(rs[1].tokens[pos], alt);
             (varied(&rs) && varied(&original)).then_some((rs, original, pos))
         })
-        .expect("a rollout with an ambiguous position admitting another token (the tiny model is flat)");
-    (w, honest, branched, original, at)
+        .expect("a rollout with an ambiguous position admitting another token (the tiny model is flat)")
 }
 
 /// Issue 28, calibration §6b–c: at an ambiguous position a miner may take
@@ -463,12 +471,12 @@ fn a_branched_rollout_is_proven_and_its_group_is_not_trained_on() {
 /// default): the trainer re-generates rollout 1 from the branched position
 /// with its own seeded draws, which gives back exactly the honest rollout
 /// the miner branched from (its tokens and reward), and trains the group
-/// with that; the budget spent, the next such group is dropped.
+/// with that; the miner's budget spent, its next such group is dropped.
 #[test]
 fn a_branched_rollout_is_regenerated_into_the_honest_one_and_trained() {
     let (w, _, branched, original, _) = branched_world();
     let mut p = w.prover();
-    assert_eq!(p.config().max_repairs_per_window, 2);
+    assert_eq!((p.config().max_repairs_per_window, p.config().max_repairs_per_miner), (2, 1));
     match p.prove_group(&w.info, &branched).unwrap() {
         GroupProof::Proven { rewards, repaired, .. } => {
             assert_eq!(repaired.len(), 1, "{repaired:?}");
@@ -480,12 +488,36 @@ fn a_branched_rollout_is_regenerated_into_the_honest_one_and_trained() {
         }
         other => panic!("the branched group: {other:?}"),
     }
+    // The miner's one re-generation of window 5 is spent: its next is refused.
+    assert!(matches!(p.prove_group(&w.info, &branched).unwrap(), GroupProof::OffDraw(_)));
     let cfg = SelectConfig { group_size: Some(GROUP_SIZE as usize), ..SelectConfig::new(49152) };
-    let mut prove = |g: &TrainGroup| Some(p.prove_group(&w.info, &g.rollouts).unwrap());
+    let mut fresh = w.prover();
+    let mut prove = |g: &TrainGroup| Some(fresh.prove_group(&w.info, &g.rollouts).unwrap());
     let sel = select_proven(branched.clone(), &[w.id], passed, &cfg, &mut prove);
     assert_eq!(sel.kept.len(), 1, "{:?}", sel.dropped);
     let trained: Vec<&Vec<u32>> = sel.kept[0].rollouts.iter().map(|r| &r.tokens).collect();
     assert_eq!(trained, original.iter().map(|r| &r.tokens).collect::<Vec<_>>(), "the group trained is the honest one");
-    // Two re-generations spent in window 5: the next is refused.
-    assert!(matches!(p.prove_group(&w.info, &branched).unwrap(), GroupProof::OffDraw(_)));
+}
+
+/// The re-generation budget is counted per miner as well as per window: a
+/// miner sending off-draw rollouts on purpose gets its one re-generation of
+/// the window and no more, a second miner's group is still re-generated,
+/// and a third miner finds the window's two spent.
+#[test]
+fn the_re_generation_budget_is_per_miner_and_per_window() {
+    let (w, _, first, original, _) = branched_world();
+    let mut p = w.prover();
+    let mut repaired = |g: &[Rollout]| match p.prove_group(&w.info, g).unwrap() {
+        GroupProof::Proven { repaired, .. } => Some(repaired),
+        GroupProof::OffDraw(_) => None,
+        other => panic!("a branched group: {other:?}"),
+    };
+    let once = repaired(&first).expect("the miner's first re-generation");
+    assert_eq!(once[0].1.tokens, original[1].tokens);
+    assert!(repaired(&first).is_none(), "the same miner again in the window");
+    let (second, second_original, _) = branched_group(&w, [12; 32]);
+    let again = repaired(&second).expect("another miner's group in the same window");
+    assert_eq!(again[0].1.tokens, second_original[1].tokens);
+    let (third, _, _) = branched_group(&w, [13; 32]);
+    assert!(repaired(&third).is_none(), "a third miner: the window's budget is spent");
 }

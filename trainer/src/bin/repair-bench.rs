@@ -1,8 +1,8 @@
 //! What one re-generation of the trainer's proof costs (issue 28,
 //! calibration §6c): an off-draw rollout is re-generated from its first
-//! off-draw position with the trainer's own seeded draws, one forward of the
-//! whole prefix per new token (no cache), then checked by one evidence
-//! forward ([`trainer::proof::regenerate`]); the proof spends at most
+//! off-draw position with the trainer's own seeded draws by cached decoding
+//! (one position a step), then settled by one evidence forward
+//! ([`trainer::proof::regenerate`]); the proof spends at most
 //! `max_repairs_per_window` of them a window. Beside it, its anchor: the
 //! proof's own evidence forward of the same rollout, which every proven
 //! rollout costs anyway.
@@ -109,14 +109,14 @@ fn main() -> Result<()> {
             signature: [0; 64],
         })
     };
-    let regen = |r: &Rollout, from: usize| -> Result<Rollout> {
+    let regen = |r: &Rollout, from: usize| -> Result<(Rollout, usize)> {
         trainer::proof::regenerate(&model, &tok, &env, r, &seed, from)?
-            .context("the re-generation and its evidence forward disagreed at an edge")
+            .context("the re-generation did not settle with its evidence forward")
     };
     let mut honest = None;
     for g in 0..args.tasks {
         let b = bare(g)?;
-        let r = regen(&b, b.prompt_len as usize)?;
+        let (r, _) = regen(&b, b.prompt_len as usize)?;
         let n = r.tokens.len() - r.prompt_len as usize;
         eprintln!("task {g}: honest completion of {n} tokens");
         if 2 * n >= args.max_new_tokens as usize {
@@ -143,13 +143,13 @@ fn main() -> Result<()> {
     let (mut whole, mut halfway, mut ev) = (Vec::new(), Vec::new(), Vec::new());
     for rep in 0..args.reps {
         let t = Instant::now();
-        let r = regen(&bare, pl)?;
+        let (r, w_rounds) = regen(&bare, pl)?;
         let w = t.elapsed().as_secs_f64();
         if r.tokens != honest.tokens {
             bail!("rep {rep}: the re-generation is not the honest completion");
         }
         let t = Instant::now();
-        let r = regen(&honest, half)?;
+        let (r, h_rounds) = regen(&honest, half)?;
         let h = t.elapsed().as_secs_f64();
         if r.tokens != honest.tokens {
             bail!("rep {rep}: the re-generation from half way is not the honest completion");
@@ -159,7 +159,8 @@ fn main() -> Result<()> {
         let e = t.elapsed().as_secs_f64();
         println!(
             "{{\"rep\":{rep},\"prompt_tokens\":{pl},\"completion_tokens\":{n},\"threads\":{threads},\
-             \"regenerate_whole_s\":{w:.4},\"regenerate_half_s\":{h:.4},\"evidence_forward_s\":{e:.4}}}"
+             \"regenerate_whole_s\":{w:.4},\"regenerate_half_s\":{h:.4},\"evidence_forward_s\":{e:.4},\
+             \"rounds_whole\":{w_rounds},\"rounds_half\":{h_rounds}}}"
         );
         whole.push(w);
         halfway.push(h);

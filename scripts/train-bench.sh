@@ -25,7 +25,7 @@
 #                       exists is not run again (so a bench can be finished
 #                       in parts)
 #   BENCH_EVAL_JOBS=J   evaluations run at once (default 2, one llama.cpp thread each)
-#   BENCH_EVAL_BATCH=B  problems each evaluation decodes together (default 8; the
+#   BENCH_EVAL_BATCH=B  problems each evaluation decodes together (default 32; the
 #                       completions are the same as one at a time, bit for bit)
 #   BENCH_EVIDENCE=DIR  also keep the evidence there (e.g. docs/training-evidence):
 #                       every eval JSONL (gzip), each arm's reward.csv, the final
@@ -143,7 +143,7 @@ gsm=()
 if [ -n "${TRIBUTARY_GSM8K_DIR:-}" ] && [ -f "$TRIBUTARY_GSM8K_DIR/test.jsonl" ]; then gsm=(--gsm8k-test "$TRIBUTARY_GSM8K_DIR/test.jsonl"); fi
 "$bin/train-bench" eval "${models[@]}" --difficulty "$DEMO_DIFFICULTY" --tasks "$tasks" \
   "${gsm[@]}" --max-new-tokens "$DEMO_TOKENS" --threads 1 --jobs "${BENCH_EVAL_JOBS:-2}" \
-  --batch "${BENCH_EVAL_BATCH:-8}" \
+  --batch "${BENCH_EVAL_BATCH:-32}" \
   --out-dir "$dir/eval" | tee "$dir/report.txt"
 
 if [ -n "${BENCH_EVIDENCE:-}" ]; then

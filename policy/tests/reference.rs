@@ -341,6 +341,11 @@ fn load_for_inference_holds_bf16_only_when_the_bits_are_kept() -> Result<()> {
     tch::no_grad(|| -> Result<()> {
         let (a, b) = (held.forward(&tokens)?, f32_held.forward(&tokens)?);
         assert!(a.logits.equal(&b.logits) && a.hidden.equal(&b.hidden), "BF16-held forward differs");
+        let wide = held.widened_copy()?.context("a BF16-held model widens")?;
+        assert_eq!(wide.parameter_bytes(), 4 * (matrices + vectors));
+        let c = wide.forward(&tokens)?;
+        assert!(c.logits.equal(&a.logits) && c.hidden.equal(&a.hidden), "the widened copy's forward differs");
+        assert!(f32_held.widened_copy()?.is_none(), "an f32-held model has nothing to widen");
         Ok(())
     })?;
 

@@ -346,6 +346,10 @@ fn decode_drawn(
     if ended(tokens) {
         return Ok(());
     }
+    // Decoding steps one row at a time: a BF16-held model decodes from an
+    // f32 copy (the same values) instead of widening every matrix each step.
+    let wide = model.widened_copy()?;
+    let model = wide.as_ref().unwrap_or(model);
     let mut cache = model.kv_cache();
     let mut logits = tch::no_grad(|| model.decode(&mut cache, tokens))?;
     loop {

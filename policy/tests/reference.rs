@@ -356,3 +356,38 @@ fn load_for_inference_holds_bf16_only_when_the_bits_are_kept() -> Result<()> {
     assert_eq!(model.parameter_bytes(), 4 * elements as usize, "a quantised file is held in f32");
     Ok(())
 }
+
+/// Cached decoding reproduces the full forward in every supported family's
+/// layout (the tiny `llama`, `llama3` RoPE scaling, `qwen2` Q/K/V biases and
+/// NEOX RoPE, `qwen3` per-head q/k norms), held as BF16 and from its
+/// widened f32 copy alike (the re-generation's two ways to decode).
+#[test]
+fn cached_decoding_matches_the_full_forward_in_every_family() -> Result<()> {
+    let src = Checkpoint::open(&assets::smollm2_q4_1())?;
+    let dir = std::env::temp_dir().join(format!("tributary-policy-families-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    for family in tiny::TinyFamily::ALL {
+        let path = dir.join(format!("{}.gguf", family.name()));
+        tiny::write_tiny_family(family, 11, &src, &path)?;
+        let held = ReferenceModel::load_for_inference(&Checkpoint::open(&path)?, Device::Cpu)?;
+        let wide = held.widened_copy()?.context("a BF16 tiny model widens")?;
+        let ids: Vec<u32> = (0..40u32).map(|i| 17 + 997 * i % 49000).collect();
+        let (batch, _) = pad_batch(&[&ids], held.dims().vocab_size, 0, Device::Cpu)?;
+        let full = tch::no_grad(|| held.forward(&batch))?.logits.get(0).log_softmax(-1, Kind::Float);
+        for model in [&held, &wide] {
+            let mut cache = model.kv_cache();
+            let mut worst = 0f64;
+            let first = tch::no_grad(|| model.decode(&mut cache, &ids[..20]))?;
+            worst = worst.max(max_abs_diff(&first.log_softmax(-1, Kind::Float), &full.get(19)));
+            for (i, &t) in ids.iter().enumerate().skip(20) {
+                let row = tch::no_grad(|| model.decode(&mut cache, &[t]))?;
+                worst = worst.max(max_abs_diff(&row.log_softmax(-1, Kind::Float), &full.get(i as i64)));
+            }
+            println!("{}: cached decoding max |Δ log p| = {worst:e}", family.name());
+            // Rounding only (~7e-5 here); RoPE at the wrong offset gives ~55.
+            assert!(worst <= 5e-4, "{}: cached decoding differs by {worst}", family.name());
+        }
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}

@@ -236,13 +236,7 @@ impl ReferenceModel {
         let vs = nn::VarStore::new(self.device());
         let root = vs.root();
         for (name, t) in &vars {
-            let mut path = root.clone();
-            let mut parts: Vec<&str> = name.split('.').collect();
-            let leaf = parts.pop().unwrap_or("weight");
-            for p in parts {
-                path = path.sub(p);
-            }
-            let _param = path.add(leaf, widen(t)?, false);
+            add_named(&root, name, widen(t)?, false);
         }
         Ok(Some(Self::from_var_store(vs, self.dims)?))
     }
@@ -295,13 +289,7 @@ impl ReferenceModel {
                 t = t.f_to_kind(Kind::BFloat16)?;
             }
             let t = t.f_to_device(device)?;
-            let mut path = root.clone();
-            let mut parts: Vec<&str> = name.split('.').collect();
-            let leaf = parts.pop().unwrap_or("weight");
-            for p in parts {
-                path = path.sub(p);
-            }
-            let _param = path.add(leaf, t, name != ROPE_FREQS && !bf16_matrices);
+            add_named(&root, &name, t, name != ROPE_FREQS && !bf16_matrices);
         }
         Self::from_var_store(vs, dims)
     }
@@ -652,6 +640,18 @@ pub fn pad_batch(seqs: &[&[u32]], vocab: usize, pad: u32, device: Device) -> Res
     }
     let t = Tensor::f_from_slice(&flat)?.f_view([seqs.len() as i64, l as i64])?.f_to_device(device)?;
     Ok((t, seqs.iter().map(|s| s.len()).collect()))
+}
+
+/// Adds `t` to the store under its GGUF name (`blk.7.attn_q.weight`: one
+/// path segment per dot).
+fn add_named(root: &nn::Path<'_>, name: &str, t: Tensor, trainable: bool) {
+    let mut path = root.clone();
+    let mut parts: Vec<&str> = name.split('.').collect();
+    let leaf = parts.pop().unwrap_or("weight");
+    for p in parts {
+        path = path.sub(p);
+    }
+    let _param = path.add(leaf, t, trainable);
 }
 
 /// `x / sqrt(mean(x²) + eps) * w` over the last dimension.

@@ -291,6 +291,11 @@ fn repair(
     let t = r.sampling.temperature;
     let end = pl + r.sampling.max_new_tokens as usize;
     let draw = |p: usize| sampling::draw_u(seed, &r.miner, r.group, r.rollout, p as u32);
+    // Decoding steps one row at a time: a BF16-held model decodes from an
+    // f32 copy (the same values, so the same results) instead of widening
+    // every matrix each step.
+    let wide = model.widened_copy()?;
+    let model = wide.as_ref().unwrap_or(model);
     // `from` is a completion position of a rollout within `end`: at least one draw.
     let mut tokens = r.tokens[..from.min(r.tokens.len())].to_vec();
     for round in 1..=MAX_SETTLE_ROUNDS {
@@ -346,10 +351,6 @@ fn decode_drawn(
     if ended(tokens) {
         return Ok(());
     }
-    // Decoding steps one row at a time: a BF16-held model decodes from an
-    // f32 copy (the same values) instead of widening every matrix each step.
-    let wide = model.widened_copy()?;
-    let model = wide.as_ref().unwrap_or(model);
     let mut cache = model.kv_cache();
     let mut logits = tch::no_grad(|| model.decode(&mut cache, tokens))?;
     loop {
@@ -382,10 +383,9 @@ pub fn regenerate(
     Ok(repair(model, tokenizer, &eos, env, r, seed, from)?.map(|x| (x.rollout, x.rounds)))
 }
 
-/// Re-generations one window has spent: in all, and per miner.
+/// Re-generations one window has spent, per miner.
 #[derive(Debug, Default)]
 struct RepairsSpent {
-    all: usize,
     by_miner: BTreeMap<[u8; 32], usize>,
 }
 
@@ -460,12 +460,12 @@ impl Prover {
     fn take_repairs(&self, window: u64, miner: [u8; 32], n: usize) -> bool {
         let mut spent = self.repairs.borrow_mut();
         let w = spent.entry(window).or_default();
+        let all: usize = w.by_miner.values().sum();
         let mine = w.by_miner.entry(miner).or_default();
-        if w.all + n > self.cfg.max_repairs_per_window || *mine + n > self.cfg.max_repairs_per_miner {
+        if all + n > self.cfg.max_repairs_per_window || *mine + n > self.cfg.max_repairs_per_miner {
             return false;
         }
         *mine += n;
-        w.all += n;
         while spent.len() > 16 {
             spent.pop_first();
         }

@@ -1,8 +1,9 @@
 //! What one re-generation of the trainer's proof costs (issue 28,
 //! calibration §6c): an off-draw rollout is re-generated from its first
 //! off-draw position with the trainer's own seeded draws by cached decoding
-//! (one position a step, from an f32 copy of the BF16-held weights), then settled by one evidence forward
-//! ([`trainer::proof::regenerate`]); the proof spends at most
+//! (one position a step, from an f32 copy of the BF16-held weights), then
+//! settled by one evidence forward ([`trainer::proof::regenerate`]); the
+//! proof spends at most
 //! `max_repairs_per_window` of them a window. Beside it, its anchor: the
 //! proof's own evidence forward of the same rollout, which every proven
 //! rollout costs anyway.

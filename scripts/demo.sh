@@ -31,6 +31,8 @@
 #                       trainer has nothing to learn from and publishes nothing)
 #   DEMO_VALIDATOR=0    run no validator (the trainer then trusts unjudged rollouts)
 #   DEMO_KEEP_CHECKPOINTS=N  checkpoints the relay and the trainer keep on disk (default 4)
+#   DEMO_MIN_GROUPS=N   groups a training step needs at least; fewer are kept for a
+#                       later step (trainer `min_train_groups`; default 1: no floor)
 #   DEMO_KEEP=0         stop everything after the summary (default 1: the network and
 #                       its dashboard keep running until Ctrl-C)
 #   DEMO_EVAL_TASKS=N   problems per column of the base-vs-last-checkpoint evaluation
@@ -64,6 +66,7 @@ tokens="${DEMO_TOKENS:-48}"
 difficulty="${DEMO_DIFFICULTY:-102}"
 lr="${DEMO_LR:-1e-5}"
 keep="${DEMO_KEEP_CHECKPOINTS:-4}"
+min_groups="${DEMO_MIN_GROUPS:-1}"
 dir="${DEMO_DIR:-$(mktemp -d -t tributary-demo.XXXXXX)}"
 eval_tasks="${DEMO_EVAL_TASKS:-50}"
 mkdir -p "$dir"
@@ -208,7 +211,8 @@ fi
 
 echo "== trainer"
 "$bin/trainer" run --dev --coordinator "$quic" --fingerprint "$fp" --data "$dir/trainer" \
-  --key "$dir/trainer-key/miner.key" --model "$base" --lr "$lr" --keep-publications "$keep" > "$dir/trainer.out" 2> "$dir/trainer.log" &
+  --key "$dir/trainer-key/miner.key" --model "$base" --lr "$lr" --keep-publications "$keep" \
+  --min-train-groups "$min_groups" > "$dir/trainer.out" 2> "$dir/trainer.log" &
 pids+=($!)
 roles+=(trainer)
 

@@ -35,9 +35,12 @@
 #   DEMO_*              passed to scripts/demo.sh; the bench's defaults:
 #                       DEMO_DIFFICULTY=115 (the problems of 105 with three worked
 #                       examples in the prompt: protocol::env::WORKED_LEVELS),
-#                       DEMO_TOKENS=96, DEMO_GROUPS=2,
-#                       DEMO_GROUP_SIZE=8, DEMO_WINDOW_MS=150000, DEMO_LR=3e-5,
-#                       DEMO_VALIDATOR=1
+#                       DEMO_TOKENS=96, DEMO_GROUPS=4 (2 miners x 4 groups x 8:
+#                       64 rollouts a window), DEMO_GROUP_SIZE=8,
+#                       DEMO_WINDOW_MS=150000, DEMO_LR=3e-5, DEMO_VALIDATOR=1,
+#                       DEMO_MIN_GROUPS=8 (a step takes at least 8 proven groups
+#                       with an advantage, as many as one window holds; fewer
+#                       wait for the next windows' groups)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -45,7 +48,8 @@ k="${BENCH_WINDOWS:-40}"
 tasks="${BENCH_TASKS:-500}"
 export DEMO_DIFFICULTY="${DEMO_DIFFICULTY:-115}"
 export DEMO_TOKENS="${DEMO_TOKENS:-96}"
-export DEMO_GROUPS="${DEMO_GROUPS:-2}"
+export DEMO_GROUPS="${DEMO_GROUPS:-4}"
+export DEMO_MIN_GROUPS="${DEMO_MIN_GROUPS:-8}"
 export DEMO_GROUP_SIZE="${DEMO_GROUP_SIZE:-8}"
 export DEMO_WINDOW_MS="${DEMO_WINDOW_MS:-150000}"
 export DEMO_LR="${DEMO_LR:-3e-5}"
@@ -150,7 +154,14 @@ if [ -n "${BENCH_EVIDENCE:-}" ]; then
   ev="$BENCH_EVIDENCE"
   mkdir -p "$ev"
   for f in "$dir"/eval/eval-*.jsonl; do gzip -9 -n -c "$f" > "$ev/$(basename "$f").gz"; done
-  for arm in $arms; do cp "$dir/$(arm_name "$arm")/reward.csv" "$ev/reward-$(arm_name "$arm").csv"; done
+  for arm in $arms; do
+    name="$(arm_name "$arm")"
+    cp "$dir/$name/reward.csv" "$ev/reward-$name.csv"
+    # The trainer's steps (step, loss, groups) and the rounds that kept their
+    # groups for a later step.
+    grep -E 'trained step=|kept for a later step' "$dir/$name/net/trainer.log" \
+      | sed 's/\x1b\[[0-9;]*m//g' > "$ev/trainer-$name.log" || true
+  done
   cp "$ids" "$ev/checkpoints.txt"
   "$bin/train-bench" report --dir "$ev" > "$ev/report.txt"
   echo "evidence kept in $ev (recompute: train-bench report --dir $ev)"

@@ -136,6 +136,10 @@ struct RunArgs {
     /// A full payload every this many publications (default 8).
     #[arg(long)]
     full_every: Option<u64>,
+    /// Groups a training step needs at least; fewer are kept for a later
+    /// step (default 1: no floor).
+    #[arg(long)]
+    min_train_groups: Option<usize>,
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
@@ -214,6 +218,9 @@ struct RunConfig {
     /// Groups one training step takes at most, over the windows it trains
     /// on; what the trainer holds in memory for it. Default 128.
     max_train_groups: usize,
+    /// Groups a training step needs at least; the proven groups of fewer
+    /// are kept (on disk) until later windows bring the rest. Default 1.
+    min_train_groups: usize,
     /// Prometheus metrics listener. Default: none.
     metrics: Option<std::net::SocketAddr>,
     /// GSM8K JSONL file, for the proof of rollouts when the network's
@@ -254,6 +261,7 @@ impl Default for RunConfig {
             lr: t.lr,
             full_every: 8,
             max_train_groups: trainer::select::DEFAULT_MAX_TRAIN_GROUPS,
+            min_train_groups: trainer::select::DEFAULT_MIN_TRAIN_GROUPS,
             metrics: None,
             gsm8k: None,
         }
@@ -295,6 +303,7 @@ impl RunArgs {
         c.device = self.device.unwrap_or(c.device);
         c.keep_publications = self.keep_publications.unwrap_or(c.keep_publications);
         c.full_every = self.full_every.unwrap_or(c.full_every);
+        c.min_train_groups = self.min_train_groups.unwrap_or(c.min_train_groups);
         Ok(c)
     }
 }
@@ -378,6 +387,7 @@ fn run(args: RunArgs) -> Result<()> {
         train,
         select: trainer::select::SelectConfig {
             max_train_groups: conf.max_train_groups.max(1),
+            min_train_groups: conf.min_train_groups.max(1),
             ..trainer::select::SelectConfig::new(vocab)
         },
         full_every: conf.full_every,

@@ -145,7 +145,7 @@ impl DropReason {
 }
 
 /// Identity of a group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct GroupKey {
     /// Window.
     pub window: u64,
@@ -193,6 +193,22 @@ pub struct SelectConfig {
     /// the window, are proven.
     #[serde(default = "default_max_failed_proofs")]
     pub max_failed_proofs: usize,
+    /// Groups a training step needs at least: while the proven groups of
+    /// the windows taken so far number fewer, the trainer keeps them
+    /// (`pending.postcard` in its folder, so a restart keeps them too) and
+    /// steps when later windows bring the rest. Adam's update is about the
+    /// same size whatever the batch, so without a floor a step on one
+    /// group's noise moves the weights as far as a step on many. `1`: step
+    /// on whatever a round brings (docs/training.md).
+    #[serde(default = "default_min_train_groups")]
+    pub min_train_groups: usize,
+}
+
+/// [`SelectConfig::min_train_groups`]'s default: no floor.
+pub const DEFAULT_MIN_TRAIN_GROUPS: usize = 1;
+
+fn default_min_train_groups() -> usize {
+    DEFAULT_MIN_TRAIN_GROUPS
 }
 
 /// [`SelectConfig::max_failed_proofs`]'s default: a quarter of the default
@@ -226,12 +242,13 @@ impl SelectConfig {
             spread_weight: 0.3,
             max_train_groups: DEFAULT_MAX_TRAIN_GROUPS,
             max_failed_proofs: DEFAULT_MAX_FAILED_PROOFS,
+            min_train_groups: DEFAULT_MIN_TRAIN_GROUPS,
         }
     }
 }
 
 /// A group that may be trained on.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainGroup {
     /// Its key.
     pub key: GroupKey,
@@ -263,9 +280,11 @@ pub struct Selection {
 impl Selection {
     /// Emits the counts as `metrics` counters
     /// (`trainer_groups_kept_total`, `trainer_groups_held_total`,
-    /// `trainer_groups_dropped_total{reason}`).
-    pub fn record_metrics(&self) {
-        metrics::counter!("tributary_trainer_groups_kept_total").increment(self.kept.len() as u64);
+    /// `trainer_groups_dropped_total{reason}`); the first `counted` kept
+    /// groups were counted before (kept by an earlier round for this step).
+    pub fn record_metrics(&self, counted: usize) {
+        metrics::counter!("tributary_trainer_groups_kept_total")
+            .increment(self.kept.len().saturating_sub(counted) as u64);
         metrics::counter!("tributary_trainer_groups_held_total").increment(self.held_groups);
         for (r, n) in &self.dropped {
             metrics::counter!("tributary_trainer_groups_dropped_total", "reason" => r.as_str()).increment(*n);

@@ -9,7 +9,9 @@
 //! selects groups as [`crate::select::select_proven`] does (every group that enters
 //! the batch is proven by the trainer itself, [`crate::proof`], with the
 //! weights of the checkpoint it names, and its old-policy log-probs are the
-//! trainer's own), takes one GRPO step, exports the BF16 checkpoint and
+//! trainer's own), takes one GRPO step (or, while the proven groups number
+//! fewer than [`SelectConfig::min_train_groups`], keeps them in
+//! `pending.postcard` for the next windows' groups and publishes nothing), exports the BF16 checkpoint and
 //! publishes it for the current window ([`crate::publish`]: a signed full
 //! or delta payload, never two different checkpoints for one window), then
 //! uploads it, then sends the step's signed report ([`TrainerStats`]: loss,
@@ -101,6 +103,9 @@ pub enum ServiceError {
     /// `stats.bin` is malformed.
     #[error("stats.bin: {0}")]
     Stats(#[from] postcard::Error),
+    /// `pending.postcard` (the groups kept for a step below its floor) is malformed.
+    #[error("pending.postcard: {0}")]
+    Pending(postcard::Error),
     /// Reading a payload failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -204,6 +209,21 @@ pub struct Round {
     pub rejected: Vec<RejectRecord>,
     /// The most rollouts the round held in memory at once.
     pub peak_held: usize,
+    /// Proven groups kept for a later step because they were fewer than
+    /// [`SelectConfig::min_train_groups`] (0 when the round stepped).
+    pub pending: usize,
+}
+
+/// `pending.postcard`: the proven groups of windows before `next_window`
+/// that a step below [`SelectConfig::min_train_groups`] did not take. It
+/// is written before `service.json` advances to `next_window`, and read only
+/// while `service.json` says the same window: a crash between the two
+/// takes those windows again (the file is then ignored), and a step past
+/// it leaves the file behind as stale. No group is trained twice or lost.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Pending {
+    next_window: WindowId,
+    groups: Vec<TrainGroup>,
 }
 
 /// The running service.
@@ -277,6 +297,15 @@ impl Service {
     /// Progress so far.
     pub fn progress(&self) -> &Progress {
         &self.progress
+    }
+
+    fn pending_path(&self) -> PathBuf {
+        self.cfg.dir.join("pending.postcard")
+    }
+
+    /// The groups kept for this step by earlier rounds ([`Pending`]).
+    fn load_pending(&self) -> Result<Vec<TrainGroup>, ServiceError> {
+        read_pending(&self.pending_path(), self.progress.next_window)
     }
 
     fn save_progress(&self) -> Result<(), ServiceError> {
@@ -700,11 +729,18 @@ impl Service {
         let genesis = self.template.content_id();
         let mut published = vec![genesis];
         published.extend(self.publisher.published_ids());
-        let mut pick = Pick::default();
         let mut w = self.progress.next_window;
+        if self.schedule.closes_at(w) > now {
+            return Ok(round);
+        }
+        let mut pick = Pick::default();
+        pick.sel.kept = self.load_pending()?;
+        let carried = pick.sel.kept.len();
+        let mut capped = false;
         while self.schedule.closes_at(w) <= now {
             let quota = self.cfg.select.max_groups_per_window;
             if !pick.sel.kept.is_empty() && pick.sel.kept.len() + quota > self.cfg.select.max_train_groups {
+                capped = true;
                 break;
             }
             self.take_window(w, &published, &mut pick, &mut round).await?;
@@ -716,7 +752,7 @@ impl Service {
         }
         let Pick { mut sel, rejected, incomplete, proven } = pick;
         sel.kept.sort_by_key(|g| g.key);
-        sel.record_metrics();
+        sel.record_metrics(carried);
         // Proof failures were recorded and posted when they happened; what
         // is left: incomplete groups (recorded, never posted) and the
         // verdicts of miners the proof only passed.
@@ -724,6 +760,20 @@ impl Service {
         self.post_verdicts(&[], proven).await?;
         round.rejected = rejected;
         round.rejected.extend(incomplete);
+        // A step the memory cap ended steps whatever the floor says.
+        let floor = self.cfg.select.min_train_groups.max(1);
+        if !capped && !sel.kept.is_empty() && sel.kept.len() < floor {
+            let pending = Pending { next_window: w, groups: sel.kept };
+            let bytes = postcard::to_stdvec(&pending).map_err(ServiceError::Pending)?;
+            write_atomic(&self.pending_path(), &bytes)?;
+            round.pending = pending.groups.len();
+            metrics::gauge!("tributary_trainer_groups_pending").set(round.pending as f64);
+            tracing::info!(groups = round.pending, floor, next_window = w, "kept for a later step (below the floor)");
+            self.progress.next_window = w;
+            self.save_progress()?;
+            return Ok(round);
+        }
+        metrics::gauge!("tributary_trainer_groups_pending").set(0.0);
         round.groups = sel.kept.len();
         self.progress.next_window = w;
         if !sel.kept.is_empty() {
@@ -747,6 +797,10 @@ impl Service {
             round.published = Some((current, p.announcement.body.id));
         }
         self.save_progress()?;
+        match std::fs::remove_file(self.pending_path()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         Ok(round)
     }
 
@@ -836,6 +890,20 @@ impl Pick {
     }
 }
 
+/// The groups of a [`Pending`] file at `path` if it was written for
+/// `next_window` (what `service.json` says); none if there is no file or it
+/// was written for another window: before a crash that kept `service.json`
+/// behind (its windows are taken again), or before a step that took them.
+fn read_pending(path: &Path, next_window: WindowId) -> Result<Vec<TrainGroup>, ServiceError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let p: Pending = postcard::from_bytes(&bytes).map_err(ServiceError::Pending)?;
+    Ok(if p.next_window == next_window { p.groups } else { Vec::new() })
+}
+
 /// Rollouts held in groups.
 fn held(groups: &HashMap<GroupKey, TrainGroup>) -> usize {
     groups.values().map(|g| g.rollouts.len()).sum()
@@ -919,4 +987,57 @@ pub use tributary_net::serve_metrics;
 /// ([`tributary_protocol::dev::ensure_genesis`]), written once.
 pub fn dev_genesis(dir: &Path) -> Result<PathBuf, ServiceError> {
     Ok(tributary_protocol::dev::ensure_genesis(dir, &tributary_assets::smollm2_q4_1())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tributary_protocol::env::EnvId;
+    use tributary_protocol::rollout::SamplingParams;
+
+    fn group(window: u64) -> TrainGroup {
+        let rollouts: Vec<Rollout> = (0..2)
+            .map(|i| Rollout {
+                window,
+                checkpoint: ContentId([7; 32]),
+                env: EnvId::Arith,
+                group: 0,
+                rollout: i,
+                task_id: 9,
+                sampling: SamplingParams { temperature: 0.7, max_new_tokens: 8 },
+                tokens: vec![1, 2, 3, 4],
+                prompt_len: 2,
+                logprobs: vec![-0.5, -0.25],
+                sketches: vec![0; 4],
+                reward: i as f32,
+                miner: [3; 32],
+                signature: [0; 64],
+            })
+            .collect();
+        TrainGroup {
+            key: GroupKey::of(&rollouts[0]),
+            old_logprobs: rollouts.iter().map(|r| r.logprobs.clone()).collect(),
+            advantages: vec![-1.0, 1.0],
+            score: 0.5,
+            rollouts,
+        }
+    }
+
+    /// The kept groups are read back only for the window `service.json`
+    /// names: a crash between writing them and advancing `service.json`
+    /// takes their windows again instead of training them twice.
+    #[test]
+    fn kept_groups_are_read_back_only_for_the_window_they_were_written_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pending.postcard");
+        assert!(read_pending(&path, 5).unwrap().is_empty(), "no file: nothing kept");
+        let groups = vec![group(3), group(4)];
+        let p = Pending { next_window: 5, groups: groups.clone() };
+        write_atomic(&path, &postcard::to_stdvec(&p).unwrap()).unwrap();
+        assert_eq!(read_pending(&path, 5).unwrap(), groups, "written for window 5, read at 5");
+        assert!(read_pending(&path, 3).unwrap().is_empty(), "service.json behind: the windows are taken again");
+        assert!(read_pending(&path, 6).unwrap().is_empty(), "a step took them");
+        std::fs::write(&path, [0xff; 3]).unwrap();
+        assert!(matches!(read_pending(&path, 5), Err(ServiceError::Pending(_))), "a damaged file is an error");
+    }
 }

@@ -113,18 +113,29 @@ models=(--model "$base" --label base)
 plot=()
 ids="$dir/checkpoints.txt"
 echo "# arm reward lr windows final_checkpoint_content_id (the file is NET/trainer/publish/checkpoints/<id>.gguf)" > "$ids"
-echo "base - - - $("$bin/trainer" init-base | sed -n 's/^content_id=//p')" >> "$ids"
+genesis_id="$("$bin/trainer" init-base | sed -n 's/^content_id=//p')"
+echo "base - - - $genesis_id" >> "$ids"
 for arm in $arms; do
   name="$(arm_name "$arm")"
   net="$dir/$name/net"
   tail -n 20 "$dir/$name/demo.txt"
   final="$(ls -t "$net"/trainer/publish/checkpoints/*.gguf 2>/dev/null | head -1 || true)"
   if [ -z "$final" ]; then
-    echo "arm $name: the trainer published no checkpoint" >&2
-    exit 1
+    if [ ! -f "$net/status.json" ]; then
+      echo "arm $name: its network did not finish (no $net/status.json)" >&2
+      exit 1
+    fi
+    # The network ran every window but its trainer never stepped (a reward
+    # whose groups rarely differ, below the step's floor of groups): the
+    # arm's final weights are the genesis checkpoint's, evaluated as such.
+    final="$base"
+    echo "arm $name: the trainer took no step in $k windows: its final weights are the genesis checkpoint's"
+  else
+    echo "arm $name: final checkpoint $(basename "$final")"
   fi
-  echo "arm $name: final checkpoint $(basename "$final")"
-  echo "$name $(arm_reward "$arm") $(arm_lr "$arm") $k $(basename "$final" .gguf)" >> "$ids"
+  id="$(basename "$final" .gguf)"
+  if [ "$final" = "$base" ]; then id="$genesis_id"; fi
+  echo "$name $(arm_reward "$arm") $(arm_lr "$arm") $k $id" >> "$ids"
   models+=(--model "$final" --label "$name")
   python3 - "$net/status.json" > "$dir/$name/reward.csv" <<'PY'
 import json, sys

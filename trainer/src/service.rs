@@ -1,8 +1,9 @@
 //! `trainer run`: the trainer as a network service.
 //!
 //! Every window `W` whose submissions have closed is trained on once: the
-//! service reads `W`'s contract ([`WindowInfo`]) and index (its miners and
-//! their groups; banned miners are already left out by the coordinator) and
+//! service reads `W`'s contract
+//! ([`WindowInfo`](tributary_protocol::wire::WindowInfo)) and index (its
+//! miners and their groups; banned miners are already left out by the coordinator) and
 //! walks it miner by miner, never holding the whole window: it keeps each
 //! group's rank, then fetches again in rank order only what it proves and
 //! trains on (at most [`SelectConfig::max_train_groups`] groups a step), and

@@ -396,6 +396,14 @@ async fn transplanted_llama3_mesh_window_mines_proves_and_publishes_a_delta() {
     transplanted_mesh("llama3", trainer::transplant::Layout::Llama3, "smollm2 as llama3").await;
 }
 
+/// The same on the `qwen3` transplant (q/k norms, head size given apart from
+/// the model width).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "135M mesh, minutes on two cores: cargo test -p tributary-tests --features edge-miner/wgpu --test families -- --ignored transplanted_qwen3_mesh"]
+async fn transplanted_qwen3_mesh_window_mines_proves_and_publishes_a_delta() {
+    transplanted_mesh("qwen3", trainer::transplant::Layout::Qwen3, "smollm2 as qwen3").await;
+}
+
 /// [`mesh_trains_on`] the 135M transplant in `layout`, with windows long
 /// enough for 135M on two cores.
 async fn transplanted_mesh(name: &str, layout: trainer::transplant::Layout, label: &'static str) {

@@ -9,6 +9,28 @@ use trainer::service::{Service, ServiceConfig};
 use tributary_protocol::env::PRACTICE_LEVEL;
 use tributary_tests::{Miner, Net, NetConfig, within};
 
+/// A `--dev` trainer of `net` (the genesis written to the net's folder, a
+/// high learning rate for the tiny model) with `select`.
+fn service_config(net: &Net, select: trainer::select::SelectConfig) -> ServiceConfig {
+    let genesis = net.dir.path().join("genesis.gguf");
+    std::fs::write(&genesis, &net.genesis_bytes).unwrap();
+    ServiceConfig {
+        coordinator: net.node.quic,
+        fingerprint: net.node.fingerprint.clone(),
+        coordinator_key: tributary_net::KeyPin::Any,
+        key: tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer),
+        dir: net.dir.path().join("trainer"),
+        genesis,
+        train: trainer::train::TrainConfig { lr: 1e-3, warmup_steps: 1, ..Default::default() },
+        select,
+        full_every: 8,
+        trust_unjudged: true,
+        poll: Duration::from_millis(200),
+        device: tch::Device::Cpu,
+        keep_publications: 8,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trainer_publishes_and_miners_follow() {
     // The random tiny model never answers right: the practice level's
@@ -19,23 +41,7 @@ async fn trainer_publishes_and_miners_follow() {
         Net::with(NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(3_000, 500, 2, 4) })
             .await;
     let mut m = Miner::spawn(net.miner("m", true));
-    let genesis = net.dir.path().join("genesis.gguf");
-    std::fs::write(&genesis, &net.genesis_bytes).unwrap();
-    let cfg = ServiceConfig {
-        coordinator: net.node.quic,
-        fingerprint: net.node.fingerprint.clone(),
-        coordinator_key: tributary_net::KeyPin::Any,
-        key: tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer),
-        dir: net.dir.path().join("trainer"),
-        genesis,
-        train: trainer::train::TrainConfig { lr: 1e-3, warmup_steps: 1, ..Default::default() },
-        select: trainer::select::SelectConfig::new(49152),
-        full_every: 8,
-        trust_unjudged: true,
-        poll: Duration::from_millis(200),
-        device: tch::Device::Cpu,
-        keep_publications: 8,
-    };
+    let cfg = service_config(&net, trainer::select::SelectConfig::new(49152));
     let mut s = within(30, Service::open(cfg.clone())).await.unwrap();
     // Rounds until a checkpoint is published (needs a closed window with a
     // group whose rewards differ; the tiny model rarely answers right, so allow time).
@@ -69,24 +75,11 @@ async fn a_step_waits_for_its_floor_of_groups_across_windows_and_restarts() {
         Net::with(NetConfig { max_new_tokens: 16, difficulty: PRACTICE_LEVEL, ..NetConfig::new(3_000, 500, 2, 4) })
             .await;
     let m = Miner::spawn(net.miner("m", true));
-    let genesis = net.dir.path().join("genesis.gguf");
-    std::fs::write(&genesis, &net.genesis_bytes).unwrap();
-    let dir = net.dir.path().join("trainer");
-    let cfg = ServiceConfig {
-        coordinator: net.node.quic,
-        fingerprint: net.node.fingerprint.clone(),
-        coordinator_key: tributary_net::KeyPin::Any,
-        key: tributary_protocol::dev::key(tributary_protocol::wire::Role::Trainer),
-        dir: dir.clone(),
-        genesis,
-        train: trainer::train::TrainConfig { lr: 1e-3, warmup_steps: 1, ..Default::default() },
-        select: trainer::select::SelectConfig { min_train_groups: FLOOR, ..trainer::select::SelectConfig::new(49152) },
-        full_every: 8,
-        trust_unjudged: true,
-        poll: Duration::from_millis(200),
-        device: tch::Device::Cpu,
-        keep_publications: 8,
-    };
+    let cfg = service_config(
+        &net,
+        trainer::select::SelectConfig { min_train_groups: FLOOR, ..trainer::select::SelectConfig::new(49152) },
+    );
+    let dir = cfg.dir.clone();
     let mut s = within(30, Service::open(cfg.clone())).await.unwrap();
     // Windows whose groups were kept, and whether the service was restarted
     // while it kept some.

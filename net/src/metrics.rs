@@ -114,6 +114,12 @@ pub const METRICS: &[Metric] = &[
     m("tributary_trainer_groups_kept_total", C, "trainer", "Groups trained on."),
     m("tributary_trainer_groups_held_total", C, "trainer", "Groups held back for a later window."),
     m("tributary_trainer_groups_dropped_total", C, "trainer", "Groups not trained on, by reason."),
+    m(
+        "tributary_trainer_groups_pending",
+        G,
+        "trainer",
+        "Proven groups kept for a later step, below min_train_groups (0 after a step).",
+    ),
     m("tributary_trainer_rollouts_rejected_total", C, "trainer", "Rollouts the trainer's proof refused, by check."),
     m(
         "tributary_trainer_rollouts_off_draw_total",

@@ -169,7 +169,8 @@ if [ -n "${BENCH_EVIDENCE:-}" ]; then
     name="$(arm_name "$arm")"
     cp "$dir/$name/reward.csv" "$ev/reward-$name.csv"
     # The trainer's steps (step, loss, groups) and the rounds that kept their
-    # groups for a later step.
+    # groups for a later step, each with its phases' seconds (take_s ...
+    # upload_s; `train-bench report` prints their medians).
     grep -E 'trained step=|kept for a later step' "$dir/$name/net/trainer.log" \
       | sed 's/\x1b\[[0-9;]*m//g' > "$ev/trainer-$name.log" || true
   done

@@ -120,6 +120,12 @@ pub const METRICS: &[Metric] = &[
         "trainer",
         "Proven groups kept for a later step, below min_train_groups (0 after a step).",
     ),
+    m(
+        "tributary_trainer_round_phase_seconds",
+        H,
+        "trainer",
+        "Seconds of a round's phases: take (read and prove), prove (its proof), step, export, save, upload.",
+    ),
     m("tributary_trainer_rollouts_rejected_total", C, "trainer", "Rollouts the trainer's proof refused, by check."),
     m(
         "tributary_trainer_rollouts_off_draw_total",

@@ -49,6 +49,11 @@ async fn trainer_publishes_and_miners_follow() {
         loop {
             let r = s.round().await.unwrap();
             if let Some(p) = r.published {
+                // A stepping round times each of its phases (the
+                // histogram and its log line); the proof is part of taking.
+                let t = r.times;
+                assert!(t.take > 0.0 && t.step > 0.0 && t.export > 0.0 && t.save > 0.0 && t.upload > 0.0, "{t:?}");
+                assert!(t.prove > 0.0 && t.prove <= t.take, "{t:?}");
                 return p;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -213,6 +213,49 @@ pub struct Round {
     /// Proven groups kept for a later step because they were fewer than
     /// [`SelectConfig::min_train_groups`] (0 when the round stepped).
     pub pending: usize,
+    /// Where the round's time went.
+    pub times: RoundTimes,
+}
+
+/// Wall-clock seconds of a round's phases (also the histogram
+/// `tributary_trainer_round_phase_seconds{phase}` and the round's log line):
+/// what a stepping round costs against the window length.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RoundTimes {
+    /// Reading the windows' rollouts and proving their groups.
+    pub take: f64,
+    /// The part of `take` spent in the proof (evidence forwards, checks,
+    /// re-generations).
+    pub prove: f64,
+    /// The optimiser step (forward and backward on the kept groups).
+    pub step: f64,
+    /// Exporting the BF16 checkpoint and writing its publication.
+    pub export: f64,
+    /// Saving the fp32 masters and AdamW moments (and the stats).
+    pub save: f64,
+    /// Uploading the publication to the coordinator.
+    pub upload: f64,
+}
+
+impl RoundTimes {
+    fn record(&self, stepped: bool) {
+        let h = |phase: &'static str, s: f64| {
+            metrics::histogram!("tributary_trainer_round_phase_seconds", "phase" => phase).record(s);
+        };
+        h("take", self.take);
+        h("prove", self.prove);
+        if stepped {
+            h("step", self.step);
+            h("export", self.export);
+            h("save", self.save);
+            h("upload", self.upload);
+        }
+    }
+}
+
+/// Seconds since `t`, to the millisecond.
+fn secs(t: std::time::Instant) -> f64 {
+    (t.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
 }
 
 /// `pending.postcard`: the proven groups of windows before `next_window`
@@ -541,7 +584,10 @@ impl Service {
                     }
                 }
             };
-            let proof = match tokio::task::block_in_place(|| self.prover.prove_group(&info, &g.rollouts)) {
+            let t = std::time::Instant::now();
+            let proved = tokio::task::block_in_place(|| self.prover.prove_group(&info, &g.rollouts));
+            round.times.prove += t.elapsed().as_secs_f64();
+            let proof = match proved {
                 Ok(GroupProof::Rejected(recs)) => {
                     budget.record(&g.key.miner, true);
                     // The miner's first failure in the window: its verdict
@@ -738,6 +784,7 @@ impl Service {
         pick.sel.kept = self.load_pending()?;
         let carried = pick.sel.kept.len();
         let mut capped = false;
+        let take = std::time::Instant::now();
         while self.schedule.closes_at(w) <= now {
             let quota = self.cfg.select.max_groups_per_window;
             if !pick.sel.kept.is_empty() && pick.sel.kept.len() + quota > self.cfg.select.max_train_groups {
@@ -751,9 +798,14 @@ impl Service {
         if round.windows.is_empty() {
             return Ok(round);
         }
+        round.times.take = secs(take);
+        round.times.prove = (round.times.prove * 1000.0).round() / 1000.0;
         let Pick { mut sel, rejected, incomplete, proven } = pick;
         sel.kept.sort_by_key(|g| g.key);
         sel.record_metrics(carried);
+        // The round's groups not trained on, by reason (for its log line).
+        let dropped: Vec<String> = sel.dropped.iter().map(|(r, n)| format!("{}:{n}", r.as_str())).collect();
+        let dropped = dropped.join(",");
         // Proof failures were recorded and posted when they happened; what
         // is left: incomplete groups (recorded, never posted) and the
         // verdicts of miners the proof only passed.
@@ -769,7 +821,16 @@ impl Service {
             write_atomic(&self.pending_path(), &bytes)?;
             round.pending = pending.groups.len();
             metrics::gauge!("tributary_trainer_groups_pending").set(round.pending as f64);
-            tracing::info!(groups = round.pending, floor, next_window = w, "kept for a later step (below the floor)");
+            round.times.record(false);
+            tracing::info!(
+                groups = round.pending,
+                floor,
+                next_window = w,
+                take_s = round.times.take,
+                prove_s = round.times.prove,
+                %dropped,
+                "kept for a later step (below the floor)"
+            );
             self.progress.next_window = w;
             self.save_progress()?;
             return Ok(round);
@@ -779,23 +840,45 @@ impl Service {
         self.progress.next_window = w;
         if !sel.kept.is_empty() {
             let samples = Sample::from_groups(&sel.kept);
+            let t = std::time::Instant::now();
             let stats = tokio::task::block_in_place(|| self.trainer.step(&samples))?;
+            round.times.step = secs(t);
             stats.record_metrics();
-            tracing::info!(step = stats.step, loss = stats.loss, groups = round.groups, "trained");
             round.batch = sel.kept.iter().flat_map(|g| g.rollouts.iter().map(Rollout::digest)).collect();
             self.record_batch(current, stats.step, &sel, &round.batch)?;
+            let t = std::time::Instant::now();
             let bytes = tokio::task::block_in_place(|| self.trainer.export_checkpoint(&self.template))?;
             let p = self.publisher.publish(current, bytes)?;
+            round.times.export = secs(t);
             let network = self.client.network().await?;
             let report = self.report(&p, &stats, &sel, &network);
+            let t = std::time::Instant::now();
             state::save(&self.cfg.dir.join("state"), &self.trainer)?;
             write_atomic(&self.stats_path(), &postcard::to_stdvec(&report)?)?;
             self.save_progress()?;
+            round.times.save = secs(t);
+            let t = std::time::Instant::now();
             self.upload(&p).await?;
+            round.times.upload = secs(t);
             self.progress.uploaded = Some(current);
             self.save_progress()?;
             self.send_stats(&report).await?;
             round.published = Some((current, p.announcement.body.id));
+            round.times.record(true);
+            let RoundTimes { take, prove, step, export, save, upload } = round.times;
+            tracing::info!(
+                step = stats.step,
+                loss = stats.loss,
+                groups = round.groups,
+                take_s = take,
+                prove_s = prove,
+                step_s = step,
+                export_s = export,
+                save_s = save,
+                upload_s = upload,
+                %dropped,
+                "trained"
+            );
         }
         self.save_progress()?;
         match std::fs::remove_file(self.pending_path()) {

@@ -28,7 +28,11 @@
 //!   files alone (plain or `.jsonl.gz`, read through `gzip -dc`): accuracy per
 //!   model, prompt and column, and each trained model against the
 //!   default-prompt base and the best prompted base on the same problems,
-//!   strict and lenient, with 95 % paired-bootstrap intervals.
+//!   strict and lenient, with 95 % paired-bootstrap intervals; and, where
+//!   the folder's `trainer-<arm>.log` lines carry the trainer's phase times
+//!   (`take_s`, `prove_s`, `step_s`, `export_s`, `save_s`, `upload_s`), their
+//!   medians per arm for the rounds that stepped and those that kept their
+//!   groups.
 //! - `plot`: mean reward per window (`reward.csv` as written by the script),
 //!   one line per arm (`--csv` and `--label` repeat), as a PNG (plotters, bitmap backend; text in DejaVu Sans read at run time).
 
@@ -500,7 +504,77 @@ fn report(dir: &Path, base: &str) -> Result<()> {
             }
         }
     }
+    trainer_rounds(dir)
+}
+
+/// The phases a trainer's round logs (`trainer-<arm>.log`, the lines the
+/// script keeps), in the order they run.
+const PHASES: [&str; 6] = ["take_s", "prove_s", "step_s", "export_s", "save_s", "upload_s"];
+
+/// `key=value` of a tracing line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// Per arm, the medians of each phase of its stepping rounds and of its
+/// rounds that kept their groups, from `trainer-*.log` lines that carry
+/// phase times (logs from before they were logged print nothing).
+fn trainer_rounds(dir: &Path) -> Result<()> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("trainer-")))
+        .collect();
+    logs.sort();
+    let mut header = false;
+    for log in logs {
+        let text = std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
+        let arm = log.file_stem().unwrap_or_default().to_string_lossy().trim_start_matches("trainer-").to_owned();
+        let rounds = round_phases(&text);
+        for (kind, rows) in [("step", &rounds.0), ("keep", &rounds.1)] {
+            if rows.is_empty() {
+                continue;
+            }
+            if !header {
+                println!("trainer rounds, median seconds of each phase (count of rounds):");
+                println!("{:<12} {:<5} {:>6} {}", "arm", "round", "n", PHASES.map(|p| format!("{p:>9}")).join(""));
+                header = true;
+            }
+            let cells: Vec<String> = (0..PHASES.len())
+                .map(|i| {
+                    let mut v: Vec<f64> = rows.iter().filter_map(|r| r[i]).collect();
+                    v.sort_by(f64::total_cmp);
+                    match v.len() {
+                        0 => format!("{:>9}", "-"),
+                        n if n % 2 == 1 => format!("{:>9.1}", v[n / 2]),
+                        n => format!("{:>9.1}", (v[n / 2 - 1] + v[n / 2]) / 2.0),
+                    }
+                })
+                .collect();
+            println!("{arm:<12} {kind:<5} {:>6} {}", rows.len(), cells.join(""));
+        }
+    }
     Ok(())
+}
+
+/// One round's phase seconds, by [`PHASES`] (`None` where not logged).
+type Phases = [Option<f64>; 6];
+
+/// The stepping rounds' and the keeping rounds' phases of a trainer log
+/// (only lines with at least `take_s`).
+fn round_phases(text: &str) -> (Vec<Phases>, Vec<Phases>) {
+    let (mut step, mut keep) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let phases: Phases = PHASES.map(|p| field(line, p).and_then(|v| v.parse().ok()));
+        if phases[0].is_none() {
+            continue;
+        }
+        if line.contains("trained step=") {
+            step.push(phases);
+        } else if line.contains("kept for a later step") {
+            keep.push(phases);
+        }
+    }
+    (step, keep)
 }
 
 /// Resamples of the paired bootstrap.
@@ -660,6 +734,21 @@ fn plot(o: &Opts) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_phases_are_read_from_the_trainer_lines_that_log_them() {
+        let log = "\
+2026-12-04T19:23:08Z  INFO trainer::service: kept for a later step (below the floor) groups=4 floor=8 next_window=1
+2026-12-05T01:00:00Z  INFO trainer::service: kept for a later step (below the floor) groups=4 floor=8 next_window=1 take_s=80.5 prove_s=70.25
+2026-12-05T01:04:00Z  INFO trainer::service: trained step=1 loss=0.1 groups=9 take_s=90 prove_s=75 step_s=60.5 export_s=5 save_s=12 upload_s=8
+2026-12-05T01:05:00Z  INFO trainer::service: checkpoint uploaded take_s=1
+";
+        let (step, keep) = round_phases(log);
+        assert_eq!(keep, vec![[Some(80.5), Some(70.25), None, None, None, None]]);
+        assert_eq!(step, vec![[Some(90.0), Some(75.0), Some(60.5), Some(5.0), Some(12.0), Some(8.0)]]);
+        assert_eq!(field("a step_s=1.5 x", "step_s"), Some("1.5"));
+        assert_eq!(field("a take_s=1.5 x", "step_s"), None);
+    }
 
     #[test]
     fn paired_bootstrap_brackets_the_difference() {

@@ -32,7 +32,8 @@
 //!   the folder's `trainer-<arm>.log` lines carry the trainer's phase times
 //!   (`take_s`, `prove_s`, `step_s`, `export_s`, `save_s`, `upload_s`), their
 //!   medians per arm for the rounds that stepped and those that kept their
-//!   groups.
+//!   groups, and the groups they dropped by reason (a folder of such logs
+//!   alone reports only that).
 //! - `plot`: mean reward per window (`reward.csv` as written by the script),
 //!   one line per arm (`--csv` and `--label` repeat), as a PNG (plotters, bitmap backend; text in DejaVu Sans read at run time).
 
@@ -447,7 +448,11 @@ fn report(dir: &Path, base: &str) -> Result<()> {
         .collect();
     files.sort();
     if files.is_empty() {
-        bail!("{}: no eval-*.jsonl[.gz] files", dir.display());
+        // A folder of trainer logs alone (a measurement of the rounds).
+        if trainer_rounds(dir)? == 0 {
+            bail!("{}: no eval-*.jsonl[.gz] files, nor trainer logs with phase times", dir.display());
+        }
+        return Ok(());
     }
     // (column, model, prompt) -> outcomes.
     let mut all: BTreeMap<(String, String, String), Outcomes> = BTreeMap::new();
@@ -504,7 +509,8 @@ fn report(dir: &Path, base: &str) -> Result<()> {
             }
         }
     }
-    trainer_rounds(dir)
+    trainer_rounds(dir)?;
+    Ok(())
 }
 
 /// The phases a trainer's round logs (`trainer-<arm>.log`, the lines the
@@ -518,14 +524,15 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 
 /// Per arm, the medians of each phase of its stepping rounds and of its
 /// rounds that kept their groups, from `trainer-*.log` lines that carry
-/// phase times (logs from before they were logged print nothing).
-fn trainer_rounds(dir: &Path) -> Result<()> {
+/// phase times (logs from before they were logged print nothing). Returns
+/// the number of rows printed.
+fn trainer_rounds(dir: &Path) -> Result<usize> {
     let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("trainer-")))
         .collect();
     logs.sort();
-    let mut header = false;
+    let mut printed = 0;
     for log in logs {
         let text = std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
         let arm = log.file_stem().unwrap_or_default().to_string_lossy().trim_start_matches("trainer-").to_owned();
@@ -534,11 +541,11 @@ fn trainer_rounds(dir: &Path) -> Result<()> {
             if rows.is_empty() {
                 continue;
             }
-            if !header {
+            if printed == 0 {
                 println!("trainer rounds, median seconds of each phase (count of rounds):");
                 println!("{:<12} {:<5} {:>6} {}", "arm", "round", "n", PHASES.map(|p| format!("{p:>9}")).join(""));
-                header = true;
             }
+            printed += 1;
             let cells: Vec<String> = (0..PHASES.len())
                 .map(|i| {
                     let mut v: Vec<f64> = rows.iter().filter_map(|r| r[i]).collect();
@@ -552,8 +559,29 @@ fn trainer_rounds(dir: &Path) -> Result<()> {
                 .collect();
             println!("{arm:<12} {kind:<5} {:>6} {}", rows.len(), cells.join(""));
         }
+        let dropped = dropped_groups(&text);
+        if !dropped.is_empty() {
+            let list: Vec<String> = dropped.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            println!("{arm:<12} groups not trained on, by reason, over these rounds: {}", list.join(", "));
+        }
     }
-    Ok(())
+    Ok(printed)
+}
+
+/// The groups a trainer's rounds dropped, summed by reason over the lines
+/// that log `dropped=reason:n,...`.
+fn dropped_groups(text: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        for item in field(line, "dropped").unwrap_or("").split(',').filter(|i| !i.is_empty()) {
+            if let Some((reason, n)) = item.split_once(':')
+                && let Ok(n) = n.parse::<u64>()
+            {
+                *out.entry(reason.to_owned()).or_default() += n;
+            }
+        }
+    }
+    out
 }
 
 /// One round's phase seconds, by [`PHASES`] (`None` where not logged).
@@ -747,6 +775,9 @@ mod tests {
         assert_eq!(keep, vec![[Some(80.5), Some(70.25), None, None, None, None]]);
         assert_eq!(step, vec![[Some(90.0), Some(75.0), Some(60.5), Some(5.0), Some(12.0), Some(8.0)]]);
         assert_eq!(field("a step_s=1.5 x", "step_s"), Some("1.5"));
+        let dropped = "x dropped=zero_variance:10,off_draw:1 y\nx dropped=zero_variance:3\nx dropped= y\n";
+        let want: BTreeMap<String, u64> = [("off_draw".to_owned(), 1), ("zero_variance".to_owned(), 13)].into();
+        assert_eq!(dropped_groups(dropped), want);
         assert_eq!(field("a take_s=1.5 x", "step_s"), None);
     }
 

@@ -397,9 +397,15 @@ async fn honest_miners_hold_up_under_e1_to_e5() {
     for m in 0..4u8 {
         warmed.push(tokio::spawn(honest(c.clone(), m, warm..warm + 1)));
     }
+    let mut stored = Vec::new();
     for (m, h) in warmed.into_iter().enumerate() {
         let (_, acked, _) = h.await.unwrap();
         assert_eq!(acked.len() as u64, ASSIGNMENT, "warm-up: miner {m} stored {} of {ASSIGNMENT}", acked.len());
+        stored.push(acked);
+    }
+    // Verdicts are taken once the window has closed.
+    sleep_until(schedule.closes_at(warm) + 400).await;
+    for (m, acked) in stored.into_iter().enumerate() {
         let miner = Keypair::from_seed([100 + m as u8; 32]).public();
         let passed: Vec<[u8; 32]> = acked.iter().map(|(_, d)| *d).collect();
         let n = passed.len() as u32;
@@ -411,7 +417,6 @@ async fn honest_miners_hold_up_under_e1_to_e5() {
             ..VerdictBody::empty(warm, miner, validator.public())
         };
         let verdict = Verdict::sign(body, &validator, &v.network());
-        sleep_until(schedule.closes_at(warm) + 400).await;
         let answer = within(v.request(&Frame::PostVerdict(verdict))).await;
         assert!(matches!(answer, Ok(Frame::VerdictAck(_))), "warm-up verdict on miner {m}: {answer:?}");
     }

@@ -255,7 +255,12 @@ impl RoundTimes {
 
 /// Seconds since `t`, to the millisecond.
 fn secs(t: std::time::Instant) -> f64 {
-    (t.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+    to_ms(t.elapsed().as_secs_f64())
+}
+
+/// `s` seconds rounded to the millisecond.
+fn to_ms(s: f64) -> f64 {
+    (s * 1000.0).round() / 1000.0
 }
 
 /// `pending.postcard`: the proven groups of windows before `next_window`
@@ -799,7 +804,7 @@ impl Service {
             return Ok(round);
         }
         round.times.take = secs(take);
-        round.times.prove = (round.times.prove * 1000.0).round() / 1000.0;
+        round.times.prove = to_ms(round.times.prove);
         let Pick { mut sel, rejected, incomplete, proven } = pick;
         sel.kept.sort_by_key(|g| g.key);
         sel.record_metrics(carried);

@@ -46,7 +46,7 @@ use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::delta;
 use tributary_protocol::gguf::{self, GgmlType};
 use tributary_protocol::wire::{Frame, Role};
-use tributary_tests::{Miner, id_of, miner_config, publish, seeded_key, within};
+use tributary_tests::{Miner, id_of, median, miner_config, publish, seeded_key, within};
 
 /// `base` with about `n` BF16 elements nudged by one unit in the last place,
 /// at pseudo-random gaps over every BF16 tensor (deterministic in `salt`).
@@ -114,15 +114,6 @@ struct Row {
     first_group_ms: f64,
     prev_group_ms: Option<f64>,
     bytes: u64,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -278,10 +269,10 @@ async fn main() -> Result<()> {
             swapped - open
         );
     }
-    let mut pauses: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.pause_ms)).collect();
-    let mut swaps: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.swap_ms)).collect();
-    let mut firsts: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.first_group_ms)).collect();
-    let mut prevs: Vec<f64> = report.iter().flat_map(|r| r.8.iter().filter_map(|r| r.prev_group_ms)).collect();
+    let pauses: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.pause_ms)).collect();
+    let swaps: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.swap_ms)).collect();
+    let firsts: Vec<f64> = report.iter().flat_map(|r| r.8.iter().map(|r| r.first_group_ms)).collect();
+    let prevs: Vec<f64> = report.iter().flat_map(|r| r.8.iter().filter_map(|r| r.prev_group_ms)).collect();
     println!();
     println!(
         "pause per swap (ms, update-major, miner-minor): {}",
@@ -290,20 +281,20 @@ async fn main() -> Result<()> {
     println!(
         "pause: max {:.1} ms, median {:.1} ms over {} swaps",
         pauses.iter().copied().fold(0.0, f64::max),
-        median(&mut pauses),
+        median(&pauses),
         pauses.len()
     );
     println!(
         "swap part of the pause (ms): {}; max {:.2} ms, median {:.2} ms",
         swaps.iter().map(|p| format!("{p:.2}")).collect::<Vec<_>>().join(", "),
         swaps.iter().copied().fold(0.0, f64::max),
-        median(&mut swaps)
+        median(&swaps)
     );
     println!(
         "group time: first on the new model median {:.0} ms (max {:.0}), last on the old model median {:.0} ms (max {:.0})",
-        median(&mut firsts),
+        median(&firsts),
         firsts.iter().copied().fold(0.0, f64::max),
-        median(&mut prevs),
+        median(&prevs),
         prevs.iter().copied().fold(0.0, f64::max)
     );
     for m in ms {

@@ -51,6 +51,7 @@ use tributary_protocol::env::{
     ArithEnv, Environment, Gsm8kEnv, RewardRule, Task, WORKED_EXAMPLES, WORKED_LEVELS, completion_text_ids,
 };
 use tributary_protocol::tokenizer::Tokenizer;
+use tributary_tests::median;
 
 const USAGE: &str = "usage:
   train-bench eval --model CKPT.gguf [--label NAME] [--model ... --label ...] [--difficulty D]
@@ -548,13 +549,8 @@ fn trainer_rounds(dir: &Path) -> Result<usize> {
             printed += 1;
             let cells: Vec<String> = (0..PHASES.len())
                 .map(|i| {
-                    let mut v: Vec<f64> = rows.iter().filter_map(|r| r[i]).collect();
-                    v.sort_by(f64::total_cmp);
-                    match v.len() {
-                        0 => format!("{:>9}", "-"),
-                        n if n % 2 == 1 => format!("{:>9.1}", v[n / 2]),
-                        n => format!("{:>9.1}", (v[n / 2 - 1] + v[n / 2]) / 2.0),
-                    }
+                    let v: Vec<f64> = rows.iter().filter_map(|r| r[i]).collect();
+                    if v.is_empty() { format!("{:>9}", "-") } else { format!("{:>9.1}", median(&v)) }
                 })
                 .collect();
             println!("{arm:<12} {kind:<5} {:>6} {}", rows.len(), cells.join(""));

@@ -463,6 +463,82 @@ impl ReferenceModel {
         Ok((rms_norm(&xp, &self.output_norm, eps)?, rms_norm(&xs, &self.output_norm, eps)?))
     }
 
+    /// Runs `prefix` (`[1, P]` i64) at positions `0..P` and returns each
+    /// block's keys and values (`[1, n_head_kv, P, hd]`, RoPE applied), for
+    /// [`ReferenceModel::forward_hidden_packed`]. Differentiable.
+    pub fn prefix_kv(&self, prefix: &Tensor) -> Result<Vec<(Tensor, Tensor)>, PolicyError> {
+        let (prefix, b, p) = self.checked_batch(prefix, 0)?;
+        if b != 1 {
+            return Err(PolicyError::Request(format!("the prefix must be one sequence, got {b}")));
+        }
+        let (cos, sin) = self.rope(0, p)?;
+        let mut x = widen(&Tensor::f_embedding(&self.token_embd, &prefix, -1, false, false)?)?;
+        let mut kv = Vec::with_capacity(self.blocks.len());
+        for blk in &self.blocks {
+            let (y, k, v) = self.block(blk, &x, &cos, &sin, None)?;
+            x = y;
+            kv.push((k, v));
+        }
+        Ok(kv)
+    }
+
+    /// Teacher-forced forward of one packed row `tokens` (`[1, N]` i64) that
+    /// holds several sequences continuing a prefix whose keys and values are
+    /// `past` ([`ReferenceModel::prefix_kv`], `P` positions; empty for none):
+    /// row token `i` sits at position `positions[i]` and attends to every
+    /// prefix position and to the row tokens `j` with `mask[i * N + j]`
+    /// (row-major `[N, N]`). With a mask that lets each token see the tokens of
+    /// its own sequence before it, the post-norm hidden states `[1, N, d]`
+    /// equal (up to rounding) those of [`ReferenceModel::forward_hidden`] on
+    /// each sequence with the prefix in front: no padding is run.
+    pub fn forward_hidden_packed(
+        &self,
+        past: &[(Tensor, Tensor)],
+        tokens: &Tensor,
+        positions: &[i64],
+        mask: &[bool],
+    ) -> Result<Tensor, PolicyError> {
+        let (tokens, b, n) = self.checked_batch(tokens, 0)?;
+        if b != 1 {
+            return Err(PolicyError::Request(format!("a packed row is one sequence, got {b}")));
+        }
+        if !past.is_empty() && past.len() != self.blocks.len() {
+            return Err(PolicyError::Request(format!(
+                "{} layers of past keys, want {}",
+                past.len(),
+                self.blocks.len()
+            )));
+        }
+        let p = past.first().map_or(0, |(k, _)| k.size()[2]);
+        if positions.len() != n as usize || mask.len() != (n * n) as usize {
+            return Err(PolicyError::Request(format!(
+                "{n} tokens need {n} positions and {} mask entries, got {} and {}",
+                n * n,
+                positions.len(),
+                mask.len()
+            )));
+        }
+        let max = positions.iter().copied().max().unwrap_or(0);
+        if positions.iter().any(|&q| q < 0) || max as usize >= self.dims.context_length {
+            return Err(PolicyError::TooLong { len: max as usize + 1, max: self.dims.context_length });
+        }
+        let device = self.device();
+        let pos = Tensor::f_from_slice(positions)?.f_to_device(device)?;
+        let (cos, sin) = self.rope(0, max + 1)?;
+        let (cos, sin) = (cos.f_index_select(0, &pos)?, sin.f_index_select(0, &pos)?);
+        let own = Tensor::f_from_slice(mask)?.f_view([n, n])?.f_to_device(device)?;
+        let mask = Tensor::f_cat(&[Tensor::f_ones([n, p], (Kind::Bool, device))?, own], 1)?;
+        let hd = self.dims.head_dim() as i64;
+        let nkv = self.dims.n_head_kv as i64;
+        let mut x = widen(&Tensor::f_embedding(&self.token_embd, &tokens, -1, false, false)?)?;
+        let empty = Tensor::f_zeros([1, nkv, 0, hd], (x.kind(), device))?;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let (k, v) = past.get(i).map_or((&empty, &empty), |(k, v)| (k, v));
+            x = self.block(blk, &x, &cos, &sin, Some((k, v, &mask)))?.0;
+        }
+        rms_norm(&x, &self.output_norm, f64::from(self.dims.rms_eps))
+    }
+
     /// An empty key/value cache for [`ReferenceModel::decode`].
     pub fn kv_cache(&self) -> KvCache {
         KvCache { kv: Vec::with_capacity(self.blocks.len()), len: 0 }

@@ -114,6 +114,95 @@ fn shared_prefix_forward_matches_separate_forwards() -> Result<()> {
     Ok(())
 }
 
+/// A packed row (two questions after a common prefix, each with two
+/// continuations, no padding; one block mask and per-token positions) gives
+/// each sequence's full forward at every position it holds, up to rounding;
+/// so does the same row with no prefix at all. Malformed layouts are refused.
+#[test]
+fn packed_forward_matches_separate_forwards() -> Result<()> {
+    let s = smol();
+    let vocab = s.model.dims().vocab_size;
+    let dev = s.model.device();
+    let system = "<|im_start|>system\nSolve the problem. End with a line `Answer: <number>`.<|im_end|>\n";
+    let q1 = [s.tok.encode(system)?, chatml(&s.tok, "What is 12 times 7?")?].concat();
+    let q2 = [s.tok.encode(system)?, chatml(&s.tok, "What is 31 plus 4?")?].concat();
+    let common = q1.iter().zip(&q2).take_while(|(a, b)| a == b).count() - 1;
+    assert!(common >= 20, "the prompts share their system turn: {common}");
+    let conts = [
+        vec![s.tok.encode("12 times 7 is 84.")?, s.tok.encode("Let me think. 12 × 7 = 84")?],
+        vec![s.tok.encode("35")?, s.tok.encode("31 + 4 = 35, so the answer is 35.")?],
+    ];
+    for p0 in [common, 0] {
+        // Row layout: [q1 tail | c11 | c12 | q2 tail | c21 | c22]; segment id and
+        // part (0 = question, k = continuation k) of every row token.
+        let (mut ids, mut pos, mut who) = (Vec::new(), Vec::new(), Vec::new());
+        for (g, (q, cs)) in [(&q1, &conts[0]), (&q2, &conts[1])].into_iter().enumerate() {
+            for (i, &t) in q[p0..].iter().enumerate() {
+                ids.push(i64::from(t));
+                pos.push((p0 + i) as i64);
+                who.push((g, 0));
+            }
+            for (k, c) in cs.iter().enumerate() {
+                for (i, &t) in c.iter().enumerate() {
+                    ids.push(i64::from(t));
+                    pos.push((q.len() + i) as i64);
+                    who.push((g, k + 1));
+                }
+            }
+        }
+        let n = ids.len();
+        let mut mask = vec![false; n * n];
+        for i in 0..n {
+            for j in 0..=i {
+                mask[i * n + j] = who[j].0 == who[i].0 && (who[j].1 == 0 || who[j].1 == who[i].1);
+            }
+        }
+        let past = if p0 == 0 {
+            Vec::new()
+        } else {
+            let (pre, _) = pad_batch(&[&q1[..p0]], vocab, 0, dev)?;
+            tch::no_grad(|| s.model.prefix_kv(&pre))?
+        };
+        let row = Tensor::from_slice(&ids).view([1, -1]);
+        let h = tch::no_grad(|| s.model.forward_hidden_packed(&past, &row, &pos, &mask))?.get(0);
+        let mut at = 0i64;
+        for (q, cs) in [(&q1, &conts[0]), (&q2, &conts[1])] {
+            let qn = (q.len() - p0) as i64;
+            let mut seen_question = false;
+            for c in cs {
+                let full: Vec<u32> = q.iter().chain(c).copied().collect();
+                let (one, _) = pad_batch(&[&full], vocab, 0, dev)?;
+                let want = tch::no_grad(|| s.model.forward_hidden(&one))?.get(0);
+                let scale = want.abs().max().double_value(&[]);
+                if !seen_question {
+                    let d = max_abs_diff(&h.narrow(0, at, qn), &want.narrow(0, p0 as i64, qn));
+                    assert!(d <= 1e-5 * scale, "prefix {p0}: question rows differ by {d}");
+                    at += qn;
+                    seen_question = true;
+                }
+                let cn = c.len() as i64;
+                let d = max_abs_diff(&h.narrow(0, at, cn), &want.narrow(0, q.len() as i64, cn));
+                println!("prefix {p0}, continuation of {cn} tokens: max |Δh| {d:e} (max |h| {scale:.1})");
+                assert!(d <= 1e-5 * scale, "prefix {p0}: packed forward differs by {d}");
+                at += cn;
+            }
+        }
+        assert_eq!(at as usize, n);
+        assert!(
+            matches!(s.model.forward_hidden_packed(&past, &row, &pos[1..], &mask), Err(PolicyError::Request(_))),
+            "a position per token"
+        );
+        assert!(
+            matches!(s.model.forward_hidden_packed(&past, &row, &pos, &mask[1..]), Err(PolicyError::Request(_))),
+            "a mask entry per pair"
+        );
+        let mut far = pos.clone();
+        far[0] = s.model.dims().context_length as i64;
+        assert!(matches!(s.model.forward_hidden_packed(&past, &row, &far, &mask), Err(PolicyError::TooLong { .. })));
+    }
+    Ok(())
+}
+
 /// Decoding with the key/value cache (the prompt in one call, a chunk of
 /// three, then a token at a time, 48 positions past the prompt) gives the
 /// full forward's log-probabilities at every position, up to rounding; a

@@ -190,6 +190,9 @@ struct RunConfig {
     micro_batch_tokens: usize,
     /// Run a group's shared prompt once per micro-batch. Default true.
     share_prompts: bool,
+    /// With share_prompts: the prefix common to the step's prompts once a
+    /// step, micro-batches packed without padding. Default true.
+    pack_prompts: bool,
     /// GRPO lower clip ε_lo. Default 0.2.
     clip_low: f64,
     /// GRPO upper clip ε_hi. Default 0.28.
@@ -241,6 +244,7 @@ impl Default for RunConfig {
             grad_clip: t.grad_clip,
             micro_batch_tokens: t.micro_batch_tokens,
             share_prompts: t.share_prompts,
+            pack_prompts: t.pack_prompts,
             clip_low: t.grpo.clip_low,
             clip_high: t.grpo.clip_high,
             neg_ratio_cap: t.grpo.neg_ratio_cap,
@@ -321,6 +325,7 @@ impl RunConfig {
             grad_clip: self.grad_clip,
             micro_batch_tokens: self.micro_batch_tokens,
             share_prompts: self.share_prompts,
+            pack_prompts: self.pack_prompts,
             grpo: trainer::grpo::GrpoConfig {
                 clip_low: self.clip_low,
                 clip_high: self.clip_high,

@@ -74,6 +74,15 @@ pub struct TrainConfig {
     /// removes most of the prompt positions from the forward and backward.
     #[serde(default = "default_share_prompts")]
     pub share_prompts: bool,
+    /// With `share_prompts`, run the prefix common to every prompt of the
+    /// step (a system prompt, worked examples) once a step, and pack each
+    /// micro-batch into one row without padding: each distinct prompt's
+    /// rest once, then its completions
+    /// ([`ReferenceModel::forward_hidden_packed`]). The same loss and
+    /// gradient up to rounding; on prompts with a long common prefix and
+    /// short completions most positions of the shared-prompt layout go.
+    #[serde(default = "default_share_prompts")]
+    pub pack_prompts: bool,
     /// The objective.
     pub grpo: GrpoConfig,
 }
@@ -94,6 +103,7 @@ impl Default for TrainConfig {
             grad_clip: 1.0,
             micro_batch_tokens: 512,
             share_prompts: true,
+            pack_prompts: true,
             grpo: GrpoConfig::default(),
         }
     }
@@ -225,8 +235,12 @@ impl StepStats {
 pub struct StepTimings {
     /// Micro-batches run.
     pub micro_batches: usize,
-    /// Of those, micro-batches whose samples shared one prompt run once.
+    /// Of those, micro-batches whose samples shared one prompt run once
+    /// (shared-prompt or packed).
     pub shared_prompt_batches: usize,
+    /// Prompt tokens common to the whole step, run once a step (packed
+    /// layout; 0 otherwise).
+    pub common_prefix: usize,
     /// Token positions the model ran (a shared prompt counted once per
     /// micro-batch; padding included).
     pub positions: usize,
@@ -238,33 +252,75 @@ pub struct StepTimings {
     pub optimizer_s: f64,
 }
 
-/// A micro-batch: its samples and whether they share one prompt that runs once.
+/// How a micro-batch's samples are laid out for the forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Each sample in full, right-padded to the longest.
+    Padded,
+    /// One prompt run once, the completions right-padded after it
+    /// ([`ReferenceModel::forward_hidden_shared_prefix`]).
+    SharedPrompt,
+    /// One row without padding after the step's common prefix: each
+    /// distinct prompt's rest once, then its completions
+    /// ([`ReferenceModel::forward_hidden_packed`]). Samples of one prompt
+    /// are adjacent.
+    Packed,
+}
+
+/// A micro-batch: its samples and their layout.
 struct MicroBatch<'a> {
     samples: Vec<&'a Sample>,
-    shared_prompt: bool,
+    layout: Layout,
+}
+
+/// The samples of each distinct prompt, in order of first appearance.
+fn by_prompt(samples: &[Sample]) -> Vec<Vec<&Sample>> {
+    let mut groups: Vec<Vec<&Sample>> = Vec::new();
+    let mut index: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+    for s in samples {
+        let i = *index.entry(&s.tokens[..s.prompt_len]).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(s);
+    }
+    groups
 }
 
 /// Splits `samples` into micro-batches of at most `budget` completion tokens
-/// (a longer sample goes alone). With `share`, samples with the same prompt
-/// go together and run their prompt once; the others (and a group's lone
-/// leftover) are packed by length as without.
-fn plan_micro_batches(samples: &[Sample], budget: usize, share: bool) -> Vec<MicroBatch<'_>> {
+/// (a longer sample goes alone). With `pack`, every micro-batch is
+/// [`Layout::Packed`]: a prompt's samples (sorted by length) are cut into
+/// runs of at most `budget` completion tokens and the runs are filled into
+/// micro-batches in turn. Otherwise, with `share`, samples with the same
+/// prompt go together and run their prompt once; the others (and a group's
+/// lone leftover) are packed by length as without.
+fn plan_micro_batches(samples: &[Sample], budget: usize, share: bool, pack: bool) -> Vec<MicroBatch<'_>> {
     let mut out = Vec::new();
+    if share && pack {
+        let mut cur: Vec<&Sample> = Vec::new();
+        let mut used = 0;
+        for group in by_prompt(samples) {
+            for run in pack_by_length(group, budget) {
+                let n: usize = run.iter().map(|s| s.completion_len()).sum();
+                if !cur.is_empty() && used + n > budget {
+                    out.push(MicroBatch { samples: std::mem::take(&mut cur), layout: Layout::Packed });
+                    used = 0;
+                }
+                cur.extend(run);
+                used += n;
+            }
+        }
+        if !cur.is_empty() {
+            out.push(MicroBatch { samples: cur, layout: Layout::Packed });
+        }
+        return out;
+    }
     let mut rest = Vec::new();
     if share {
-        let mut by_prompt: Vec<Vec<&Sample>> = Vec::new();
-        let mut index: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
-        for s in samples {
-            let i = *index.entry(&s.tokens[..s.prompt_len]).or_insert_with(|| {
-                by_prompt.push(Vec::new());
-                by_prompt.len() - 1
-            });
-            by_prompt[i].push(s);
-        }
-        for group in by_prompt {
+        for group in by_prompt(samples) {
             for mb in pack_by_length(group, budget) {
                 if mb.len() >= 2 {
-                    out.push(MicroBatch { samples: mb, shared_prompt: true });
+                    out.push(MicroBatch { samples: mb, layout: Layout::SharedPrompt });
                 } else {
                     rest.extend(mb);
                 }
@@ -275,10 +331,23 @@ fn plan_micro_batches(samples: &[Sample], budget: usize, share: bool) -> Vec<Mic
     }
     if !rest.is_empty() {
         out.extend(
-            pack_by_length(rest, budget).into_iter().map(|samples| MicroBatch { samples, shared_prompt: false }),
+            pack_by_length(rest, budget).into_iter().map(|samples| MicroBatch { samples, layout: Layout::Padded }),
         );
     }
     out
+}
+
+/// The prefix every sample's prompt shares, leaving at least one prompt
+/// token of each sample outside it (that token's row predicts the first
+/// completion token, so it runs in the micro-batch).
+fn common_prompt_prefix(samples: &[Sample]) -> usize {
+    let Some(first) = samples.first() else { return 0 };
+    let first = &first.tokens[..first.prompt_len];
+    samples.iter().fold(first.len().saturating_sub(1), |n, s| {
+        let p = &s.tokens[..s.prompt_len];
+        let same = first.iter().zip(p).take(n).take_while(|(a, b)| a == b).count();
+        same.min(p.len().saturating_sub(1))
+    })
 }
 
 /// Sorts by length (similar lengths together: less padding) and fills
@@ -367,7 +436,14 @@ impl Trainer {
     /// `softmax(logits / T)` (each sample's [`gradient_temperature`]) under
     /// the current weights, flat over tokens, for a micro-batch
     /// (differentiable), and the number of token positions the model ran.
-    fn token_logprobs(&self, mb: &MicroBatch<'_>) -> Result<(Tensor, Tensor, Tensor, usize), TrainError> {
+    /// For a [`Layout::Packed`] micro-batch, `past` holds the keys and values
+    /// of the step's common prefix of `p0` tokens.
+    fn token_logprobs(
+        &self,
+        mb: &MicroBatch<'_>,
+        past: &[(Tensor, Tensor)],
+        p0: usize,
+    ) -> Result<(Tensor, Tensor, Tensor, usize), TrainError> {
         let device = self.model.device();
         let vocab = self.model.dims().vocab_size;
         let batch = &mb.samples;
@@ -379,7 +455,54 @@ impl Trainer {
             .iter()
             .flat_map(|s| std::iter::repeat_n(1.0 / gradient_temperature(s.temperature), s.completion_len()))
             .collect();
-        let (hidden, positions) = if mb.shared_prompt {
+        let (hidden, positions) = if mb.layout == Layout::Packed {
+            // One row: for each run of samples with one prompt, the prompt
+            // after the common prefix, then each completion but its last
+            // token (whose row predicts nothing). Completion token k of a
+            // sample is predicted by its prompt's last row for k = 0, else by
+            // its own token k − 1; a token sees the prefix (`past`), its
+            // prompt's rest and its own completion before it.
+            let (mut ids, mut pos, mut owner) = (Vec::new(), Vec::new(), Vec::<(usize, usize)>::new());
+            let mut i = 0;
+            let mut seg = 0;
+            while i < batch.len() {
+                let p = batch[i].prompt_len;
+                let prompt = &batch[i].tokens[..p];
+                for (k, &t) in prompt.iter().enumerate().skip(p0) {
+                    ids.push(i64::from(t));
+                    pos.push(k as i64);
+                    owner.push((seg, 0));
+                }
+                let last_prompt_row = ids.len() as i64 - 1;
+                while i < batch.len() && batch[i].tokens[..batch[i].prompt_len] == *prompt {
+                    let s = batch[i];
+                    let c = s.completion_len();
+                    for k in 0..c {
+                        rows.push(if k == 0 { last_prompt_row } else { ids.len() as i64 - 1 });
+                        targets.push(i64::from(s.tokens[p + k]));
+                        seq_of.push(i as i64);
+                        if k + 1 < c {
+                            ids.push(i64::from(s.tokens[p + k]));
+                            pos.push((p + k) as i64);
+                            owner.push((seg, i + 1));
+                        }
+                    }
+                    i += 1;
+                }
+                seg += 1;
+            }
+            let n = ids.len();
+            let mut mask = vec![false; n * n];
+            for (r, &(sr, pr)) in owner.iter().enumerate() {
+                for (c, &(sc, pc)) in owner.iter().enumerate().take(r + 1) {
+                    mask[r * n + c] = sc == sr && (pc == 0 || pc == pr);
+                }
+            }
+            let row = Tensor::f_from_slice(&ids)?.f_view([1, n as i64])?.f_to_device(device)?;
+            let h = self.model.forward_hidden_packed(past, &row, &pos, &mask)?;
+            let d = h.size()[2];
+            (h.f_reshape([-1, d])?, n)
+        } else if mb.layout == Layout::SharedPrompt {
             // The prompt `[1, P]` once; the completions `[B, S]` attend to it.
             // Over the rows `[prompt P | completions B·S]`, completion token k
             // of sample i is predicted by the prompt's last row for k = 0,
@@ -473,15 +596,36 @@ impl Trainer {
         let device = self.model.device();
         let total_tokens: usize = samples.iter().map(Sample::completion_len).sum();
         let total_seqs = samples.len();
-        let micro = plan_micro_batches(samples, self.cfg.micro_batch_tokens, self.cfg.share_prompts);
+        let pack = self.cfg.share_prompts && self.cfg.pack_prompts;
+        let micro = plan_micro_batches(samples, self.cfg.micro_batch_tokens, self.cfg.share_prompts, pack);
         let mut tm = StepTimings { micro_batches: micro.len(), ..StepTimings::default() };
+
+        // The step's common prompt prefix runs once. Its keys and values
+        // enter the micro-batches as leaves that collect their gradient; one
+        // backward through the prefix at the end passes it on to the weights.
+        let t0 = Instant::now();
+        let p0 = if pack { common_prompt_prefix(samples) } else { 0 };
+        let prefix_kv = if p0 > 0 {
+            let ids: Vec<i64> = samples[0].tokens[..p0].iter().map(|&t| i64::from(t)).collect();
+            let prefix = Tensor::f_from_slice(&ids)?.f_view([1, p0 as i64])?;
+            self.model.prefix_kv(&prefix)?
+        } else {
+            Vec::new()
+        };
+        let leaves = prefix_kv
+            .iter()
+            .map(|(k, v)| Ok((k.f_detach()?.set_requires_grad(true), v.f_detach()?.set_requires_grad(true))))
+            .collect::<Result<Vec<_>, TrainError>>()?;
+        tm.positions += p0;
+        tm.common_prefix = p0;
+        tm.forward_s += t0.elapsed().as_secs_f64();
 
         let mut st = StepStats { seqs: total_seqs, tokens: total_tokens, ..StepStats::default() };
         let (mut clip_lo, mut clip_hi, mut capped) = (0usize, 0usize, 0usize);
         for mb in &micro {
             let t0 = Instant::now();
-            tm.shared_prompt_batches += usize::from(mb.shared_prompt);
-            let (logp, entropy, seq, positions) = self.token_logprobs(mb)?;
+            tm.shared_prompt_batches += usize::from(mb.layout != Layout::Padded);
+            let (logp, entropy, seq, positions) = self.token_logprobs(mb, &leaves, p0)?;
             tm.positions += positions;
             let mb = &mb.samples;
             let old: Vec<f32> = mb.iter().flat_map(|s| s.old_logprobs.iter().copied()).collect();
@@ -513,6 +657,26 @@ impl Trainer {
             clip_lo += out.clipped_low;
             clip_hi += out.clipped_high;
             capped += out.capped;
+        }
+        if !leaves.is_empty() {
+            let t0 = Instant::now();
+            let mut surrogate: Option<Tensor> = None;
+            for ((k, v), (lk, lv)) in prefix_kv.iter().zip(&leaves) {
+                for (t, leaf) in [(k, lk), (v, lv)] {
+                    let g = leaf.grad();
+                    if g.defined() {
+                        let term = t.f_mul(&g)?.f_sum(Kind::Float)?;
+                        surrogate = Some(match surrogate {
+                            Some(acc) => acc.f_add(&term)?,
+                            None => term,
+                        });
+                    }
+                }
+            }
+            if let Some(s) = surrogate {
+                s.f_backward()?;
+            }
+            tm.backward_s += t0.elapsed().as_secs_f64();
         }
         let n = total_seqs as f64;
         st.entropy /= n;
@@ -652,7 +816,8 @@ mod tests {
     }
 
     /// Two groups sharing their prompts (completion lengths vary), one lone
-    /// sample; sampled at T = 0.7 except the lone one (T = 1).
+    /// sample; sampled at T = 0.7 except the lone one (T = 1). Every prompt
+    /// starts with the same three tokens (a system prompt's part).
     fn samples() -> Vec<Sample> {
         let mut out = Vec::new();
         let mut x = 99u64;
@@ -661,7 +826,8 @@ mod tests {
             (x >> 33) % m
         };
         for (g, group) in [(0, 4), (1, 3), (2, 1)] {
-            let prompt: Vec<u32> = (0..5 + g).map(|_| next(64) as u32).collect();
+            let mut prompt: Vec<u32> = vec![5, 9, 2];
+            prompt.extend((0..2 + g).map(|_| next(64) as u32));
             for i in 0..group {
                 let n = 2 + next(6) as usize;
                 let mut tokens = prompt.clone();
@@ -685,28 +851,64 @@ mod tests {
         tr.model.var_store().variables().into_iter().map(|(k, v)| (k, v.grad().copy())).collect()
     }
 
+    /// The three layouts (padded, one prompt a micro-batch, packed after the
+    /// step's common prefix) give one loss and one gradient, on a batch of
+    /// several prompts and on one group alone (its whole prompt but the last
+    /// token common); the shared layouts run fewer positions.
     #[test]
-    fn shared_prompt_micro_batches_give_the_same_loss_and_gradient() {
-        let cfg = TrainConfig { micro_batch_tokens: 12, ..TrainConfig::default() };
-        let mut shared = Trainer::new(model(7), AdamState::default(), cfg);
-        let mut plain = Trainer::new(model(7), AdamState::default(), TrainConfig { share_prompts: false, ..cfg });
-        let batch = samples();
-        let a = shared.accumulate_gradients(&batch).unwrap();
-        let b = plain.accumulate_gradients(&batch).unwrap();
-        assert!(shared.last_timings().shared_prompt_batches >= 2, "{:?}", shared.last_timings());
-        assert_eq!(plain.last_timings().shared_prompt_batches, 0);
-        assert!(shared.last_timings().positions < plain.last_timings().positions);
-        assert!(a.loss.abs() > 1e-3, "a non-trivial loss: {}", a.loss);
-        assert!((a.loss - b.loss).abs() < 1e-6 * (1.0 + b.loss.abs()), "loss {} vs {}", a.loss, b.loss);
-        assert!((a.entropy - b.entropy).abs() < 1e-5 * b.entropy, "entropy {} vs {}", a.entropy, b.entropy);
-        let (ga, gb) = (grads(&shared), grads(&plain));
-        assert_eq!(ga.len(), gb.len());
-        for (name, g) in &gb {
-            let scale = g.abs().max().double_value(&[]);
-            let diff = (&ga[name] - g).abs().max().double_value(&[]);
-            assert!(scale > 0.0, "{name} has no gradient");
-            assert!(diff <= 1e-4 * scale, "{name}: gradients differ by {diff} (max {scale})");
+    fn every_micro_batch_layout_gives_the_same_loss_and_gradient() {
+        let all = samples();
+        let one_group: Vec<Sample> = all[..4].to_vec();
+        for (batch, prefix) in [(&all, 3), (&one_group, 4)] {
+            let cfg = TrainConfig { micro_batch_tokens: 12, ..TrainConfig::default() };
+            let run = |share_prompts, pack_prompts| {
+                let mut t =
+                    Trainer::new(model(7), AdamState::default(), TrainConfig { share_prompts, pack_prompts, ..cfg });
+                let st = t.accumulate_gradients(batch).unwrap();
+                (st, *t.last_timings(), grads(&t))
+            };
+            let (b, tb, gb) = run(false, false);
+            assert_eq!(tb.shared_prompt_batches, 0);
+            assert!(b.loss.abs() > 1e-3, "a non-trivial loss: {}", b.loss);
+            for (share, pack) in [(true, false), (true, true)] {
+                let (a, ta, ga) = run(share, pack);
+                assert!(ta.shared_prompt_batches >= 1, "{ta:?}");
+                assert!(ta.positions < tb.positions, "{ta:?} vs {tb:?}");
+                assert_eq!(ta.common_prefix, if pack { prefix } else { 0 });
+                assert!((a.loss - b.loss).abs() < 1e-6 * (1.0 + b.loss.abs()), "loss {} vs {}", a.loss, b.loss);
+                assert!((a.entropy - b.entropy).abs() < 1e-5 * b.entropy, "entropy {} vs {}", a.entropy, b.entropy);
+                assert_eq!(ga.len(), gb.len());
+                for (name, g) in &gb {
+                    let scale = g.abs().max().double_value(&[]);
+                    let diff = (&ga[name] - g).abs().max().double_value(&[]);
+                    assert!(scale > 0.0, "{name} has no gradient");
+                    assert!(
+                        diff <= 1e-4 * scale,
+                        "share {share} pack {pack}: {name}: gradients differ by {diff} (max {scale})"
+                    );
+                }
+            }
         }
+    }
+
+    /// The common prefix stops where the first prompt that differs does and
+    /// leaves each prompt's last token out.
+    #[test]
+    fn the_common_prefix_leaves_every_prompt_a_token() {
+        let s = |tokens: &[u32], prompt_len| Sample {
+            tokens: tokens.to_vec(),
+            prompt_len,
+            temperature: 1.0,
+            old_logprobs: vec![0.0; tokens.len() - prompt_len],
+            advantage: 0.0,
+            reward: 0.0,
+        };
+        assert_eq!(common_prompt_prefix(&[]), 0);
+        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3)]), 2);
+        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[1, 2, 7, 8], 3)]), 2);
+        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[1, 5, 3, 4], 3)]), 1);
+        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[1, 2, 3, 4], 2)]), 1);
+        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[9, 2, 3, 4], 3)]), 0);
     }
 
     /// `log_softmax(logits / T)` of each completion token, per sample, by
@@ -809,20 +1011,33 @@ mod tests {
     #[test]
     fn micro_batches_respect_the_token_budget_and_keep_every_sample() {
         let batch = samples();
-        for share in [true, false] {
-            let plan = plan_micro_batches(&batch, 12, share);
+        for (share, pack) in [(true, true), (true, false), (false, false)] {
+            let plan = plan_micro_batches(&batch, 12, share, pack);
             let n: usize = plan.iter().map(|m| m.samples.len()).sum();
             assert_eq!(n, batch.len());
             for m in &plan {
                 let tokens: usize = m.samples.iter().map(|s| s.completion_len()).sum();
                 assert!(tokens <= 12 || m.samples.len() == 1, "{tokens} tokens in {} samples", m.samples.len());
-                if m.shared_prompt {
-                    assert!(m.samples.len() >= 2);
-                    let p = &m.samples[0].tokens[..m.samples[0].prompt_len];
-                    assert!(m.samples.iter().all(|s| &s.tokens[..s.prompt_len] == p));
+                match m.layout {
+                    Layout::SharedPrompt => {
+                        assert!(m.samples.len() >= 2);
+                        let p = &m.samples[0].tokens[..m.samples[0].prompt_len];
+                        assert!(m.samples.iter().all(|s| &s.tokens[..s.prompt_len] == p));
+                    }
+                    Layout::Packed => {
+                        // A prompt's samples in one micro-batch are adjacent.
+                        let prompts: Vec<&[u32]> = m.samples.iter().map(|s| &s.tokens[..s.prompt_len]).collect();
+                        for (i, p) in prompts.iter().enumerate() {
+                            if let Some(j) = prompts[..i].iter().rposition(|q| q == p) {
+                                assert!(prompts[j..i].iter().all(|q| q == p), "split runs of one prompt");
+                            }
+                        }
+                    }
+                    Layout::Padded => {}
                 }
             }
-            assert_eq!(plan.iter().any(|m| m.shared_prompt), share);
+            assert_eq!(plan.iter().all(|m| m.layout == Layout::Packed), pack);
+            assert_eq!(plan.iter().any(|m| m.layout == Layout::SharedPrompt), share && !pack);
         }
     }
 }

@@ -87,6 +87,12 @@ struct Args {
     /// off; the PyTorch script without `--share-prompts`).
     #[arg(long)]
     no_share_prompts: bool,
+    /// Run each group's prompt once per micro-batch with its completions
+    /// padded (`TrainConfig::pack_prompts` off; the PyTorch script's layout
+    /// with `--share-prompts`) instead of the step's common prompt prefix
+    /// once a step and micro-batches packed without padding.
+    #[arg(long)]
+    no_pack: bool,
     /// Skip the PyTorch comparison.
     #[arg(long)]
     no_pytorch: bool,
@@ -486,15 +492,26 @@ fn main() -> Result<()> {
     let base = Checkpoint::open(&model).with_context(|| format!("{} (run `trainer init-base`)", model.display()))?;
     let samples = load_samples(&args.batch)?;
     if args.verify {
-        let cfg =
-            TrainConfig { lr: args.lr, warmup_steps: 1, share_prompts: !args.no_share_prompts, ..Default::default() };
+        let cfg = TrainConfig {
+            lr: args.lr,
+            warmup_steps: 1,
+            share_prompts: !args.no_share_prompts,
+            pack_prompts: !args.no_pack,
+            ..Default::default()
+        };
         return verify_arm(&args, &base, &samples, cfg);
     }
     let seqs = samples.len();
     let prompt_tokens: usize = samples.iter().map(|s| s.prompt_len).sum();
     let completion_tokens: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
     let share_prompts = !args.no_share_prompts;
-    let cfg = TrainConfig { lr: args.lr, warmup_steps: 1, share_prompts, ..TrainConfig::default() };
+    let cfg = TrainConfig {
+        lr: args.lr,
+        warmup_steps: 1,
+        share_prompts,
+        pack_prompts: !args.no_pack,
+        ..TrainConfig::default()
+    };
     // A batch whose advantages are all 0 has no policy gradient (only the
     // entropy bonus): the parity and the delta would measure the wrong step.
     let nonzero = samples.iter().filter(|s| s.advantage != 0.0).count();
@@ -525,8 +542,14 @@ fn main() -> Result<()> {
     let split = |tr: &Trainer| {
         let t = tr.last_timings();
         eprintln!(
-            "Rust step: {} micro-batches ({} with a shared prompt), {} positions; forward {:.2} s, backward {:.2} s, optimiser {:.2} s",
-            t.micro_batches, t.shared_prompt_batches, t.positions, t.forward_s, t.backward_s, t.optimizer_s
+            "Rust step: {} micro-batches ({} with a shared prompt), {} positions ({} of them a prefix common to the step); forward {:.2} s, backward {:.2} s, optimiser {:.2} s",
+            t.micro_batches,
+            t.shared_prompt_batches,
+            t.positions,
+            t.common_prefix,
+            t.forward_s,
+            t.backward_s,
+            t.optimizer_s
         );
     };
     eprintln!("warm-up step: Rust {:.2} s ({:.2} CPU s)", warm.0, warm.1);
@@ -629,8 +652,8 @@ fn main() -> Result<()> {
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "batch: {seqs} sequences ({nonzero} with a non-zero advantage), {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}, share_prompts={}",
-        cfg.micro_batch_tokens, cfg.share_prompts
+        "batch: {seqs} sequences ({nonzero} with a non-zero advantage), {prompt_tokens} prompt + {completion_tokens} completion tokens, micro_batch_tokens={}, share_prompts={}, pack_prompts={}",
+        cfg.micro_batch_tokens, cfg.share_prompts, cfg.pack_prompts
     );
     println!(
         "step 1: lr={:e} loss={:.6} grad_norm={:.4} ratio_mean={:.4} entropy={:.4}",

@@ -11,7 +11,9 @@ Mirrors trainer::train::Trainer::step and trainer::grpo::grpo_loss with the
 defaults of TrainConfig/GrpoConfig: fp32 weights; micro-batches of at most
 --micro-batch-tokens completion tokens after a stable sort by sequence length (with
 --share-prompts, as TrainConfig::share_prompts: the samples of one prompt together, the
-prompt run once per micro-batch and its key/value cache repeated over the batch); right padding
+prompt run once per micro-batch and its key/value cache repeated over the batch; with
+--pack-prompts too, as TrainConfig::pack_prompts: the prefix common to the step's prompts
+run once a step, each micro-batch one row without padding under a block mask); right padding
 with token 0 (causal attention, so no mask is needed); LM head on the
 completion positions only; GSPO sequence ratio against the miner log-probs
 (log-ratio clamp ±5, ratio cap 10), asymmetric clip 0.2/0.28, δ = 4 cap for
@@ -96,6 +98,103 @@ def micro_batches(samples, micro_batch_tokens, share_prompts):
     return out
 
 
+def common_prefix(samples):
+    """trainer::train::common_prompt_prefix: the prompt tokens every sample
+    shares, leaving each prompt's last token out."""
+    first = samples[0]["tokens"][: samples[0]["prompt_len"]]
+    n = len(first) - 1
+    for s in samples:
+        p = s["tokens"][: s["prompt_len"]]
+        same = 0
+        while same < min(n, len(p)) and first[same] == p[same]:
+            same += 1
+        n = min(same, len(p) - 1)
+    return n
+
+
+def packed_micro_batches(samples, micro_batch_tokens):
+    """trainer::train::plan_micro_batches with pack: a prompt's samples cut
+    into runs of at most micro_batch_tokens completion tokens, the runs
+    filled into micro-batches in turn."""
+    groups = OrderedDict()
+    for s in samples:
+        groups.setdefault(tuple(s["tokens"][: s["prompt_len"]]), []).append(s)
+    out, cur, used = [], [], 0
+    for g in groups.values():
+        for run in pack(g, micro_batch_tokens):
+            n = sum(len(s["tokens"]) - s["prompt_len"] for s in run)
+            if cur and used + n > micro_batch_tokens:
+                out.append(cur)
+                cur, used = [], 0
+            cur.extend(run)
+            used += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def cache_of(leaves):
+    """A fresh key/value cache holding the prefix's (leaf) keys and values."""
+    from transformers import DynamicCache
+
+    c = DynamicCache()
+    for i, (k, v) in enumerate(leaves):
+        c.update(k, v, i)
+    return c
+
+
+def cache_kv(cache):
+    if hasattr(cache, "layers"):
+        return [(l.keys, l.values) for l in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def packed_hidden_rows(model, mb, leaves, p0):
+    """trainer::train::Trainer::token_logprobs, Layout::Packed: one row, for
+    each run of samples with one prompt its tokens after the common prefix
+    then every completion but its last token; a block mask (the prefix, the
+    prompt's rest, the completion's own earlier tokens) and per-token positions."""
+    ids, pos, owner, rows, targets, seq_of = [], [], [], [], [], []
+    i, seg = 0, 0
+    while i < len(mb):
+        p = mb[i]["prompt_len"]
+        prompt = mb[i]["tokens"][:p]
+        for k in range(p0, p):
+            ids.append(prompt[k])
+            pos.append(k)
+            owner.append((seg, 0))
+        last = len(ids) - 1
+        while i < len(mb) and mb[i]["tokens"][: mb[i]["prompt_len"]] == prompt:
+            s = mb[i]
+            c = len(s["tokens"]) - p
+            for k in range(c):
+                rows.append(last if k == 0 else len(ids) - 1)
+                targets.append(s["tokens"][p + k])
+                seq_of.append(i)
+                if k + 1 < c:
+                    ids.append(s["tokens"][p + k])
+                    pos.append(p + k)
+                    owner.append((seg, i + 1))
+            i += 1
+        seg += 1
+    n = len(ids)
+    seg_t = torch.tensor([o[0] for o in owner])
+    part_t = torch.tensor([o[1] for o in owner])
+    own = (seg_t[:, None] == seg_t[None, :]) & ((part_t[None, :] == 0) | (part_t[:, None] == part_t[None, :]))
+    own &= torch.ones(n, n, dtype=torch.bool).tril()
+    allowed = torch.cat([torch.ones(n, p0, dtype=torch.bool), own], 1)
+    mask = torch.zeros(1, 1, n, p0 + n).masked_fill(~allowed, float("-inf"))
+    out = model.model(
+        input_ids=torch.tensor([ids]),
+        position_ids=torch.tensor([pos]),
+        attention_mask=mask,
+        past_key_values=cache_of(leaves) if p0 > 0 else None,
+        use_cache=p0 > 0,
+    ).last_hidden_state
+    hidden = out.reshape(-1, out.shape[-1])
+    return hidden.index_select(0, torch.tensor(rows)), torch.tensor(targets), torch.tensor(seq_of)
+
+
 def hidden_rows(model, mb, shared):
     """Post-norm hidden rows predicting each completion token, its target and sequence."""
     rows, targets, seq_of = [], [], []
@@ -145,13 +244,29 @@ def grpo_loss(logp, old, seq, lens, adv, entropy, total_tokens, total_seqs):
     return pg - per_seq_h.sum() * (ENT_COEF / max(total_seqs, 1.0))
 
 
-def step(model, opt, samples, micro_batch_tokens, share_prompts):
+def step(model, opt, samples, micro_batch_tokens, share_prompts, pack_prompts=False):
     total_tokens = sum(len(s["tokens"]) - s["prompt_len"] for s in samples)
     total_seqs = len(samples)
     emb = model.get_output_embeddings().weight
     loss_sum = 0.0
-    for mb, shared in micro_batches(samples, micro_batch_tokens, share_prompts):
-        h, targets, seq = hidden_rows(model, mb, shared)
+    prefix_kv, leaves, p0 = [], [], 0
+    if share_prompts and pack_prompts:
+        # The step's common prompt prefix runs once; its keys and values
+        # enter every micro-batch as leaves that collect their gradient, and
+        # one backward through the prefix at the end passes it on.
+        p0 = common_prefix(samples)
+        if p0 > 0:
+            pre = model.model(input_ids=torch.tensor([samples[0]["tokens"][:p0]]), use_cache=True)
+            prefix_kv = cache_kv(pre.past_key_values)
+            leaves = [(k.detach().requires_grad_(True), v.detach().requires_grad_(True)) for k, v in prefix_kv]
+        plan = [(mb, "packed") for mb in packed_micro_batches(samples, micro_batch_tokens)]
+    else:
+        plan = micro_batches(samples, micro_batch_tokens, share_prompts)
+    for mb, shared in plan:
+        if shared == "packed":
+            h, targets, seq = packed_hidden_rows(model, mb, leaves, p0)
+        else:
+            h, targets, seq = hidden_rows(model, mb, shared)
         logp_all = F.log_softmax(h @ emb.t(), dim=-1)
         logp = logp_all.gather(1, targets.unsqueeze(1)).squeeze(1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -161,6 +276,9 @@ def step(model, opt, samples, micro_batch_tokens, share_prompts):
         loss = grpo_loss(logp, old, seq, lens, adv, entropy, total_tokens, total_seqs)
         loss.backward()
         loss_sum += loss.item()
+    if leaves:
+        surrogate = sum((t * leaf.grad).sum() for kv, lv in zip(prefix_kv, leaves) for t, leaf in zip(kv, lv))
+        surrogate.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=False)
@@ -193,7 +311,7 @@ def compare_weights(model, base_sd, path):
 
 def timed_step(model, opt, samples, a, prefix):
     t, cpu = time.perf_counter(), time.process_time()
-    loss, norm = step(model, opt, samples, a.micro_batch_tokens, a.share_prompts)
+    loss, norm = step(model, opt, samples, a.micro_batch_tokens, a.share_prompts, a.pack_prompts)
     secs, cpu_secs = time.perf_counter() - t, time.process_time() - cpu
     print(f"{prefix}loss={loss:.6f}")
     print(f"{prefix}grad_norm={norm:.4f}")
@@ -209,6 +327,11 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--micro-batch-tokens", type=int, default=512, help="TrainConfig::micro_batch_tokens")
     ap.add_argument("--share-prompts", action="store_true", help="TrainConfig::share_prompts: run a shared prompt once")
+    ap.add_argument(
+        "--pack-prompts",
+        action="store_true",
+        help="TrainConfig::pack_prompts (with --share-prompts): the common prompt prefix once a step, packed rows",
+    )
     ap.add_argument("--ref-logits", help="reference next-token logits (f32 LE) on --prompt")
     ap.add_argument("--prompt", help="comma-separated prompt token ids for the logits check")
     ap.add_argument("--rust-weights", help="the Rust trainer's fp32 weights after its first step (safetensors, HF names)")

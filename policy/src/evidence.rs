@@ -17,6 +17,7 @@ use tributary_protocol::sampling::{self, Draw};
 
 use crate::PolicyError;
 use crate::model::{ReferenceModel, pad_batch};
+use crate::packed::{PackedLayout, PrefixCache};
 
 /// Rows of logits reduced at once (bounds the f64 `[rows, vocab]` buffers).
 const LOGIT_CHUNK_ROWS: i64 = 128;
@@ -116,6 +117,22 @@ impl ReferenceModel {
         reqs: &[EvidenceRequest<'_>],
         draws: &[&[f64]],
     ) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        self.evidence_drawn_after(None, reqs, draws)
+    }
+
+    /// [`ReferenceModel::evidence_drawn`] after a prompt prefix whose keys
+    /// and values are already computed: when every request starts with
+    /// `prefix`'s tokens, keeps at least one prompt token past it and asks
+    /// for no hidden state inside it, the requests run as one packed row
+    /// after it ([`PackedLayout`]: no padding, each prompt's rest once);
+    /// otherwise (or with `None`) as [`ReferenceModel::evidence_drawn`]
+    /// does. The same figures up to rounding either way.
+    pub fn evidence_drawn_after(
+        &self,
+        prefix: Option<&PrefixCache>,
+        reqs: &[EvidenceRequest<'_>],
+        draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
         let vocab = self.dims().vocab_size;
         if !draws.is_empty() {
             if draws.len() != reqs.len() {
@@ -147,23 +164,39 @@ impl ReferenceModel {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
-        tch::no_grad(|| self.evidence_inner(reqs, draws))
+        let prefix = prefix.filter(|c| {
+            !c.is_empty()
+                && reqs.iter().all(|r| {
+                    r.tokens.starts_with(c.tokens())
+                        && c.len() < r.prompt_len
+                        && r.hidden_positions.iter().all(|&p| p >= c.len())
+                })
+        });
+        tch::no_grad(|| self.evidence_inner(prefix, reqs, draws))
     }
 
     fn evidence_inner(
         &self,
+        prefix: Option<&PrefixCache>,
         reqs: &[EvidenceRequest<'_>],
         draws: &[&[f64]],
     ) -> Result<Vec<SequenceEvidence>, PolicyError> {
         let device = self.device();
         let d = self.dims().d_model;
         let vocab = self.dims().vocab_size;
-        // Rollouts of one prompt (a group) run the prompt once; otherwise one
-        // right-padded batch. `hidden` is flat `[rows, d]`; `at(i, p)` is the
-        // row of request i's absolute position p.
+        // After a computed prefix, one packed row; rollouts of one prompt (a
+        // group) run the prompt once; otherwise one right-padded batch.
+        // `hidden` is flat `[rows, d]`; `at(i, p)` is the row of request i's
+        // absolute position p.
         let prompt = &reqs[0].tokens[..reqs[0].prompt_len];
         let shared = reqs.len() > 1 && reqs.iter().all(|r| r.tokens.get(..r.prompt_len) == Some(prompt));
-        let (hidden, at): (Tensor, Box<dyn Fn(usize, usize) -> i64>) = if shared {
+        let (hidden, at): (Tensor, Box<dyn Fn(usize, usize) -> i64>) = if let Some(c) = prefix {
+            let seqs: Vec<(&[u32], usize)> = reqs.iter().map(|r| (r.tokens, r.prompt_len)).collect();
+            let layout = PackedLayout::build(&seqs, c.len(), true)?;
+            let hidden = self.forward_layout(c.kv(), &layout)?;
+            // Every position from the prefix's end on has a row (checked above).
+            (hidden, Box::new(move |i: usize, p: usize| layout.row(i, p).unwrap_or(0)))
+        } else if shared {
             let plen = prompt.len();
             let conts: Vec<&[u32]> = reqs.iter().map(|r| &r.tokens[plen..]).collect();
             let (pre, _) = pad_batch(&[prompt], vocab, 0, device)?;

@@ -203,6 +203,68 @@ fn packed_forward_matches_separate_forwards() -> Result<()> {
     Ok(())
 }
 
+/// Evidence after a cached prefix (two groups in one packed row, hidden
+/// rows asked for past the prefix) gives the figures of the plain evidence
+/// call, up to rounding; a prefix the requests do not start with, or one
+/// that covers a hidden position, falls back to the plain layout.
+#[test]
+fn evidence_after_a_cached_prefix_matches_plain_evidence() -> Result<()> {
+    let s = smol();
+    let eos = s.tok.eos_id();
+    let system = "<|im_start|>system\nSolve the problem. End with a line `Answer: <number>`.<|im_end|>\n";
+    let q1 = [s.tok.encode(system)?, chatml(&s.tok, "What is 12 times 7?")?].concat();
+    let q2 = [s.tok.encode(system)?, chatml(&s.tok, "What is 31 plus 4?")?].concat();
+    let seqs: Vec<(Vec<u32>, usize)> = [
+        (&q1, "12 times 7 is 84.<|im_end|>"),
+        (&q1, "Let me think. 12 × 7 = 84"),
+        (&q2, "35"),
+        (&q2, "31 + 4 = 35, so Answer: 35<|im_end|>"),
+    ]
+    .iter()
+    .map(|(q, c)| Ok(([q.as_slice(), &s.tok.encode(c)?].concat(), q.len())))
+    .collect::<Result<_>>()?;
+    let common = q1.iter().zip(&q2).take_while(|(a, b)| a == b).count();
+    let cache = s.model.prefix_cache(&q1[..common])?;
+    let hidden: Vec<Vec<usize>> = seqs.iter().map(|(t, p)| vec![*p - 1, t.len() - 1]).collect();
+    let reqs: Vec<EvidenceRequest<'_>> = seqs
+        .iter()
+        .zip(&hidden)
+        .map(|((t, p), h)| EvidenceRequest { tokens: t, prompt_len: *p, temperature: 0.7, eos, hidden_positions: h })
+        .collect();
+    let draws: Vec<Vec<f64>> =
+        seqs.iter().map(|(t, p)| (0..t.len() - p).map(|j| (j as f64 * 0.618_034).fract()).collect()).collect();
+    let draw_refs: Vec<&[f64]> = draws.iter().map(Vec::as_slice).collect();
+    let want: Vec<_> =
+        reqs.iter().zip(&draw_refs).map(|(r, d)| s.model.evidence_drawn(&[*r], &[d])).collect::<Result<Vec<_>, _>>()?;
+    let other = s.model.prefix_cache(&s.tok.encode("<|im_start|>system\nBe brief.")?)?;
+    let mut cut = s.model.prefix_cache(&q1[..q1.len() - 1])?.truncated(common)?;
+    assert!(s.model.prefix_cache(&q1[..4])?.truncated(5).is_err());
+    for (name, c) in [("cached", &cache), ("cut from a longer prefix", &mut cut), ("not a prefix", &other)] {
+        let got = s.model.evidence_drawn_after(Some(c), &reqs, &draw_refs)?;
+        for (g, w) in got.iter().zip(&want) {
+            let w = &w[0];
+            let diff = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f64, f64::max);
+            assert_eq!(g.len(), w.len());
+            assert!(diff(&g.logprob, &w.logprob) < 5e-4, "{name}: logprob {:?} vs {:?}", g.logprob, w.logprob);
+            assert!(diff(&g.cdf_lo, &w.cdf_lo) < 5e-4 && diff(&g.prob_temp, &w.prob_temp) < 5e-4, "{name}");
+            let dh = g.hidden.iter().zip(&w.hidden).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert_eq!(g.hidden.len(), w.hidden.len());
+            assert!(dh < 1e-3, "{name}: hidden rows differ by {dh}");
+            assert_eq!(
+                g.drawn.iter().map(|d| d.token).collect::<Vec<_>>(),
+                w.drawn.iter().map(|d| d.token).collect::<Vec<_>>()
+            );
+        }
+    }
+    // A hidden position inside the prefix: the plain layout, same figures.
+    let inside = [1usize];
+    let r = EvidenceRequest { hidden_positions: &inside, ..reqs[0] };
+    let a = s.model.evidence_drawn_after(Some(&cache), &[r], &[draw_refs[0]])?;
+    let b = s.model.evidence_drawn(&[r], &[draw_refs[0]])?;
+    assert_eq!(a[0].hidden, b[0].hidden);
+    Ok(())
+}
+
 /// Decoding with the key/value cache (the prompt in one call, a chunk of
 /// three, then a token at a time, 48 positions past the prompt) gives the
 /// full forward's log-probabilities at every position, up to rounding; a

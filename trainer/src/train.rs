@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
-use tributary_policy::{PolicyError, ReferenceModel, pad_batch};
+use tributary_policy::{PackedLayout, PolicyError, ReferenceModel, common_prefix_len, pad_batch};
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::gguf::{GgmlType, GgufError, GgufWriter};
 
@@ -337,19 +337,6 @@ fn plan_micro_batches(samples: &[Sample], budget: usize, share: bool, pack: bool
     out
 }
 
-/// The prefix every sample's prompt shares, leaving at least one prompt
-/// token of each sample outside it (that token's row predicts the first
-/// completion token, so it runs in the micro-batch).
-fn common_prompt_prefix(samples: &[Sample]) -> usize {
-    let Some(first) = samples.first() else { return 0 };
-    let first = &first.tokens[..first.prompt_len];
-    samples.iter().fold(first.len().saturating_sub(1), |n, s| {
-        let p = &s.tokens[..s.prompt_len];
-        let same = first.iter().zip(p).take(n).take_while(|(a, b)| a == b).count();
-        same.min(p.len().saturating_sub(1))
-    })
-}
-
 /// Sorts by length (similar lengths together: less padding) and fills
 /// micro-batches of at most `budget` completion tokens.
 fn pack_by_length(mut order: Vec<&Sample>, budget: usize) -> Vec<Vec<&Sample>> {
@@ -456,52 +443,20 @@ impl Trainer {
             .flat_map(|s| std::iter::repeat_n(1.0 / gradient_temperature(s.temperature), s.completion_len()))
             .collect();
         let (hidden, positions) = if mb.layout == Layout::Packed {
-            // One row: for each run of samples with one prompt, the prompt
-            // after the common prefix, then each completion but its last
-            // token (whose row predicts nothing). Completion token k of a
-            // sample is predicted by its prompt's last row for k = 0, else by
-            // its own token k − 1; a token sees the prefix (`past`), its
-            // prompt's rest and its own completion before it.
-            let (mut ids, mut pos, mut owner) = (Vec::new(), Vec::new(), Vec::<(usize, usize)>::new());
-            let mut i = 0;
-            let mut seg = 0;
-            while i < batch.len() {
-                let p = batch[i].prompt_len;
-                let prompt = &batch[i].tokens[..p];
-                for (k, &t) in prompt.iter().enumerate().skip(p0) {
-                    ids.push(i64::from(t));
-                    pos.push(k as i64);
-                    owner.push((seg, 0));
-                }
-                let last_prompt_row = ids.len() as i64 - 1;
-                while i < batch.len() && batch[i].tokens[..batch[i].prompt_len] == *prompt {
-                    let s = batch[i];
-                    let c = s.completion_len();
-                    for k in 0..c {
-                        rows.push(if k == 0 { last_prompt_row } else { ids.len() as i64 - 1 });
-                        targets.push(i64::from(s.tokens[p + k]));
-                        seq_of.push(i as i64);
-                        if k + 1 < c {
-                            ids.push(i64::from(s.tokens[p + k]));
-                            pos.push((p + k) as i64);
-                            owner.push((seg, i + 1));
-                        }
-                    }
-                    i += 1;
-                }
-                seg += 1;
-            }
-            let n = ids.len();
-            let mut mask = vec![false; n * n];
-            for (r, &(sr, pr)) in owner.iter().enumerate() {
-                for (c, &(sc, pc)) in owner.iter().enumerate().take(r + 1) {
-                    mask[r * n + c] = sc == sr && (pc == 0 || pc == pr);
+            // One row: each prompt's rest after the common prefix once, then
+            // its completions (but their last tokens, whose rows predict
+            // nothing); completion token k is predicted by position k − 1.
+            let seqs: Vec<(&[u32], usize)> = batch.iter().map(|s| (s.tokens.as_slice(), s.prompt_len)).collect();
+            let layout = PackedLayout::build(&seqs, p0, false)?;
+            for (i, s) in batch.iter().enumerate() {
+                for p in s.prompt_len..s.tokens.len() {
+                    let row = layout.row(i, p - 1).ok_or_else(|| TrainError::Invalid(format!("no row for {p}")))?;
+                    rows.push(row);
+                    targets.push(i64::from(s.tokens[p]));
+                    seq_of.push(i as i64);
                 }
             }
-            let row = Tensor::f_from_slice(&ids)?.f_view([1, n as i64])?.f_to_device(device)?;
-            let h = self.model.forward_hidden_packed(past, &row, &pos, &mask)?;
-            let d = h.size()[2];
-            (h.f_reshape([-1, d])?, n)
+            (self.model.forward_layout(past, &layout)?, layout.len())
         } else if mb.layout == Layout::SharedPrompt {
             // The prompt `[1, P]` once; the completions `[B, S]` attend to it.
             // Over the rows `[prompt P | completions B·S]`, completion token k
@@ -604,7 +559,7 @@ impl Trainer {
         // enter the micro-batches as leaves that collect their gradient; one
         // backward through the prefix at the end passes it on to the weights.
         let t0 = Instant::now();
-        let p0 = if pack { common_prompt_prefix(samples) } else { 0 };
+        let p0 = if pack { common_prefix_len(samples.iter().map(|s| &s.tokens[..s.prompt_len])) } else { 0 };
         let prefix_kv = if p0 > 0 {
             let ids: Vec<i64> = samples[0].tokens[..p0].iter().map(|&t| i64::from(t)).collect();
             let prefix = Tensor::f_from_slice(&ids)?.f_view([1, p0 as i64])?;
@@ -777,12 +732,12 @@ pub fn export_checkpoint(model: &ReferenceModel, template: &Checkpoint) -> Resul
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tributary_protocol::checkpoint::ModelConfig;
 
     /// A small random model (GQA: 4 query heads over 2 key/value heads).
-    fn model(seed: u64) -> ReferenceModel {
+    pub(crate) fn model(seed: u64) -> ReferenceModel {
         let dims = ModelConfig {
             n_layer: 2,
             d_model: 32,
@@ -889,26 +844,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The common prefix stops where the first prompt that differs does and
-    /// leaves each prompt's last token out.
-    #[test]
-    fn the_common_prefix_leaves_every_prompt_a_token() {
-        let s = |tokens: &[u32], prompt_len| Sample {
-            tokens: tokens.to_vec(),
-            prompt_len,
-            temperature: 1.0,
-            old_logprobs: vec![0.0; tokens.len() - prompt_len],
-            advantage: 0.0,
-            reward: 0.0,
-        };
-        assert_eq!(common_prompt_prefix(&[]), 0);
-        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3)]), 2);
-        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[1, 2, 7, 8], 3)]), 2);
-        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[1, 5, 3, 4], 3)]), 1);
-        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[1, 2, 3, 4], 2)]), 1);
-        assert_eq!(common_prompt_prefix(&[s(&[1, 2, 3, 4], 3), s(&[9, 2, 3, 4], 3)]), 0);
     }
 
     /// `log_softmax(logits / T)` of each completion token, per sample, by

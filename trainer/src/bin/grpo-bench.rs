@@ -88,9 +88,9 @@ struct Args {
     #[arg(long)]
     no_share_prompts: bool,
     /// Run each group's prompt once per micro-batch with its completions
-    /// padded (`TrainConfig::pack_prompts` off; the PyTorch script's layout
-    /// with `--share-prompts`) instead of the step's common prompt prefix
-    /// once a step and micro-batches packed without padding.
+    /// padded on both sides (`TrainConfig::pack_prompts` off; the PyTorch
+    /// script without `--pack-prompts`) instead of the step's common prompt
+    /// prefix once a step and micro-batches packed without padding.
     #[arg(long)]
     no_pack: bool,
     /// Skip the PyTorch comparison.
@@ -204,6 +204,9 @@ impl PyServer {
             .arg("--serve");
         if cfg.share_prompts {
             cmd.arg("--share-prompts");
+        }
+        if cfg.share_prompts && cfg.pack_prompts {
+            cmd.arg("--pack-prompts");
         }
         let prompt: Vec<String> = prompt.iter().map(u32::to_string).collect();
         cmd.args(["--ref-logits".as_ref(), ref_logits.as_os_str()]).args(["--prompt", &prompt.join(",")]);

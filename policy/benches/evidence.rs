@@ -80,6 +80,16 @@ fn bench(c: &mut Criterion) {
     let reqs2: Vec<EvidenceRequest<'_>> =
         distinct.iter().zip(&reqs).map(|(s, r)| EvidenceRequest { tokens: s, ..*r }).collect();
     g.bench_function("group_of_8_padded_batch", |b| b.iter(|| model.evidence(&reqs2).expect("evidence")));
+    // The same group after its system prompt's keys and values, kept from an
+    // earlier group (`prefix_for`, as the validator and the trainer's proof
+    // run every group after the first): one packed row of the question and
+    // the completions, no padding.
+    // `<|im_start|>` (id 1) opens the user turn after the system turn.
+    let system = prompt.iter().skip(1).position(|&t| t == 1).expect("a user turn") + 1;
+    let kept = model.prefix_cache(&prompt[..system]).expect("prefix");
+    g.bench_function("group_of_8_after_kept_system_prompt", |b| {
+        b.iter(|| model.evidence_drawn_after(Some(&kept), &reqs, &[]).expect("evidence"))
+    });
     // The same group on the model as the validator and the trainer's proof
     // hold it (`load_for_inference`): BF16 matrices widened to f32 for each
     // product when the file is BF16 (half the memory, the same bits).

@@ -150,7 +150,38 @@ impl PrefixCache {
     }
 }
 
+/// The shortest shared prompt prefix [`ReferenceModel::prefix_for`] keeps.
+pub const MIN_SHARED_PREFIX: usize = 16;
+
 impl ReferenceModel {
+    /// The prefix to run `prompt`'s rollouts after: `cache` cut to what it
+    /// shares with `prompt` when that is at least `min_shared` tokens
+    /// (leaving `prompt` its last token), else computed afresh from all of
+    /// `prompt` but its last token and kept in `cache`. Successive groups
+    /// of a network share a system prompt and worked examples and differ in
+    /// the question: the first group pays for its whole prompt, the second
+    /// cuts the cache to the common part, the rest reuse it. `cache` must
+    /// hold this model's keys and values (or be `None`).
+    pub fn prefix_for<'c>(
+        &self,
+        cache: &'c mut Option<PrefixCache>,
+        prompt: &[u32],
+        min_shared: usize,
+    ) -> Result<&'c PrefixCache, PolicyError> {
+        let limit = prompt.len().saturating_sub(1);
+        let shared =
+            cache.as_ref().map_or(0, |c| c.tokens().iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count());
+        match cache {
+            Some(c) if shared >= min_shared.max(1) => {
+                if shared < c.len() {
+                    *c = c.truncated(shared)?;
+                }
+            }
+            _ => *cache = Some(self.prefix_cache(&prompt[..limit])?),
+        }
+        cache.as_ref().ok_or_else(|| PolicyError::Request("no prefix".to_owned()))
+    }
+
     /// The [`PrefixCache`] of `tokens` (no gradients).
     pub fn prefix_cache(&self, tokens: &[u32]) -> Result<PrefixCache, PolicyError> {
         if tokens.is_empty() {

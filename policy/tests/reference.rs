@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
 use tributary_assets as assets;
-use tributary_policy::{EvidenceRequest, PolicyError, ReferenceModel, pad_batch};
+use tributary_policy::{EvidenceRequest, MIN_SHARED_PREFIX, PolicyError, ReferenceModel, pad_batch};
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::gguf::GgmlType;
 use tributary_protocol::{sampling, tiny, tokenizer::Tokenizer};
@@ -262,6 +262,30 @@ fn evidence_after_a_cached_prefix_matches_plain_evidence() -> Result<()> {
     let a = s.model.evidence_drawn_after(Some(&cache), &[r], &[draw_refs[0]])?;
     let b = s.model.evidence_drawn(&[r], &[draw_refs[0]])?;
     assert_eq!(a[0].hidden, b[0].hidden);
+    Ok(())
+}
+
+/// The prefix kept between groups: the first prompt but its last token,
+/// then cut to what the next prompt shares (the same keys and values as
+/// computed afresh); computed afresh for a prompt that shares too little.
+#[test]
+fn the_prefix_kept_between_groups_is_what_their_prompts_share() -> Result<()> {
+    let s = smol();
+    let system =
+        s.tok.encode("<|im_start|>system\nSolve the problem. End with a line `Answer: <number>`.<|im_end|>\n")?;
+    let prompt = |q: &str| -> Result<Vec<u32>> { Ok([system.as_slice(), &chatml(&s.tok, q)?].concat()) };
+    let (p1, p2) = (prompt("What is 12 times 7?")?, prompt("What is 31 plus 4?")?);
+    let common = p1.iter().zip(&p2).take_while(|(a, b)| a == b).count();
+    let mut cache = None;
+    assert_eq!(s.model.prefix_for(&mut cache, &p1, MIN_SHARED_PREFIX)?.tokens(), &p1[..p1.len() - 1]);
+    assert_eq!(s.model.prefix_for(&mut cache, &p2, MIN_SHARED_PREFIX)?.tokens(), &p2[..common]);
+    assert_eq!(s.model.prefix_for(&mut cache, &p1, MIN_SHARED_PREFIX)?.len(), common, "kept, not grown");
+    let fresh = s.model.prefix_cache(&p1[..common])?;
+    for ((k, v), (fk, fv)) in cache.as_ref().context("kept")?.kv().iter().zip(fresh.kv()) {
+        assert!(k.allclose(fk, 1e-5, 1e-5, false) && v.allclose(fv, 1e-5, 1e-5, false));
+    }
+    let other = chatml(&s.tok, "Hello there, how are you today?")?;
+    assert_eq!(s.model.prefix_for(&mut cache, &other, MIN_SHARED_PREFIX)?.tokens(), &other[..other.len() - 1]);
     Ok(())
 }
 

@@ -43,7 +43,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
-use tributary_policy::{EvidenceRequest, PolicyError, PrefixCache, ReferenceModel};
+use tributary_policy::{EvidenceRequest, MIN_SHARED_PREFIX, PolicyError, PrefixCache, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{EnvError, EnvId, EnvSpec, Environment};
 use tributary_protocol::prf::Seed;
@@ -399,39 +399,8 @@ pub struct Prover {
     /// Re-generations spent per window (the last few windows).
     repairs: std::cell::RefCell<BTreeMap<u64, RepairsSpent>>,
     /// The keys and values of the prompt prefix the last groups shared,
-    /// under the checkpoint they were proven against ([`prompt_prefix`]).
-    prefix: std::cell::RefCell<Option<(ContentId, PrefixCache)>>,
-}
-
-/// The shortest prompt prefix worth keeping computed between groups.
-const MIN_SHARED_PREFIX: usize = 16;
-
-/// The cached prefix for a group of prompt `prompt` under checkpoint `id`:
-/// the cache cut to what it shares with `prompt` when that is at least
-/// [`MIN_SHARED_PREFIX`] tokens under the same checkpoint, else computed
-/// afresh from all of `prompt` but its last token (the next group's
-/// prompt cuts it to their common part: a network's prompts share a system
-/// prompt and worked examples, and only the question differs).
-fn prompt_prefix<'c>(
-    cache: &'c mut Option<(ContentId, PrefixCache)>,
-    id: &ContentId,
-    model: &ReferenceModel,
-    prompt: &[u32],
-) -> Result<&'c PrefixCache, PolicyError> {
-    let limit = prompt.len().saturating_sub(1);
-    let shared = match cache.as_ref() {
-        Some((cid, c)) if cid == id => c.tokens().iter().zip(prompt).take(limit).take_while(|(a, b)| a == b).count(),
-        _ => 0,
-    };
-    match cache {
-        Some((_, c)) if shared >= MIN_SHARED_PREFIX => {
-            if shared < c.len() {
-                *c = c.truncated(shared)?;
-            }
-        }
-        _ => *cache = Some((*id, model.prefix_cache(&prompt[..limit])?)),
-    }
-    Ok(&cache.as_ref().expect("set above").1)
+    /// and the checkpoint they are of ([`ReferenceModel::prefix_for`]).
+    prefix: std::cell::RefCell<(Option<ContentId>, Option<PrefixCache>)>,
 }
 
 impl std::fmt::Debug for Prover {
@@ -600,13 +569,17 @@ impl Prover {
         let draw_refs: Vec<&[f64]> = draws.iter().map(Vec::as_slice).collect();
         // The prompt prefix this group shares with the last ones runs once
         // for them all (the figures are the same up to rounding).
-        let mut cache = self.prefix.borrow_mut();
+        let mut guard = self.prefix.borrow_mut();
+        let (of, cache) = &mut *guard;
+        if *of != Some(info.checkpoint) {
+            (*of, *cache) = (Some(info.checkpoint), None);
+        }
         let prefix = match reqs.first().and_then(|r| r.tokens.get(..r.prompt_len)) {
-            Some(prompt) => Some(prompt_prefix(&mut cache, &info.checkpoint, model, prompt)?),
+            Some(prompt) => Some(model.prefix_for(cache, prompt, MIN_SHARED_PREFIX)?),
             None => None,
         };
         let evidence = model.evidence_drawn_after(prefix, &reqs, &draw_refs)?;
-        drop(cache);
+        drop(guard);
         let mut old = Vec::with_capacity(rollouts.len());
         let mut rewards = Vec::with_capacity(rollouts.len());
         let mut off_draw = Vec::new();
@@ -667,36 +640,5 @@ impl Prover {
             }
         }
         Ok(GroupProof::Proven { old_logprobs: old, rewards, repaired })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The prefix cache keeps what successive prompts share: the first
-    /// prompt but its last token, then cut to the common part; recomputed
-    /// for a prompt that shares too little or under another checkpoint.
-    #[test]
-    fn the_prompt_prefix_cache_keeps_what_prompts_share() {
-        let m = crate::train::tests::model(3);
-        let (a, b) = (ContentId([1; 32]), ContentId([2; 32]));
-        let system: Vec<u32> = (0..20).map(|i| (i * 7 % 60) as u32).collect();
-        let prompt = |q: &[u32]| [system.as_slice(), q].concat();
-        let mut cache = None;
-        let p1 = prompt(&[40, 41, 42]);
-        assert_eq!(prompt_prefix(&mut cache, &a, &m, &p1).unwrap().tokens(), &p1[..22]);
-        let p2 = prompt(&[40, 50, 51]);
-        assert_eq!(prompt_prefix(&mut cache, &a, &m, &p2).unwrap().tokens(), &p2[..21]);
-        let p3 = prompt(&[30]);
-        assert_eq!(prompt_prefix(&mut cache, &a, &m, &p3).unwrap().tokens(), &system[..]);
-        // The cut cache holds the keys and values computed afresh.
-        let fresh = m.prefix_cache(&system).unwrap();
-        for ((k, v), (fk, fv)) in cache.as_ref().unwrap().1.kv().iter().zip(fresh.kv()) {
-            assert!(k.allclose(fk, 1e-5, 1e-5, false) && v.allclose(fv, 1e-5, 1e-5, false));
-        }
-        assert_eq!(prompt_prefix(&mut cache, &b, &m, &p3).unwrap().tokens(), &p3[..20], "another checkpoint");
-        let other: Vec<u32> = (0..30).map(|i| (i * 5 % 60) as u32 + 1).collect();
-        assert_eq!(prompt_prefix(&mut cache, &b, &m, &other).unwrap().tokens(), &other[..29], "too little shared");
     }
 }

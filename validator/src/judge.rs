@@ -24,7 +24,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
-use tributary_policy::{EvidenceRequest, ModelConfig, PolicyError, ReferenceModel, SequenceEvidence};
+use tributary_policy::{
+    EvidenceRequest, MIN_SHARED_PREFIX, ModelConfig, PolicyError, PrefixCache, ReferenceModel, SequenceEvidence,
+};
 use tributary_protocol::assign;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
@@ -61,6 +63,18 @@ pub trait Reference {
     ) -> Result<Vec<SequenceEvidence>, PolicyError> {
         self.evidence(reqs)
     }
+    /// [`Reference::evidence_drawn`] after the prompt prefix kept in
+    /// `cache` ([`ReferenceModel::prefix_for`]: the batches of a window
+    /// share their system prompt, which then runs once). A wrapper that
+    /// does not forward it gives [`Reference::evidence_drawn`]'s evidence.
+    fn evidence_after_kept_prefix(
+        &self,
+        _cache: &mut Option<PrefixCache>,
+        reqs: &[EvidenceRequest<'_>],
+        draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        self.evidence_drawn(reqs, draws)
+    }
 }
 
 impl Reference for ReferenceModel {
@@ -78,6 +92,19 @@ impl Reference for ReferenceModel {
         draws: &[&[f64]],
     ) -> Result<Vec<SequenceEvidence>, PolicyError> {
         ReferenceModel::evidence_drawn(self, reqs, draws)
+    }
+
+    fn evidence_after_kept_prefix(
+        &self,
+        cache: &mut Option<PrefixCache>,
+        reqs: &[EvidenceRequest<'_>],
+        draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        let prefix = match reqs.first().and_then(|r| r.tokens.get(..r.prompt_len)) {
+            Some(prompt) => Some(self.prefix_for(cache, prompt, MIN_SHARED_PREFIX)?),
+            None => None,
+        };
+        self.evidence_drawn_after(prefix, reqs, draws)
     }
 }
 
@@ -382,6 +409,7 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
         let mut keys: Vec<(Seed, SketchKey)> = Vec::new();
         let mut stats = ProveStats::default();
         let mut results: Vec<(usize, Outcome, Option<f32>)> = Vec::with_capacity(pending.len());
+        let mut prefix = None;
         for batch in plan {
             let items: Vec<Item<'_>> = batch
                 .iter()
@@ -398,7 +426,7 @@ impl<'a, R: Reference + ?Sized> Judge<'a, R> {
                     (refs[j], verify::challenged(refs[j], &c.contract.challenge, params), key)
                 })
                 .collect();
-            let evidence = rollout_evidence(self.model, &keys, self.tokenizer.eos_id(), &items, params)?;
+            let evidence = rollout_evidence(self.model, &mut prefix, &keys, self.tokenizer.eos_id(), &items, params)?;
             stats.batches += 1;
             for (&j, ev) in batch.iter().zip(evidence) {
                 let case = &cases[pending[j]];
@@ -910,6 +938,7 @@ type Item<'r> = (&'r Rollout, Vec<usize>, usize);
 /// those positions (zero elsewhere) and every completion token's figures.
 fn rollout_evidence<R: Reference + ?Sized>(
     model: &R,
+    prefix: &mut Option<PrefixCache>,
     keys: &[(Seed, SketchKey)],
     eos: u32,
     items: &[Item<'_>],
@@ -937,7 +966,7 @@ fn rollout_evidence<R: Reference + ?Sized>(
         })
         .collect();
     let draw_refs: Vec<&[f64]> = draws.iter().map(Vec::as_slice).collect();
-    let evidence = model.evidence_drawn(&reqs, &draw_refs)?;
+    let evidence = model.evidence_after_kept_prefix(prefix, &reqs, &draw_refs)?;
     let mut out = Vec::with_capacity(items.len());
     for ((r, ch, key), ev) in items.iter().zip(evidence) {
         let key = &keys[*key].1;

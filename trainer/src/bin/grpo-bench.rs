@@ -283,7 +283,12 @@ fn save_hf_f32(model: &tributary_policy::ReferenceModel, base: &Checkpoint, path
 /// The trainer's proof of every rollout of the batch file (as
 /// `trainer::proof::Prover::prove_group` runs it, the window contract taken
 /// from the records): seconds, and how many rollouts passed.
-fn prove_batch(path: &Path, model: &tributary_policy::ReferenceModel, eos: &[u32]) -> Result<(f64, usize, usize)> {
+fn prove_batch(
+    path: &Path,
+    model: &tributary_policy::ReferenceModel,
+    eos: &[u32],
+    pack: bool,
+) -> Result<(f64, usize, usize)> {
     use tributary_protocol::offline::RolloutRecord;
     use tributary_protocol::rollout::{Rollout, SamplingParams};
     use tributary_protocol::verify::{self, Assignment, VerifyParams};
@@ -316,6 +321,16 @@ fn prove_batch(path: &Path, model: &tributary_policy::ReferenceModel, eos: &[u32
     let vocab = model.dims().vocab_size as u32;
     let t = Instant::now();
     let (mut passed, mut total) = (0, 0);
+    // With `pack`, the prompt prefix every group shares runs once (the
+    // prover keeps it between groups: `Prover::prove_group`).
+    let prefix = if pack {
+        let prompts = groups.values().flat_map(|rs| rs.iter().map(|(r, _)| &r.tokens[..r.prompt_len as usize]));
+        Some(model.prefix_cache(
+            &groups.values().next().context("no groups")?[0].0.tokens[..tributary_policy::common_prefix_len(prompts)],
+        )?)
+    } else {
+        None
+    };
     for rs in groups.values() {
         let reqs: Vec<tributary_policy::EvidenceRequest<'_>> = rs
             .iter()
@@ -327,7 +342,7 @@ fn prove_batch(path: &Path, model: &tributary_policy::ReferenceModel, eos: &[u32
                 hidden_positions: &[],
             })
             .collect();
-        let evidence = model.evidence(&reqs)?;
+        let evidence = model.evidence_drawn_after(prefix.as_ref(), &reqs, &[])?;
         for ((r, seed), ev) in rs.iter().zip(evidence) {
             let a = Assignment {
                 window: 0,
@@ -361,7 +376,7 @@ fn verify_arm(args: &Args, base: &Checkpoint, samples: &[Sample], cfg: TrainConf
     let (mut proof, mut step) = (Vec::new(), Vec::new());
     let mut verdicts = (0, 0);
     for round in 0..args.rounds.max(1) {
-        let (secs, passed, total) = prove_batch(&args.batch, &model, &eos)?;
+        let (secs, passed, total) = prove_batch(&args.batch, &model, &eos, cfg.share_prompts && cfg.pack_prompts)?;
         verdicts = (passed, total);
         proof.push(secs);
         let t = Instant::now();

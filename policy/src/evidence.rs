@@ -17,7 +17,7 @@ use tributary_protocol::sampling::{self, Draw};
 
 use crate::PolicyError;
 use crate::model::{ReferenceModel, pad_batch};
-use crate::packed::{PackedLayout, PrefixCache};
+use crate::packed::{PackedLayout, PrefixCache, packing_pays};
 
 /// Rows of logits reduced at once (bounds the f64 `[rows, vocab]` buffers).
 const LOGIT_CHUNK_ROWS: i64 = 128;
@@ -122,10 +122,11 @@ impl ReferenceModel {
 
     /// [`ReferenceModel::evidence_drawn`] after a prompt prefix whose keys
     /// and values are already computed: when every request starts with
-    /// `prefix`'s tokens, keeps at least one prompt token past it and asks
-    /// for no hidden state inside it, the requests run as one packed row
-    /// after it ([`PackedLayout`]: no padding, each prompt's rest once);
-    /// otherwise (or with `None`) as [`ReferenceModel::evidence_drawn`]
+    /// `prefix`'s tokens, keeps at least one prompt token past it, asks for
+    /// no hidden state inside it, and the packed row costs less
+    /// ([`packing_pays`]: short completions), the requests run as one
+    /// packed row after it ([`PackedLayout`]: no padding, each prompt's rest
+    /// once); otherwise (or with `None`) as [`ReferenceModel::evidence_drawn`]
     /// does. The same figures up to rounding either way.
     pub fn evidence_drawn_after(
         &self,
@@ -171,6 +172,11 @@ impl ReferenceModel {
                         && c.len() < r.prompt_len
                         && r.hidden_positions.iter().all(|&p| p >= c.len())
                 })
+                && packing_pays(
+                    self.dims(),
+                    &reqs.iter().map(|r| (r.tokens, r.prompt_len)).collect::<Vec<_>>(),
+                    c.len(),
+                )
         });
         tch::no_grad(|| self.evidence_inner(prefix, reqs, draws))
     }

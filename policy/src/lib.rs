@@ -17,7 +17,7 @@ mod packed;
 
 pub use evidence::{EvidenceRequest, SequenceEvidence};
 pub use model::{ForwardOutput, KvCache, ROPE_FREQS, ReferenceModel, check_tokens, pad_batch, tensor_shapes};
-pub use packed::{MIN_SHARED_PREFIX, PackedLayout, PrefixCache, common_prefix_len};
+pub use packed::{MIN_SHARED_PREFIX, PackedLayout, PrefixCache, common_prefix_len, packing_pays};
 pub use tributary_protocol::checkpoint::ModelConfig;
 
 /// Errors of the reference model.

@@ -14,6 +14,7 @@ use tch::Tensor;
 
 use crate::PolicyError;
 use crate::model::ReferenceModel;
+use tributary_protocol::checkpoint::ModelConfig;
 
 /// The layout of one packed row.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -203,6 +204,44 @@ impl ReferenceModel {
     }
 }
 
+/// Whether running `seqs` (`(tokens, prompt_len)`) as one packed row after
+/// a kept prefix of `prefix` tokens costs less than the layout without it:
+/// one right-padded batch after their prompt when they share one, else one
+/// padded batch of whole sequences. The cost of a layout is its token
+/// positions (each runs a block's matrix products) plus its attention
+/// pairs weighed against them: a packed row attends densely under its
+/// mask, so long completions (GSM8K answers) make it dearer than the
+/// prompts it saves, while short ones after a long shared prompt (arith's
+/// worked examples) make it far cheaper.
+pub fn packing_pays(dims: &ModelConfig, seqs: &[(&[u32], usize)], prefix: usize) -> bool {
+    let Some(&(first, p)) = seqs.first() else { return false };
+    let (d, kv, ff) = (dims.d_model as f64, dims.kv_dim() as f64, dims.d_ff as f64);
+    // Multiply-adds a position spends in a block's products, against those
+    // of one query-key pair (scores and the weighted sum, every head).
+    let per_pair = 2.0 * (dims.n_head * dims.head_dim()) as f64 / (2.0 * d * d + 2.0 * d * kv + 3.0 * d * ff);
+    let cost = |positions: f64, pairs: f64| positions + pairs * per_pair;
+    let mut n = 0usize;
+    let mut prev: Option<&[u32]> = None;
+    for &(t, pl) in seqs {
+        if prev != Some(&t[..pl]) {
+            n += pl - prefix;
+        }
+        n += t.len() - pl;
+        prev = Some(&t[..pl]);
+    }
+    let packed = cost(n as f64, n as f64 * (prefix + n) as f64);
+    let b = seqs.len() as f64;
+    let plain = if seqs.iter().all(|(t, pl)| t[..*pl] == first[..p]) {
+        let s = seqs.iter().map(|(t, pl)| t.len() - pl).max().unwrap_or(0) as f64;
+        let p = p as f64;
+        cost(p + b * s, p * p / 2.0 + b * s * (p + s / 2.0))
+    } else {
+        let l = seqs.iter().map(|(t, _)| t.len()).max().unwrap_or(0) as f64;
+        cost(b * l, b * l * l / 2.0)
+    };
+    packed < plain
+}
+
 /// The length of the prefix all `prompts` share, leaving at least one
 /// token of each out (that token's row predicts the first completion
 /// token, so it runs in the packed row).
@@ -245,6 +284,38 @@ mod tests {
         // The prefix must leave each prompt a token.
         assert!(PackedLayout::build(&seqs, 3, true).is_err());
         assert!(PackedLayout::build(&[(&a[..3], 3)], 2, true).is_err());
+    }
+
+    /// SmolLM2-135M's shape: a group of 8 short arith completions after a
+    /// 148-token shared prefix packs; 8 long GSM8K answers after a short
+    /// system prompt do not.
+    #[test]
+    fn packing_pays_for_short_completions_after_a_long_shared_prompt() {
+        let dims = ModelConfig {
+            n_layer: 30,
+            d_model: 576,
+            n_head: 9,
+            n_head_kv: 3,
+            d_ff: 1536,
+            vocab_size: 49152,
+            rms_eps: 1e-5,
+            rope_theta: 100000.0,
+            context_length: 8192,
+            arch: Default::default(),
+            key_length: None,
+            qkv_bias: false,
+            rope_freqs: false,
+        };
+        let group = |prompt: usize, completions: &[usize]| -> Vec<Vec<u32>> {
+            completions.iter().map(|&c| (0..(prompt + c) as u32).collect()).collect()
+        };
+        let arith = group(160, &[16, 16, 18, 15, 19, 17, 17, 20]);
+        let seqs: Vec<(&[u32], usize)> = arith.iter().map(|t| (t.as_slice(), 160)).collect();
+        assert!(packing_pays(&dims, &seqs, 148));
+        let gsm = group(70, &[150, 160, 170, 180, 190, 200, 210, 220]);
+        let seqs: Vec<(&[u32], usize)> = gsm.iter().map(|t| (t.as_slice(), 70)).collect();
+        assert!(!packing_pays(&dims, &seqs, 35));
+        assert!(!packing_pays(&dims, &[], 0));
     }
 
     #[test]

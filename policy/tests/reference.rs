@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use anyhow::{Context, Result};
 use tch::{Device, Kind, Tensor};
 use tributary_assets as assets;
-use tributary_policy::{EvidenceRequest, MIN_SHARED_PREFIX, PolicyError, ReferenceModel, pad_batch};
+use tributary_policy::{EvidenceRequest, MIN_SHARED_PREFIX, PolicyError, ReferenceModel, packing_pays, pad_batch};
 use tributary_protocol::checkpoint::Checkpoint;
 use tributary_protocol::gguf::GgmlType;
 use tributary_protocol::{sampling, tiny, tokenizer::Tokenizer};
@@ -234,6 +234,8 @@ fn evidence_after_a_cached_prefix_matches_plain_evidence() -> Result<()> {
     let draws: Vec<Vec<f64>> =
         seqs.iter().map(|(t, p)| (0..t.len() - p).map(|j| (j as f64 * 0.618_034).fract()).collect()).collect();
     let draw_refs: Vec<&[f64]> = draws.iter().map(Vec::as_slice).collect();
+    let layout: Vec<(&[u32], usize)> = seqs.iter().map(|(t, p)| (t.as_slice(), *p)).collect();
+    assert!(packing_pays(s.model.dims(), &layout, common), "short completions after a shared prompt pack");
     let want: Vec<_> =
         reqs.iter().zip(&draw_refs).map(|(r, d)| s.model.evidence_drawn(&[*r], &[d])).collect::<Result<Vec<_>, _>>()?;
     let other = s.model.prefix_cache(&s.tok.encode("<|im_start|>system\nBe brief.")?)?;

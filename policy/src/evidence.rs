@@ -17,7 +17,7 @@ use tributary_protocol::sampling::{self, Draw};
 
 use crate::PolicyError;
 use crate::model::{ReferenceModel, pad_batch};
-use crate::packed::{PackedLayout, PrefixCache, packing_pays};
+use crate::packed::{MIN_SHARED_PREFIX, PackedLayout, PrefixCache, packing_pays};
 
 /// Rows of logits reduced at once (bounds the f64 `[rows, vocab]` buffers).
 const LOGIT_CHUNK_ROWS: i64 = 128;
@@ -118,6 +118,23 @@ impl ReferenceModel {
         draws: &[&[f64]],
     ) -> Result<Vec<SequenceEvidence>, PolicyError> {
         self.evidence_drawn_after(None, reqs, draws)
+    }
+
+    /// [`ReferenceModel::evidence_drawn_after`] the prefix kept in `cache`
+    /// for the first request's prompt ([`ReferenceModel::prefix_for`] with
+    /// [`MIN_SHARED_PREFIX`]): successive groups that share a system prompt
+    /// run it once. `cache` must hold this model's keys and values or `None`.
+    pub fn evidence_after_kept_prefix(
+        &self,
+        cache: &mut Option<PrefixCache>,
+        reqs: &[EvidenceRequest<'_>],
+        draws: &[&[f64]],
+    ) -> Result<Vec<SequenceEvidence>, PolicyError> {
+        let prefix = match reqs.first().and_then(|r| r.tokens.get(..r.prompt_len)) {
+            Some(prompt) => Some(self.prefix_for(cache, prompt, MIN_SHARED_PREFIX)?),
+            None => None,
+        };
+        self.evidence_drawn_after(prefix, reqs, draws)
     }
 
     /// [`ReferenceModel::evidence_drawn`] after a prompt prefix whose keys

@@ -43,7 +43,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
-use tributary_policy::{EvidenceRequest, MIN_SHARED_PREFIX, PolicyError, PrefixCache, ReferenceModel};
+use tributary_policy::{EvidenceRequest, PolicyError, PrefixCache, ReferenceModel};
 use tributary_protocol::checkpoint::{Checkpoint, CheckpointError, ContentId};
 use tributary_protocol::env::{EnvError, EnvId, EnvSpec, Environment};
 use tributary_protocol::prf::Seed;
@@ -574,11 +574,7 @@ impl Prover {
         if *of != Some(info.checkpoint) {
             (*of, *cache) = (Some(info.checkpoint), None);
         }
-        let prefix = match reqs.first().and_then(|r| r.tokens.get(..r.prompt_len)) {
-            Some(prompt) => Some(model.prefix_for(cache, prompt, MIN_SHARED_PREFIX)?),
-            None => None,
-        };
-        let evidence = model.evidence_drawn_after(prefix, &reqs, &draw_refs)?;
+        let evidence = model.evidence_after_kept_prefix(cache, &reqs, &draw_refs)?;
         drop(guard);
         let mut old = Vec::with_capacity(rollouts.len());
         let mut rewards = Vec::with_capacity(rollouts.len());

@@ -24,9 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
-use tributary_policy::{
-    EvidenceRequest, MIN_SHARED_PREFIX, ModelConfig, PolicyError, PrefixCache, ReferenceModel, SequenceEvidence,
-};
+use tributary_policy::{EvidenceRequest, ModelConfig, PolicyError, PrefixCache, ReferenceModel, SequenceEvidence};
 use tributary_protocol::assign;
 use tributary_protocol::identity::PublicKey;
 use tributary_protocol::prf::Seed;
@@ -100,11 +98,7 @@ impl Reference for ReferenceModel {
         reqs: &[EvidenceRequest<'_>],
         draws: &[&[f64]],
     ) -> Result<Vec<SequenceEvidence>, PolicyError> {
-        let prefix = match reqs.first().and_then(|r| r.tokens.get(..r.prompt_len)) {
-            Some(prompt) => Some(self.prefix_for(cache, prompt, MIN_SHARED_PREFIX)?),
-            None => None,
-        };
-        self.evidence_drawn_after(prefix, reqs, draws)
+        ReferenceModel::evidence_after_kept_prefix(self, cache, reqs, draws)
     }
 }
 

@@ -50,19 +50,16 @@ impl PackedLayout {
         // (run, member): member 0 is the run's prompt, k > 0 sequence k - 1 of it.
         let mut owner: Vec<(usize, usize)> = Vec::new();
         let mut i = 0;
-        let mut run = 0;
-        while i < seqs.len() {
-            let (tokens, p) = seqs[i];
-            let prompt = &tokens[..p];
+        for (run, members) in prompt_runs(seqs).enumerate() {
+            let (tokens, p) = members[0];
             let mut prompt_rows = Vec::with_capacity(p - prefix);
-            for (k, &t) in prompt.iter().enumerate().skip(prefix) {
+            for (k, &t) in tokens[..p].iter().enumerate().skip(prefix) {
                 prompt_rows.push(Some(out.ids.len() as i64));
                 out.ids.push(i64::from(t));
                 out.positions.push(k as i64);
                 owner.push((run, 0));
             }
-            while i < seqs.len() && seqs[i].1 == p && &seqs[i].0[..p] == prompt {
-                let tokens = seqs[i].0;
+            for &(tokens, _) in members {
                 let mut rows = prompt_rows.clone();
                 for (k, &t) in tokens.iter().enumerate().skip(p) {
                     if !last && k + 1 == tokens.len() {
@@ -77,7 +74,6 @@ impl PackedLayout {
                 out.rows.push(rows);
                 i += 1;
             }
-            run += 1;
         }
         let n = out.ids.len();
         out.mask = vec![false; n * n];
@@ -204,6 +200,12 @@ impl ReferenceModel {
     }
 }
 
+/// The runs of consecutive sequences (`(tokens, prompt_len)`) with the
+/// same prompt: a packed row holds each run's prompt once.
+fn prompt_runs<'a>(seqs: &'a [(&'a [u32], usize)]) -> impl Iterator<Item = &'a [(&'a [u32], usize)]> {
+    seqs.chunk_by(|(a, pa), (b, pb)| a[..*pa] == b[..*pb])
+}
+
 /// Whether running `seqs` (`(tokens, prompt_len)`) as one packed row after
 /// a kept prefix of `prefix` tokens costs less than the layout without it:
 /// one right-padded batch after their prompt when they share one, else one
@@ -220,15 +222,9 @@ pub fn packing_pays(dims: &ModelConfig, seqs: &[(&[u32], usize)], prefix: usize)
     // of one query-key pair (scores and the weighted sum, every head).
     let per_pair = 2.0 * (dims.n_head * dims.head_dim()) as f64 / (2.0 * d * d + 2.0 * d * kv + 3.0 * d * ff);
     let cost = |positions: f64, pairs: f64| positions + pairs * per_pair;
-    let mut n = 0usize;
-    let mut prev: Option<&[u32]> = None;
-    for &(t, pl) in seqs {
-        if prev != Some(&t[..pl]) {
-            n += pl - prefix;
-        }
-        n += t.len() - pl;
-        prev = Some(&t[..pl]);
-    }
+    let n: usize = prompt_runs(seqs)
+        .map(|members| members[0].1 - prefix + members.iter().map(|(t, pl)| t.len() - pl).sum::<usize>())
+        .sum();
     let packed = cost(n as f64, n as f64 * (prefix + n) as f64);
     let b = seqs.len() as f64;
     let plain = if seqs.iter().all(|(t, pl)| t[..*pl] == first[..p]) {

@@ -36,6 +36,12 @@
 //!   alone reports only that).
 //! - `plot`: mean reward per window (`reward.csv` as written by the script),
 //!   one line per arm (`--csv` and `--label` repeat), as a PNG (plotters, bitmap backend; text in DejaVu Sans read at run time).
+//! - `groups --store coordinator.redb`: what training saw, one JSON line per
+//!   stored group (a miner's task in a window): the window, the problem and
+//!   its answer (arith level `--difficulty`, default 115), each rollout's
+//!   reward, and with `--batches DIR` (a trainer's `batches/`) how many of
+//!   its rollouts a step trained on. Run it on a stopped coordinator's store
+//!   (a copy: opening it may add the store's window index).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -60,7 +66,9 @@ const USAGE: &str = "usage:
                    [--max-new-tokens T] [--threads K] [--jobs J] [--batch B] [--out-dir DIR]
   train-bench report --dir DIR [--base LABEL]
   train-bench plot --csv reward.csv [--label NAME] [--csv ... --label ...] --out reward.png
-                   [--title TEXT] [--font FILE.ttf]";
+                   [--title TEXT] [--font FILE.ttf]
+  train-bench groups --store coordinator.redb [--batches DIR] [--difficulty D] [--windows N]
+                   [--out FILE.jsonl]";
 
 /// The font `plot` writes with unless `--font` names another.
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -76,6 +84,7 @@ fn main() -> Result<()> {
             report(&dir, opts.get("base").unwrap_or("base"))
         }
         "plot" => plot(&opts),
+        "groups" => groups(&opts),
         _ => bail!("{USAGE}"),
     }
 }
@@ -755,6 +764,89 @@ fn plot(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// `groups`: one JSON line per group stored in a coordinator's store.
+fn groups(o: &Opts) -> Result<()> {
+    use coordinator::store::Store;
+    use tributary_protocol::rollout::{Rollout, RolloutLimits};
+    let store_path = PathBuf::from(o.get("store").context("--store coordinator.redb")?);
+    let env = ArithEnv::new(o.num("difficulty", 115u32)?);
+    let windows: u64 = o.num("windows", 4096u64)?;
+    let mut trained = std::collections::HashSet::new();
+    if let Some(dir) = o.get("batches") {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {dir}"))? {
+            let path = entry?.path();
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            let rec: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
+            for d in rec["digests"].as_array().context("a batch record without digests")? {
+                trained.insert(d.as_str().context("a digest that is not a string")?.to_owned());
+            }
+        }
+    }
+    let store = Store::open(&store_path).with_context(|| format!("opening {}", store_path.display()))?;
+    let mut out: Box<dyn Write> = match o.get("out") {
+        Some(p) => Box::new(BufWriter::new(File::create(p).with_context(|| format!("creating {p}"))?)),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let (mut n_groups, mut empty_run) = (0u64, 0u64);
+    for window in 0..windows {
+        let mut by_group: BTreeMap<([u8; 32], u32), Vec<Rollout>> = BTreeMap::new();
+        let mut after = None;
+        loop {
+            let (page, next) = store.rollouts(window, None, after, 1024)?;
+            for bytes in page {
+                let r = Rollout::decode(&bytes, &RolloutLimits::DEFAULT)?;
+                by_group.entry((r.miner, r.group)).or_default().push(r);
+            }
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        // Windows are numbered from 0; stop after 16 empty ones in a row.
+        if by_group.is_empty() {
+            empty_run += 1;
+            if empty_run >= 16 {
+                break;
+            }
+            continue;
+        }
+        empty_run = 0;
+        for (_, mut rs) in by_group {
+            rs.sort_by_key(|r| r.rollout);
+            writeln!(out, "{}", group_line(&env, &rs, &trained))?;
+            n_groups += 1;
+        }
+    }
+    out.flush()?;
+    eprintln!("{n_groups} groups");
+    Ok(())
+}
+
+/// One group's line for `groups`: `rollouts` (one miner's group in one
+/// window, in rollout order, at least one) and the digests (hex) a step trained on.
+fn group_line(
+    env: &ArithEnv,
+    rollouts: &[tributary_protocol::rollout::Rollout],
+    trained: &std::collections::HashSet<String>,
+) -> serde_json::Value {
+    let first = &rollouts[0];
+    let task = env.task(first.task_id);
+    let answer = match &task.answer {
+        tributary_protocol::env::TaskAnswer::Number(n) | tributary_protocol::env::TaskAnswer::Practice(n) => n.clone(),
+        other => format!("{other:?}"),
+    };
+    serde_json::json!({
+        "window": first.window,
+        "miner": hex::encode(&first.miner[..8]),
+        "group": first.group,
+        "task": first.task_id,
+        "problem": task.prompt,
+        "answer": answer,
+        "rewards": rollouts.iter().map(|r| r.reward).collect::<Vec<_>>(),
+        "trained": rollouts.iter().filter(|r| trained.contains(&hex::encode(r.digest()))).count(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -775,6 +867,106 @@ mod tests {
         let want: BTreeMap<String, u64> = [("off_draw".to_owned(), 1), ("zero_variance".to_owned(), 13)].into();
         assert_eq!(dropped_groups(dropped), want);
         assert_eq!(field("a take_s=1.5 x", "step_s"), None);
+    }
+
+    #[test]
+    fn groups_reads_each_stored_group_with_its_problem_rewards_and_trained_rollouts() {
+        use coordinator::core::{Candidate, Shape};
+        use coordinator::store::{Store, StoredRollout};
+        use tributary_protocol::checkpoint::ContentId;
+        use tributary_protocol::env::EnvId;
+        use tributary_protocol::identity::{Keypair, PublicKey};
+        use tributary_protocol::rollout::{Rollout, SamplingParams};
+
+        let dir = tempfile::tempdir().unwrap();
+        let key = Keypair::generate();
+        let env = ArithEnv::new(115);
+        // Window 2: groups 0 and 1 of three rollouts; window 5: group 0 of two.
+        let mut rollouts = Vec::new();
+        for (window, group, n, task) in [(2u64, 0u32, 3u32, 11u64), (2, 1, 3, 12), (5, 0, 2, 13)] {
+            for i in 0..n {
+                let mut r = Rollout {
+                    window,
+                    checkpoint: ContentId([7; 32]),
+                    env: EnvId::Arith,
+                    group,
+                    rollout: i,
+                    task_id: task,
+                    sampling: SamplingParams { temperature: 0.7, max_new_tokens: 8 },
+                    tokens: vec![1, 2, 3, 4 + i],
+                    prompt_len: 3,
+                    logprobs: vec![-0.5],
+                    sketches: vec![0; 4],
+                    reward: if i == 1 { 1.0 } else { 0.0 },
+                    miner: key.public().0,
+                    signature: [0; 64],
+                };
+                r.sign(&key);
+                rollouts.push(r);
+            }
+        }
+        let stored: Vec<StoredRollout> = rollouts
+            .iter()
+            .map(|r| {
+                let bytes = r.encode();
+                let candidate = Candidate {
+                    window: r.window,
+                    checkpoint: r.checkpoint,
+                    env: r.env,
+                    group: r.group,
+                    index: r.rollout,
+                    task_id: r.task_id,
+                    miner: PublicKey(r.miner),
+                    digest: r.digest(),
+                    content: r.content_hash(),
+                    shape: Shape {
+                        sampling: r.sampling,
+                        prompt_len: r.prompt_len,
+                        completion_len: 1,
+                        max_token: 7,
+                        bytes: bytes.len() as u32,
+                    },
+                };
+                StoredRollout { candidate, bytes }
+            })
+            .collect();
+        let store_path = dir.path().join("coordinator.redb");
+        Store::open(&store_path).unwrap().put_rollouts(&stored).unwrap();
+        // A trainer batch record naming two rollouts of window 2's group 1.
+        let batches = dir.path().join("batches");
+        std::fs::create_dir(&batches).unwrap();
+        let trained: Vec<String> = rollouts[3..5].iter().map(|r| hex::encode(r.digest())).collect();
+        std::fs::write(
+            batches.join("3.json"),
+            serde_json::json!({"window": 3, "step": 1, "trained": [2], "digests": trained}).to_string(),
+        )
+        .unwrap();
+
+        let out = dir.path().join("groups.jsonl");
+        let arg = |s: &std::path::Path| s.to_str().unwrap().to_owned();
+        let args: Vec<String> = ["--store", &arg(&store_path), "--batches", &arg(&batches), "--out", &arg(&out)]
+            .map(str::to_owned)
+            .to_vec();
+        groups(&Opts::parse(&args).unwrap()).unwrap();
+        let lines: Vec<serde_json::Value> =
+            std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        let seen: Vec<(u64, u64, u64)> = lines
+            .iter()
+            .map(|l| (l["window"].as_u64().unwrap(), l["group"].as_u64().unwrap(), l["trained"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(seen, vec![(2, 0, 0), (2, 1, 2), (5, 0, 0)]);
+        for (line, task) in lines.iter().zip([11u64, 12, 13]) {
+            let want = env.task(task);
+            assert_eq!(line["task"].as_u64(), Some(task));
+            assert_eq!(line["problem"].as_str(), Some(want.prompt.as_str()));
+            let tributary_protocol::env::TaskAnswer::Number(answer) = want.answer else {
+                panic!("arith answers a number")
+            };
+            assert_eq!(line["answer"].as_str(), Some(answer.as_str()));
+        }
+        assert_eq!(lines[0]["rewards"], serde_json::json!([0.0, 1.0, 0.0]));
+        assert_eq!(lines[2]["rewards"], serde_json::json!([0.0, 1.0]));
     }
 
     #[test]

@@ -275,7 +275,12 @@ for w in s["windows"]:
     v = w["verdicts"]
     delta = "-" if c is None else "full" if c["delta_bytes"] is None else f"{c['delta_bytes'] / 1024:.0f} KiB"
     print(f"{w['window']:>6} {w['rollouts']:>6} {v['valid']:>9}/{v['checked']:<9} {r:>11} {solved:>6} {w['checkpoint'][:12]:>12} {(c['id'][:12] if c else '-'):>12} {delta:>10}")
-print("""
+stored = sorted(w["rollouts"] for w in s["windows"] if w["window"] >= start and w["closed"] and w["rollouts"])
+n = stored[len(stored) // 2] if stored else 0
+# One sampling standard deviation of a mean of n rewards in 0..1 is at most
+# 0.5 / sqrt(n); a group's rollouts share a problem, so the real one is larger.
+noise = f"at least ~{0.5 / n ** 0.5:.2f}" if n else "a lot"
+print(f"""
   stored     rollouts the coordinator stored for the window (every miner)
   verdicts   rollouts found valid / rollouts checked, summed over every verdict posted
              for the window (one per validator and miner); the trainer re-checks what it
@@ -286,8 +291,8 @@ print("""
   solved     share of stored rollouts with a reward above 0
   checkpoint the checkpoint the window's rollouts were generated on (genesis = the base)
   published  the checkpoint the trainer published from this window's rollouts; delta its size
-  With 16 rollouts a window, one window's mean reward moves by ~0.1 from sampling alone:
-  the evaluation below, not this table, says whether training helped.""")
+  With {n} rollouts a window, one window's mean reward moves by {noise} from sampling
+  alone: the evaluation below, not this table, says whether training helped.""")
 print("refused at the door:", s["door_refusals"] or "none")
 for m in s["miners"]:
     acc = "-" if m["acceptance"] is None else f"{100 * m['acceptance']:.1f}%"

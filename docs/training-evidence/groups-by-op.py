@@ -10,7 +10,7 @@ and trained on. Then, per kind over the whole run, a beta-binomial fit of
 the per-problem pass rate (maximum likelihood on a grid) and what it says
 about a group of 16 instead of 8: the share of groups that would be mixed.
 
-Usage: python3 docs/training-evidence/groups8-packed/groups-by-op.py [DIR]
+Usage: python3 docs/training-evidence/groups-by-op.py DIR   (e.g. docs/training-evidence/groups8-packed)
 """
 import gzip
 import json
@@ -45,7 +45,9 @@ def mixed(n, a, b):
     return 1 - exp(log_pk(0, n, a, b)) - exp(log_pk(n, n, a, b))
 
 
-folder = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent)
+if len(sys.argv) != 2:
+    sys.exit(__doc__)
+folder = pathlib.Path(sys.argv[1])
 for path in sorted(folder.glob("groups-*.jsonl.gz")):
     rows = [json.loads(line) for line in gzip.open(path, "rt")]
     size = len(rows[0]["rewards"])

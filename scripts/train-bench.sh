@@ -29,8 +29,9 @@
 #                       completions are the same as one at a time, bit for bit)
 #   BENCH_EVIDENCE=DIR  also keep the evidence there (e.g. docs/training-evidence):
 #                       every eval JSONL (gzip), each arm's reward.csv, the final
-#                       checkpoints' content ids, the report; `train-bench report
-#                       --dir DIR` recomputes every figure from those files
+#                       checkpoints' content ids, the report, every stored group
+#                       (groups-ARM.jsonl.gz: `train-bench groups`); `train-bench
+#                       report --dir DIR` recomputes every figure from those files
 #   BENCH_PNG=FILE      also copy the plot there (e.g. docs/train-reward.png)
 #   DEMO_*              passed to scripts/demo.sh; the bench's defaults:
 #                       DEMO_DIFFICULTY=115 (the problems of 105 with three worked
@@ -173,6 +174,14 @@ if [ -n "${BENCH_EVIDENCE:-}" ]; then
     # upload_s; `train-bench report` prints their medians).
     grep -E 'trained step=|kept for a later step' "$dir/$name/net/trainer.log" \
       | sed 's/\x1b\[[0-9;]*m//g' > "$ev/trainer-$name.log" || true
+    # What training saw, group by group (problem, rewards, rollouts trained
+    # on), read from a copy of the stopped coordinator's store;
+    # `python3 docs/training-evidence/groups-by-op.py DIR` splits them by operation.
+    cp "$dir/$name/net/coordinator/coordinator.redb" "$dir/$name/groups-store.redb"
+    "$bin/train-bench" groups --store "$dir/$name/groups-store.redb" --batches "$dir/$name/net/trainer/batches" \
+      --difficulty "$DEMO_DIFFICULTY" --out "$dir/$name/groups.jsonl"
+    rm -f "$dir/$name/groups-store.redb"
+    gzip -9 -n -c "$dir/$name/groups.jsonl" > "$ev/groups-$name.jsonl.gz"
   done
   cp "$ids" "$ev/checkpoints.txt"
   "$bin/train-bench" report --dir "$ev" > "$ev/report.txt"

@@ -178,7 +178,7 @@ if [ -n "${BENCH_EVIDENCE:-}" ]; then
     # on), read from a copy of the stopped coordinator's store;
     # `python3 docs/training-evidence/groups-by-op.py DIR` splits them by operation.
     cp "$dir/$name/net/coordinator/coordinator.redb" "$dir/$name/groups-store.redb"
-    "$bin/train-bench" groups --store "$dir/$name/groups-store.redb" --batches "$dir/$name/net/trainer/batches" \
+    "$bin/train-bench" groups --store "$dir/$name/groups-store.redb" --trainer "$dir/$name/net/trainer" \
       --difficulty "$DEMO_DIFFICULTY" --out "$dir/$name/groups.jsonl"
     rm -f "$dir/$name/groups-store.redb"
     gzip -9 -n -c "$dir/$name/groups.jsonl" > "$ev/groups-$name.jsonl.gz"

@@ -39,7 +39,7 @@
 //! - `groups --store coordinator.redb`: what training saw, one JSON line per
 //!   stored group (a miner's task in a window): the window, the problem and
 //!   its answer (arith level `--difficulty`, default 115), each rollout's
-//!   reward, and with `--batches DIR` (a trainer's `batches/`) how many of
+//!   reward, and with `--trainer DIR` (a trainer's folder: its `batches/`) how many of
 //!   its rollouts a step trained on. Run it on a stopped coordinator's store
 //!   (a copy: opening it may add the store's window index).
 
@@ -67,7 +67,7 @@ const USAGE: &str = "usage:
   train-bench report --dir DIR [--base LABEL]
   train-bench plot --csv reward.csv [--label NAME] [--csv ... --label ...] --out reward.png
                    [--title TEXT] [--font FILE.ttf]
-  train-bench groups --store coordinator.redb [--batches DIR] [--difficulty D] [--windows N]
+  train-bench groups --store coordinator.redb [--trainer DIR] [--difficulty D] [--windows N]
                    [--out FILE.jsonl]";
 
 /// The font `plot` writes with unless `--font` names another.
@@ -772,14 +772,9 @@ fn groups(o: &Opts) -> Result<()> {
     let env = ArithEnv::new(o.num("difficulty", 115u32)?);
     let windows: u64 = o.num("windows", 4096u64)?;
     let mut trained = std::collections::HashSet::new();
-    if let Some(dir) = o.get("batches") {
-        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {dir}"))? {
-            let path = entry?.path();
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            let rec: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
-            for d in rec["digests"].as_array().context("a batch record without digests")? {
-                trained.insert(d.as_str().context("a digest that is not a string")?.to_owned());
-            }
+    if let Some(dir) = o.get("trainer") {
+        for rec in trainer::service::batch_records(Path::new(dir)).with_context(|| format!("reading {dir}/batches"))? {
+            trained.extend(rec.digests);
         }
     }
     let store = Store::open(&store_path).with_context(|| format!("opening {}", store_path.display()))?;
@@ -944,7 +939,7 @@ mod tests {
 
         let out = dir.path().join("groups.jsonl");
         let arg = |s: &std::path::Path| s.to_str().unwrap().to_owned();
-        let args: Vec<String> = ["--store", &arg(&store_path), "--batches", &arg(&batches), "--out", &arg(&out)]
+        let args: Vec<String> = ["--store", &arg(&store_path), "--trainer", &arg(dir.path()), "--out", &arg(&out)]
             .map(str::to_owned)
             .to_vec();
         groups(&Opts::parse(&args).unwrap()).unwrap();

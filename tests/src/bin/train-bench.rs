@@ -77,6 +77,27 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else { bail!("{USAGE}") };
     let opts = Opts::parse(rest)?;
+    opts.only(match cmd.as_str() {
+        "eval" => &[
+            "model",
+            "label",
+            "difficulty",
+            "band",
+            "ood",
+            "tasks",
+            "gsm8k-test",
+            "base-prompts",
+            "max-new-tokens",
+            "threads",
+            "jobs",
+            "batch",
+            "out-dir",
+        ],
+        "report" => &["dir", "base"],
+        "plot" => &["csv", "label", "out", "title", "font"],
+        "groups" => &["store", "trainer", "difficulty", "windows", "out"],
+        _ => bail!("{USAGE}"),
+    })?;
     match cmd.as_str() {
         "eval" => eval(&opts),
         "report" => {
@@ -102,6 +123,15 @@ impl Opts {
             out.push((key.to_owned(), v.clone()));
         }
         Ok(Opts(out))
+    }
+
+    /// Refuses an option not in `known` (a misspelt or stale option would
+    /// otherwise be ignored silently).
+    fn only(&self, known: &[&str]) -> Result<()> {
+        match self.0.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+            Some((k, _)) => bail!("unknown option --{k}\n{USAGE}"),
+            None => Ok(()),
+        }
     }
 
     fn all(&self, key: &str) -> Vec<&str> {
@@ -962,6 +992,15 @@ mod tests {
         }
         assert_eq!(lines[0]["rewards"], serde_json::json!([0.0, 1.0, 0.0]));
         assert_eq!(lines[2]["rewards"], serde_json::json!([0.0, 1.0]));
+    }
+
+    #[test]
+    fn an_unknown_option_is_refused() {
+        let args: Vec<String> = ["--store", "x.redb", "--batches", "b"].map(str::to_owned).to_vec();
+        let opts = Opts::parse(&args).unwrap();
+        let err = opts.only(&["store", "trainer"]).unwrap_err().to_string();
+        assert!(err.starts_with("unknown option --batches"), "{err}");
+        assert!(opts.only(&["store", "batches"]).is_ok());
     }
 
     #[test]

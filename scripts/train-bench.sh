@@ -31,8 +31,15 @@
 #                       every eval JSONL (gzip), each arm's reward.csv, the final
 #                       checkpoints' content ids, the report, every stored group
 #                       (groups-ARM.jsonl.gz: `train-bench groups`); `train-bench
-#                       report --dir DIR` recomputes every figure from those files
-#   BENCH_PNG=FILE      also copy the plot there (e.g. docs/train-reward.png)
+#                       report --dir DIR` recomputes every figure from those files.
+#                       A bench finished in parts on fresh machines: the
+#                       evaluations DIR already holds are reused (train-bench eval
+#                       keeps a file of the same model file, prompt, column,
+#                       problems and budget), and the arms DIR holds from earlier
+#                       parts keep their line in checkpoints.txt and their curve
+#                       in the plot
+#   BENCH_PNG=FILE      also copy the plot there (e.g. docs/train-reward.png); with
+#                       BENCH_EVIDENCE, the plot of every arm the evidence holds
 #   DEMO_*              passed to scripts/demo.sh; the bench's defaults:
 #                       DEMO_DIFFICULTY=115 (the problems of 105 with three worked
 #                       examples in the prompt: protocol::env::WORKED_LEVELS),
@@ -151,7 +158,18 @@ done
 if [ -n "$arms" ]; then
   "$bin/train-bench" plot "${plot[@]}" --out "$dir/reward.png" \
     --title "SmolLM2-135M, arith $DEMO_DIFFICULTY: mean reward per window (T=0.7)"
-  if [ -n "${BENCH_PNG:-}" ]; then cp "$dir/reward.png" "$BENCH_PNG"; echo "plot copied to $BENCH_PNG"; fi
+  if [ -n "${BENCH_PNG:-}" ] && [ -z "${BENCH_EVIDENCE:-}" ]; then cp "$dir/reward.png" "$BENCH_PNG"; echo "plot copied to $BENCH_PNG"; fi
+fi
+
+if [ -n "${BENCH_EVIDENCE:-}" ]; then
+  # An earlier part's evaluations (the base's prompts, earlier arms) are not
+  # run again: train-bench eval keeps a file that matches to the problem.
+  mkdir -p "$dir/eval"
+  for f in "$BENCH_EVIDENCE"/eval-*.jsonl.gz; do
+    [ -f "$f" ] || continue
+    out="$dir/eval/$(basename "$f" .gz)"
+    if [ ! -f "$out" ]; then gunzip -c "$f" > "$out"; fi
+  done
 fi
 
 echo "== held-out greedy accuracy (the base with every prompt, then the arms with the training prompt)"
@@ -183,8 +201,26 @@ if [ -n "${BENCH_EVIDENCE:-}" ]; then
     rm -f "$dir/$name/groups-store.redb"
     gzip -9 -n -c "$dir/$name/groups.jsonl" > "$ev/groups-$name.jsonl.gz"
   done
-  cp "$ids" "$ev/checkpoints.txt"
+  # The arms of earlier parts (named in the evidence, not in this run) keep
+  # their line, after the base's and before this run's arms.
+  merged="$dir/checkpoints-merged.txt"
+  head -n 2 "$ids" > "$merged"
+  if [ -f "$ev/checkpoints.txt" ]; then
+    awk 'NR == FNR { if ($1 !~ /^#/) here[$1] = 1; next } $1 !~ /^#/ && !($1 in here)' \
+      "$ids" "$ev/checkpoints.txt" >> "$merged"
+  fi
+  tail -n +3 "$ids" >> "$merged"
+  cp "$merged" "$ev/checkpoints.txt"
   "$bin/train-bench" report --dir "$ev" > "$ev/report.txt"
+  if [ -n "${BENCH_PNG:-}" ]; then
+    every=()
+    while read -r name reward lr _; do
+      if [ -f "$ev/reward-$name.csv" ]; then every+=(--csv "$ev/reward-$name.csv" --label "$name ($reward, lr $lr)"); fi
+    done < <(grep -v '^#' "$ev/checkpoints.txt" | grep -v '^base ')
+    "$bin/train-bench" plot "${every[@]}" --out "$BENCH_PNG" \
+      --title "SmolLM2-135M, arith $DEMO_DIFFICULTY: mean reward per window (T=0.7)"
+    echo "plot of every arm in $ev written to $BENCH_PNG"
+  fi
   echo "evidence kept in $ev (recompute: train-bench report --dir $ev)"
 fi
 echo "arms: ${arms:-none}; completions in $dir/eval; working folder $dir"

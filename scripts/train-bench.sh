@@ -106,6 +106,7 @@ run_arm() {
   DEMO_BIN="$bin" DEMO_DIR="$dir/$name/net" DEMO_WINDOWS="$k" DEMO_LR="$lr" DEMO_REWARD="$reward" \
     bash scripts/demo.sh > "$dir/$name/demo.txt" 2>&1
 }
+plot_title="SmolLM2-135M, arith $DEMO_DIFFICULTY: mean reward per window (T=0.7)"
 pids=()
 for arm in $arms; do
   if [ "${BENCH_SERIAL:-0}" = 1 ]; then
@@ -157,7 +158,7 @@ PY
 done
 if [ -n "$arms" ]; then
   "$bin/train-bench" plot "${plot[@]}" --out "$dir/reward.png" \
-    --title "SmolLM2-135M, arith $DEMO_DIFFICULTY: mean reward per window (T=0.7)"
+    --title "$plot_title"
   if [ -n "${BENCH_PNG:-}" ] && [ -z "${BENCH_EVIDENCE:-}" ]; then cp "$dir/reward.png" "$BENCH_PNG"; echo "plot copied to $BENCH_PNG"; fi
 fi
 
@@ -218,7 +219,7 @@ if [ -n "${BENCH_EVIDENCE:-}" ]; then
       if [ -f "$ev/reward-$name.csv" ]; then every+=(--csv "$ev/reward-$name.csv" --label "$name ($reward, lr $lr)"); fi
     done < <(grep -v '^#' "$ev/checkpoints.txt" | grep -v '^base ')
     "$bin/train-bench" plot "${every[@]}" --out "$BENCH_PNG" \
-      --title "SmolLM2-135M, arith $DEMO_DIFFICULTY: mean reward per window (T=0.7)"
+      --title "$plot_title"
     echo "plot of every arm in $ev written to $BENCH_PNG"
   fi
   echo "evidence kept in $ev (recompute: train-bench report --dir $ev)"

@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use tributary_protocol::checkpoint::ContentId;
 use tributary_protocol::env::EnvId;
 use tributary_protocol::identity::PublicKey;
-use tributary_protocol::rollout::SamplingParams;
+use tributary_protocol::rollout::{Rollout, SamplingParams};
 use tributary_protocol::window::WindowId;
 use tributary_protocol::wire::{RejectReason, Role, VerdictBody};
 
@@ -39,6 +39,27 @@ pub struct Candidate {
     pub shape: Shape,
 }
 
+impl Candidate {
+    /// The door facts of `r`, a decoded rollout `bytes` long when encoded,
+    /// whose digest (what its miner signed, [`Rollout::digest`]) is `digest`.
+    /// Checks nothing: the door checks the signature over `digest` before
+    /// it calls this, and [`Core::admit`] the rest.
+    pub fn of(r: &Rollout, digest: [u8; 32], bytes: u32) -> Candidate {
+        Candidate {
+            window: r.window,
+            checkpoint: r.checkpoint,
+            env: r.env,
+            group: r.group,
+            index: r.rollout,
+            task_id: r.task_id,
+            miner: PublicKey(r.miner),
+            digest,
+            content: r.content_hash(),
+            shape: Shape::of(r, bytes),
+        }
+    }
+}
+
 /// The facts of a rollout the window's generation contract bounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shape {
@@ -57,6 +78,17 @@ pub struct Shape {
 impl Eq for Shape {}
 
 impl Shape {
+    /// The shape of `r`, `bytes` long when encoded.
+    pub fn of(r: &Rollout, bytes: u32) -> Shape {
+        Shape {
+            sampling: r.sampling,
+            prompt_len: r.prompt_len,
+            completion_len: r.tokens.len().saturating_sub(r.prompt_len as usize) as u32,
+            max_token: r.tokens.iter().copied().max().unwrap_or(0),
+            bytes,
+        }
+    }
+
     /// The shape of a rollout restored from the store (admitted when it was
     /// stored; restoring checks nothing).
     pub const RESTORED: Shape = Shape {

@@ -13,7 +13,7 @@ use tributary_protocol::rollout::{self, Rollout, RolloutLimits};
 use tributary_protocol::window::Schedule;
 use tributary_protocol::wire::{self, Ack, BatchAnswer, Frame, Outcome, Refused, RejectReason};
 
-use crate::core::{Candidate, Shape};
+use crate::core::Candidate;
 use crate::store::{Store, StoredRollout};
 
 use super::*;
@@ -142,32 +142,13 @@ pub fn door(bytes: &[u8]) -> Result<(Rollout, Candidate), DoorRefusal> {
     if p == 0 || p >= n || r.logprobs.len() != n - p || r.sketches.len() != n || !r.reward.is_finite() {
         return Err(RejectReason::Schema.into());
     }
-    let shape = Shape {
-        sampling: r.sampling,
-        prompt_len: r.prompt_len,
-        completion_len: (n - p) as u32,
-        max_token: r.tokens.iter().copied().max().unwrap_or(0),
-        bytes: bytes.len() as u32,
-    };
     // The digest names the rollout and is what the miner signed: one encode,
     // one hash (the same computation as `Rollout::digest` and `Rollout::verify_signature`).
     let digest = r.digest();
     if rollout::verify_digest(&r.miner, &digest, &r.signature).is_err() {
         return Err(DoorRefusal { reason: RejectReason::BadSignature, signer: Some((r.window, PublicKey(r.miner))) });
     }
-    let content = r.content_hash();
-    let c = Candidate {
-        window: r.window,
-        checkpoint: r.checkpoint,
-        env: r.env,
-        group: r.group,
-        index: r.rollout,
-        task_id: r.task_id,
-        miner: PublicKey(r.miner),
-        digest,
-        content,
-        shape,
-    };
+    let c = Candidate::of(&r, digest, bytes.len() as u32);
     Ok((r, c))
 }
 

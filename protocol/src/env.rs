@@ -621,6 +621,42 @@ mod tests {
         assert_eq!(ArithEnv::new(105).split_key("Compute 56 - 12."), "Compute 56 - 12.");
     }
 
+    #[test]
+    fn the_subtraction_level_trains_on_the_mixed_levels_problems_mostly_subtracting() {
+        let (mixed, sub) = (Environment::Arith(ArithEnv::new(105)), Environment::Arith(ArithEnv::new(108)));
+        let seeds = 0..8_000u64;
+        let minus = seeds.clone().filter(|&s| operands(&sub.task(s).prompt).1 == '-').count();
+        // Three in four (8,000 draws: 6,000 ± 4.4 standard deviations).
+        assert!((5_830..=6_170).contains(&minus), "{minus} of 8000 subtract");
+        let minus_105 = seeds.clone().filter(|&s| operands(&mixed.task(s).prompt).1 == '-').count();
+        assert!((3_830..=4_170).contains(&minus_105), "105 stays half and half: {minus_105}");
+        // The same problems and the same split: every 108 problem is one 105
+        // can ask, on the same side, and no 108 task is a 105 test problem
+        // (or a sum's swapped twin of one).
+        let test: std::collections::HashSet<String> = mixed
+            .test_problems(500)
+            .into_iter()
+            .map(|t| ArithEnv::new(105).split_key(&t.prompt).into_owned())
+            .collect();
+        assert_eq!(test.len(), 500);
+        for seed in seeds {
+            let t = sub.task(seed);
+            let (a, _, b) = operands(&t.prompt);
+            assert!(a < 90 && b < 90, "{}", t.prompt);
+            assert_eq!(sub.split_of(&t), Split::Train, "{}", t.prompt);
+            assert_eq!(mixed.split_of(&t), Split::Train, "{}", t.prompt);
+            assert!(!test.contains(ArithEnv::new(108).split_key(&t.prompt).as_ref()), "{} is held out", t.prompt);
+        }
+        // Its worked-example level asks the same tasks with 115's prompt.
+        let worked = Environment::Arith(ArithEnv::new(118));
+        for seed in 0..200 {
+            assert_eq!(worked.task(seed), sub.task(seed));
+        }
+        let t = worked.task(3);
+        let plain = Environment::Arith(ArithEnv::new(115)).prompt_text(&t);
+        assert_eq!(worked.prompt_text(&t), plain, "118 shows 115's worked examples");
+    }
+
     /// `Compute a op b.` as `(a, op, b)`.
     fn operands(prompt: &str) -> (u64, char, u64) {
         let e: Vec<&str> = prompt.trim_start_matches("Compute ").trim_end_matches('.').split(' ').collect();

@@ -30,14 +30,23 @@ pub const BRIDGE_FIRST: u32 = 100;
 /// - `107`: `a ± b` with one three-digit (`100..=999`) and one two-digit
 ///   (`10..=99`) operand, either first (out of distribution for `105`).
 ///
+/// `108` is a second training level for the same columns: `a ± b` over
+/// `0..=89` like `105`, but subtraction three times in four (addition once).
+/// Its problems are `105`'s (the split hashes the problem text, not the
+/// level), so it never draws a problem of `105`'s test split, and the
+/// columns a `108` network is measured on are `105`–`107`'s. It exists
+/// because a `105` network's gradient was mostly addition: of the groups a
+/// step trained on, 60–62 % were sums, which the policy had mostly learned,
+/// while most subtraction groups were all wrong (`docs/training.md`).
+///
 /// From `105` on, the train/test split sees `a + b` and `b + a` as one
 /// problem ([`ArithEnv::split_key`]).
 ///
 /// Base SmolLM2-135M-Instruct, greedy: see `docs/training.md`.
-pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_FIRST + 7;
+pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_FIRST + 8;
 
-/// The worked-example levels: `115`–`117` ask exactly the problems of
-/// `105`–`107` (the same task for every seed, the same train/test split)
+/// The worked-example levels: `115`–`118` ask exactly the problems of
+/// `105`–`108` (the same task for every seed, the same train/test split)
 /// with a prompt that shows the answer format as well as asking for it:
 /// three worked examples ([`WORKED_EXAMPLES`]) as earlier chat turns before
 /// the question ([`ArithEnv::worked_examples`]). With the system prompt alone
@@ -45,7 +54,7 @@ pub const BRIDGE_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST..=BRIDGE_F
 /// formed on `105`; sampled at T = 0.7: 0 of 384 rollouts in the first four
 /// windows of three networks, `docs/training.md`), so the strict reward is 0
 /// for every rollout and no group has an advantage to learn from.
-pub const WORKED_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST + 15..=BRIDGE_FIRST + 17;
+pub const WORKED_LEVELS: std::ops::RangeInclusive<u32> = BRIDGE_FIRST + 15..=BRIDGE_FIRST + 18;
 
 /// How far a worked-example level is above the level whose problems it asks.
 pub const WORKED_OFFSET: u32 = 10;
@@ -215,10 +224,14 @@ fn bridge(d: u32, st: &mut PrfStream) -> (Vec<u64>, Vec<char>) {
             let (band, other) = (st.range_inclusive(90, 99), st.below(100));
             (if st.below(2) == 0 { vec![band, other] } else { vec![other, band] }, vec![op])
         }
-        _ => {
+        7 => {
             let op = plus_or_minus(st);
             let (big, small) = (st.range_inclusive(100, 999), st.range_inclusive(10, 99));
             (if st.below(2) == 0 { vec![big, small] } else { vec![small, big] }, vec![op])
+        }
+        _ => {
+            let op = if st.below(4) == 0 { '+' } else { '-' };
+            (vec![st.below(90), st.below(90)], vec![op])
         }
     }
 }
@@ -357,7 +370,7 @@ mod tests {
             assert_eq!(answer.score(RewardRule::Strict, &format!("{q} = {a}\nAnswer: {a}")), 1.0);
         }
         // The levels around them are clamped as before.
-        assert_eq!(ArithEnv::new(118).difficulty(), MAX_DIFFICULTY);
+        assert_eq!(ArithEnv::new(119).difficulty(), MAX_DIFFICULTY);
         assert_eq!(ArithEnv::new(114).difficulty(), MAX_DIFFICULTY);
     }
 
@@ -405,7 +418,8 @@ mod tests {
                     4 => assert!(ops == ['+'] && xs.iter().all(|x| (10..100).contains(x)), "{}", t.prompt),
                     5 => assert!(pm && xs.iter().all(|&x| x < 90), "{}", t.prompt),
                     6 => assert!(pm && xs.iter().all(|&x| x < 100) && xs.iter().any(|&x| x >= 90), "{}", t.prompt),
-                    _ => assert!(pm && xs.iter().any(|&x| x >= 100) && xs.iter().any(|&x| x < 100), "{}", t.prompt),
+                    7 => assert!(pm && xs.iter().any(|&x| x >= 100) && xs.iter().any(|&x| x < 100), "{}", t.prompt),
+                    _ => assert!(pm && xs.iter().all(|&x| x < 90), "{}", t.prompt),
                 }
                 prompts.insert(t.prompt);
             }

@@ -40,7 +40,7 @@ pub use verdict::*;
 pub use window::*;
 
 /// The QUIC ALPN; the number is the protocol's major version.
-pub const ALPN: &[u8] = b"tributary/9";
+pub const ALPN: &[u8] = b"tributary/10";
 
 /// Version sent in [`Hello`]; peers refuse other versions. Version 1: the
 /// handshake signature covers the TLS session's exporter keying material,
@@ -67,9 +67,12 @@ pub const ALPN: &[u8] = b"tributary/9";
 /// ([`crate::verify::AmbiguityCap`]). Version 9: arith levels 115–117 ask
 /// the problems of 105–107 with worked examples in the prompt
 /// ([`crate::env::WORKED_LEVELS`]); a version-8 peer would clamp them to level
-/// 10 and fail every prompt check. No verification rule changed. Peers of
-/// different versions cannot talk.
-pub const PROTOCOL_VERSION: u16 = 9;
+/// 10 and fail every prompt check. No verification rule changed. Version
+/// 10: arith levels 108 and 118 ask 105's problems subtracting three times
+/// in four (a training level for the same held-out columns); a version-9
+/// peer would clamp them to level 10. No verification rule changed. Peers
+/// of different versions cannot talk.
+pub const PROTOCOL_VERSION: u16 = 10;
 
 /// Bytes in a frame header (body length + tag).
 pub const HEADER_LEN: usize = 6;

@@ -42,7 +42,9 @@
 #                       BENCH_EVIDENCE, the plot of every arm the evidence holds
 #   DEMO_*              passed to scripts/demo.sh; the bench's defaults:
 #                       DEMO_DIFFICULTY=115 (the problems of 105 with three worked
-#                       examples in the prompt: protocol::env::WORKED_LEVELS),
+#                       examples in the prompt: protocol::env::WORKED_LEVELS;
+#                       118 trains on the same problems subtracting three times
+#                       in four and is measured on 115's columns),
 #                       DEMO_TOKENS=96, DEMO_GROUPS=4 (2 miners x 4 groups x 8:
 #                       64 rollouts a window), DEMO_GROUP_SIZE=8,
 #                       DEMO_WINDOW_MS=150000, DEMO_LR=3e-5, DEMO_VALIDATOR=1,

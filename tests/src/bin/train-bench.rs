@@ -11,7 +11,10 @@
 //!   worked-example level (`115`, whose prompt shows three worked examples:
 //!   `protocol::env::WORKED_LEVELS`) the band and ood columns are `116` and
 //!   `117`, the same problems asked the same way, and `fewshot` is left out
-//!   of the base's default prompts (it is the level's own prompt). With
+//!   of the base's default prompts (it is the level's own prompt). A network
+//!   trained on `108` (`118`), `105`'s problems subtracting three times in
+//!   four, is measured on `105`–`107`'s (`115`–`117`'s) columns, test
+//!   included: the same problems as a `105` network's ([`held_out_levels`]). With
 //!   `--gsm8k-test FILE` GSM8K's own test file is a fourth column. Every
 //!   completion is scored three ways: strict (the last non-empty line is a
 //!   well-formed `Answer: N` with the right `N`, training's default reward),
@@ -40,7 +43,9 @@
 //!   stored group (a miner's task in a window): the window, the problem and
 //!   its answer (arith level `--difficulty`, default 115), each rollout's
 //!   reward, and with `--trainer DIR` (a trainer's folder: its `batches/`) how many of
-//!   its rollouts a step trained on. Run it on a stopped coordinator's store
+//!   its rollouts a step trained on; with `--completions MODEL.gguf`, each
+//!   rollout's completion as text (to read what training saw fail, not the
+//!   held-out columns). Run it on a stopped coordinator's store
 //!   (a copy: opening it may add the store's window index).
 
 use std::collections::BTreeMap;
@@ -68,7 +73,8 @@ const USAGE: &str = "usage:
   train-bench plot --csv reward.csv [--label NAME] [--csv ... --label ...] --out reward.png
                    [--title TEXT] [--font FILE.ttf]
   train-bench groups --store coordinator.redb [--trainer DIR] [--difficulty D] [--windows N]
-                   [--out FILE.jsonl]";
+                   [--completions MODEL.gguf] [--out FILE.jsonl]
+  train-bench groups --relabel GROUPS.jsonl[.gz] [--difficulty D] [--out FILE.jsonl]";
 
 /// The font `plot` writes with unless `--font` names another.
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -95,7 +101,7 @@ fn main() -> Result<()> {
         ],
         "report" => &["dir", "base"],
         "plot" => &["csv", "label", "out", "title", "font"],
-        "groups" => &["store", "trainer", "difficulty", "windows", "out"],
+        "groups" => &["store", "trainer", "difficulty", "windows", "completions", "relabel", "out"],
         _ => bail!("{USAGE}"),
     })?;
     match cmd.as_str() {
@@ -326,6 +332,21 @@ fn level(o: &Opts, key: &str, default: u32) -> Result<Option<u32>> {
     }
 }
 
+/// The levels whose problems measure a network trained on arith level
+/// `difficulty`: `(test, band, ood)`. The test column is the test split of
+/// `test`, the problems no window of `difficulty` assigns. A
+/// worked-example level's band and ood are asked the same way (`116`,
+/// `117`); level `108` (`118`) draws `105`'s (`115`'s) problems with another
+/// mix of operations, so its columns are those of `105` (`115`).
+fn held_out_levels(difficulty: u32) -> (u32, u32, u32) {
+    match difficulty {
+        108 => (105, 106, 107),
+        118 => (115, 116, 117),
+        d if WORKED_LEVELS.contains(&d) => (d, 116, 117),
+        d => (d, 106, 107),
+    }
+}
+
 fn eval(o: &Opts) -> Result<()> {
     let models: Vec<PathBuf> = o.all("model").into_iter().map(PathBuf::from).collect();
     if models.is_empty() {
@@ -356,10 +377,9 @@ fn eval(o: &Opts) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
 
     let mut columns = Vec::new();
-    let train = Environment::Arith(ArithEnv::new(difficulty));
+    let (test, band, ood) = held_out_levels(difficulty);
+    let train = Environment::Arith(ArithEnv::new(test));
     columns.push(Column { name: "test".into(), tasks: train.test_problems(n), env: train });
-    // The band and ood columns of a worked-example level are asked the same way.
-    let (band, ood) = if WORKED_LEVELS.contains(&difficulty) { (116, 117) } else { (106, 107) };
     for (name, lvl) in [("band", level(o, "band", band)?), ("ood", level(o, "ood", ood)?)] {
         if let Some(l) = lvl {
             let env = Environment::Arith(ArithEnv::new(l));
@@ -440,7 +460,17 @@ struct Row {
 
 /// The rows of one JSONL file (gzip-compressed when it ends in `.gz`).
 fn read_rows(path: &Path) -> Result<Vec<Row>> {
-    let text = if path.extension().is_some_and(|e| e == "gz") {
+    read_text(path)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1)))
+        .collect()
+}
+
+/// A text file's contents (gzip-compressed when it ends in `.gz`, read through `gzip -dc`).
+fn read_text(path: &Path) -> Result<String> {
+    Ok(if path.extension().is_some_and(|e| e == "gz") {
         let out = std::process::Command::new("gzip")
             .arg("-dc")
             .arg(path)
@@ -452,12 +482,7 @@ fn read_rows(path: &Path) -> Result<Vec<Row>> {
         String::from_utf8(out.stdout)?
     } else {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 1)))
-        .collect()
+    })
 }
 
 /// A model's outcomes on one column in one prompt style, by problem.
@@ -794,12 +819,20 @@ fn plot(o: &Opts) -> Result<()> {
     Ok(())
 }
 
-/// `groups`: one JSON line per group stored in a coordinator's store.
+/// `groups`: one JSON line per group stored in a coordinator's store; with
+/// `--completions MODEL.gguf` (any checkpoint of the network: they share its
+/// tokenizer), each line also holds every rollout's completion as text.
+/// `--relabel FILE` instead rewrites a groups file's problems ([`relabel`]).
 fn groups(o: &Opts) -> Result<()> {
     use coordinator::store::Store;
     use tributary_protocol::rollout::{Rollout, RolloutLimits};
-    let store_path = PathBuf::from(o.get("store").context("--store coordinator.redb")?);
-    let env = ArithEnv::new(o.num("difficulty", 115u32)?);
+    // What a window assigned for a task id: `Environment::task`, which redraws
+    // a seed whose own problem is held out (`ArithEnv::task` would not).
+    let env = Environment::Arith(ArithEnv::new(o.num("difficulty", 115u32)?));
+    if let Some(file) = o.get("relabel") {
+        return relabel(&env, Path::new(file), o.get("out"));
+    }
+    let store_path = PathBuf::from(o.get("store").context("--store coordinator.redb (or --relabel FILE)")?);
     let windows: u64 = o.num("windows", 4096u64)?;
     let mut trained = std::collections::HashSet::new();
     if let Some(dir) = o.get("trainer") {
@@ -807,6 +840,10 @@ fn groups(o: &Opts) -> Result<()> {
             trained.extend(rec.digests);
         }
     }
+    let tokenizer = match o.get("completions") {
+        Some(m) => Some(Tokenizer::from_gguf_file(Path::new(m)).with_context(|| format!("the tokenizer of {m}"))?),
+        None => None,
+    };
     let store = Store::open(&store_path).with_context(|| format!("opening {}", store_path.display()))?;
     let mut out: Box<dyn Write> = match o.get("out") {
         Some(p) => Box::new(BufWriter::new(File::create(p).with_context(|| format!("creating {p}"))?)),
@@ -838,7 +875,11 @@ fn groups(o: &Opts) -> Result<()> {
         empty_run = 0;
         for (_, mut rs) in by_group {
             rs.sort_by_key(|r| r.rollout);
-            writeln!(out, "{}", group_line(&env, &rs, &trained))?;
+            let mut line = group_line(&env, &rs, &trained);
+            if let Some(t) = &tokenizer {
+                line["completions"] = completions(t, &rs)?.into();
+            }
+            writeln!(out, "{line}")?;
             n_groups += 1;
         }
     }
@@ -847,25 +888,70 @@ fn groups(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// The problem and answer a window assigned for `task_id`.
+fn problem_of(env: &Environment, task_id: u64) -> (String, String) {
+    let task = env.task(task_id);
+    let answer = match task.answer {
+        tributary_protocol::env::TaskAnswer::Number(n) | tributary_protocol::env::TaskAnswer::Practice(n) => n,
+        other => format!("{other:?}"),
+    };
+    (task.prompt, answer)
+}
+
+/// `groups --relabel FILE`: a groups file (plain or `.gz`) with each line's
+/// problem and answer recomputed from its task id. Files written before
+/// `groups` redrew held-out seeds named, for about one group in eight, the
+/// held-out problem its seed stood for instead of the one trained on
+/// (rewards, windows and counts were right).
+fn relabel(env: &Environment, file: &Path, out: Option<&str>) -> Result<()> {
+    let text = read_text(file)?;
+    let mut out: Box<dyn Write> = match out {
+        Some(p) => Box::new(BufWriter::new(File::create(p).with_context(|| format!("creating {p}"))?)),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let (mut n, mut changed) = (0u64, 0u64);
+    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let mut v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}:{}", file.display(), i + 1))?;
+        let id = v["task"].as_u64().with_context(|| format!("{}:{}: no task id", file.display(), i + 1))?;
+        let (problem, answer) = problem_of(env, id);
+        changed += u64::from(v["problem"] != problem.as_str());
+        v["problem"] = problem.into();
+        v["answer"] = answer.into();
+        writeln!(out, "{v}")?;
+        n += 1;
+    }
+    out.flush()?;
+    eprintln!("{n} groups, {changed} relabelled");
+    Ok(())
+}
+
+/// The completion of each of `rollouts` as text (up to its end-of-generation token).
+fn completions(tokenizer: &Tokenizer, rollouts: &[tributary_protocol::rollout::Rollout]) -> Result<Vec<String>> {
+    rollouts
+        .iter()
+        .map(|r| {
+            let completion = r.tokens.get(r.prompt_len as usize..).unwrap_or_default();
+            Ok(tokenizer.decode(completion_text_ids(tokenizer, completion))?)
+        })
+        .collect()
+}
+
 /// One group's line for `groups`: `rollouts` (one miner's group in one
 /// window, in rollout order, at least one) and the digests (hex) a step trained on.
 fn group_line(
-    env: &ArithEnv,
+    env: &Environment,
     rollouts: &[tributary_protocol::rollout::Rollout],
     trained: &std::collections::HashSet<String>,
 ) -> serde_json::Value {
     let first = &rollouts[0];
-    let task = env.task(first.task_id);
-    let answer = match &task.answer {
-        tributary_protocol::env::TaskAnswer::Number(n) | tributary_protocol::env::TaskAnswer::Practice(n) => n.clone(),
-        other => format!("{other:?}"),
-    };
+    let (problem, answer) = problem_of(env, first.task_id);
     serde_json::json!({
         "window": first.window,
         "miner": hex::encode(&first.miner[..8]),
         "group": first.group,
         "task": first.task_id,
-        "problem": task.prompt,
+        "problem": problem,
         "answer": answer,
         "rewards": rollouts.iter().map(|r| r.reward).collect::<Vec<_>>(),
         "trained": rollouts.iter().filter(|r| trained.contains(&hex::encode(r.digest()))).count(),
@@ -896,20 +982,33 @@ mod tests {
 
     #[test]
     fn groups_reads_each_stored_group_with_its_problem_rewards_and_trained_rollouts() {
-        use coordinator::core::{Candidate, Shape};
+        use coordinator::core::Candidate;
         use coordinator::store::{Store, StoredRollout};
         use tributary_protocol::checkpoint::ContentId;
         use tributary_protocol::env::EnvId;
-        use tributary_protocol::identity::{Keypair, PublicKey};
+        use tributary_protocol::identity::Keypair;
         use tributary_protocol::rollout::{Rollout, SamplingParams};
 
         let dir = tempfile::tempdir().unwrap();
         let key = Keypair::generate();
-        let env = ArithEnv::new(115);
+        let env = Environment::Arith(ArithEnv::new(115));
+        // A seed whose own problem is held out: a window assigns it the
+        // problem of a redraw, and that is the problem its group names.
+        let held = (0u64..).find(|&s| ArithEnv::new(115).task(s).prompt != env.task(s).prompt).unwrap();
+        let model = tributary_assets::smollm2_q4_1();
+        let tokenizer = Tokenizer::from_gguf_file(&model).expect("SmolLM2 tokenizer (run scripts/setup.sh)");
+        let eos = tokenizer.eos_id();
+        // Rollout i of a group completes `i - 30 = …` (ended by EOS except the last).
+        let text = |i: u32| format!("{i} - 30 = {}\nAnswer: {}", i as i64 - 30, i as i64 - 30);
         // Window 2: groups 0 and 1 of three rollouts; window 5: group 0 of two.
         let mut rollouts = Vec::new();
-        for (window, group, n, task) in [(2u64, 0u32, 3u32, 11u64), (2, 1, 3, 12), (5, 0, 2, 13)] {
+        for (window, group, n, task) in [(2u64, 0u32, 3u32, 11u64), (2, 1, 3, held), (5, 0, 2, 13)] {
             for i in 0..n {
+                let mut tokens = vec![1, 2, 3];
+                tokens.extend(tokenizer.encode(&text(i)).unwrap());
+                if i + 1 < n {
+                    tokens.push(eos);
+                }
                 let mut r = Rollout {
                     window,
                     checkpoint: ContentId([7; 32]),
@@ -918,10 +1017,10 @@ mod tests {
                     rollout: i,
                     task_id: task,
                     sampling: SamplingParams { temperature: 0.7, max_new_tokens: 8 },
-                    tokens: vec![1, 2, 3, 4 + i],
+                    logprobs: vec![-0.5; tokens.len() - 3],
+                    sketches: vec![0; tokens.len()],
+                    tokens,
                     prompt_len: 3,
-                    logprobs: vec![-0.5],
-                    sketches: vec![0; 4],
                     reward: if i == 1 { 1.0 } else { 0.0 },
                     miner: key.public().0,
                     signature: [0; 64],
@@ -934,24 +1033,7 @@ mod tests {
             .iter()
             .map(|r| {
                 let bytes = r.encode();
-                let candidate = Candidate {
-                    window: r.window,
-                    checkpoint: r.checkpoint,
-                    env: r.env,
-                    group: r.group,
-                    index: r.rollout,
-                    task_id: r.task_id,
-                    miner: PublicKey(r.miner),
-                    digest: r.digest(),
-                    content: r.content_hash(),
-                    shape: Shape {
-                        sampling: r.sampling,
-                        prompt_len: r.prompt_len,
-                        completion_len: 1,
-                        max_token: 7,
-                        bytes: bytes.len() as u32,
-                    },
-                };
+                let candidate = Candidate::of(r, r.digest(), bytes.len() as u32);
                 StoredRollout { candidate, bytes }
             })
             .collect();
@@ -981,7 +1063,7 @@ mod tests {
             .map(|l| (l["window"].as_u64().unwrap(), l["group"].as_u64().unwrap(), l["trained"].as_u64().unwrap()))
             .collect();
         assert_eq!(seen, vec![(2, 0, 0), (2, 1, 2), (5, 0, 0)]);
-        for (line, task) in lines.iter().zip([11u64, 12, 13]) {
+        for (line, task) in lines.iter().zip([11u64, held, 13]) {
             let want = env.task(task);
             assert_eq!(line["task"].as_u64(), Some(task));
             assert_eq!(line["problem"].as_str(), Some(want.prompt.as_str()));
@@ -992,6 +1074,66 @@ mod tests {
         }
         assert_eq!(lines[0]["rewards"], serde_json::json!([0.0, 1.0, 0.0]));
         assert_eq!(lines[2]["rewards"], serde_json::json!([0.0, 1.0]));
+        assert!(lines.iter().all(|l| l.get("completions").is_none()), "no text unless asked");
+        assert_ne!(lines[1]["problem"].as_str(), Some(ArithEnv::new(115).task(held).prompt.as_str()));
+
+        // `--relabel` recomputes a file's problems and answers from its task
+        // ids: a line naming the held-out problem its seed stood for is fixed,
+        // the others are kept as they were.
+        let mut stale = lines.clone();
+        stale[1]["problem"] = ArithEnv::new(115).task(held).prompt.into();
+        stale[1]["answer"] = "0".into();
+        let stale_file = dir.path().join("stale.jsonl");
+        let body: String = stale.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&stale_file, body).unwrap();
+        let fixed_file = dir.path().join("fixed.jsonl");
+        let args: Vec<String> =
+            ["--relabel", &arg(&stale_file), "--out", &arg(&fixed_file)].map(str::to_owned).to_vec();
+        groups(&Opts::parse(&args).unwrap()).unwrap();
+        let fixed: Vec<serde_json::Value> =
+            std::fs::read_to_string(&fixed_file).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(fixed, lines);
+
+        // With `--completions`, every rollout's text, up to its end token.
+        let args: Vec<String> = ["--store", &arg(&store_path), "--completions", &arg(&model), "--out", &arg(&out)]
+            .map(str::to_owned)
+            .to_vec();
+        groups(&Opts::parse(&args).unwrap()).unwrap();
+        let lines: Vec<serde_json::Value> =
+            std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines[1]["completions"], serde_json::json!([text(0), text(1), text(2)]));
+        assert_eq!(lines[2]["completions"], serde_json::json!([text(0), text(1)]));
+        assert_eq!(lines[1]["trained"], 0, "no --trainer, nothing counted as trained");
+    }
+
+    #[test]
+    fn every_level_of_the_bench_is_measured_on_the_committed_columns() {
+        // The problems `eval` asks (500 a column, as the bench does) are those
+        // of the committed evidence of the runs with each arm alone, in
+        // order, on 115 and on 118 (105's problems, mostly subtracting): a
+        // 118 network is measured on the problems a 115 network was.
+        let evidence = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/training-evidence/alone24");
+        for difficulty in [115, 118] {
+            let (test, band, ood) = held_out_levels(difficulty);
+            let columns = [
+                ("test", Environment::Arith(ArithEnv::new(test)).test_problems(500)),
+                ("band", Environment::Arith(ArithEnv::new(band)).distinct_problems(500)),
+                ("ood", Environment::Arith(ArithEnv::new(ood)).distinct_problems(500)),
+            ];
+            for (name, tasks) in columns {
+                let rows = read_rows(&evidence.join(format!("eval-base-default-{name}.jsonl.gz"))).unwrap();
+                let asked: Vec<&str> = tasks.iter().map(|t| t.prompt.as_str()).collect();
+                let kept: Vec<&str> = rows.iter().map(|r| r.problem.as_str()).collect();
+                assert_eq!(asked, kept, "level {difficulty}, column {name}");
+            }
+        }
+        assert_eq!(held_out_levels(105), (105, 106, 107));
+        assert_eq!(held_out_levels(108), (105, 106, 107));
+        assert_eq!(held_out_levels(104), (104, 106, 107));
+        // A 118 network never trains on a problem of its test column.
+        let (train, test) = (Environment::Arith(ArithEnv::new(118)), Environment::Arith(ArithEnv::new(115)));
+        let held: std::collections::HashSet<String> = test.test_problems(500).into_iter().map(|t| t.prompt).collect();
+        assert!((0..5_000u64).all(|s| !held.contains(&train.task(s).prompt)));
     }
 
     #[test]

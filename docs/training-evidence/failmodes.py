@@ -15,12 +15,7 @@ import re
 import sys
 from collections import Counter
 
-def kind(problem):
-    e = problem.removeprefix("Compute ").rstrip(".")
-    if " + " in e:
-        return "add"
-    a, b = map(int, e.split(" - "))
-    return "sub>=0" if a >= b else "sub<0"
+from arith_kinds import KINDS, kind
 
 ANS = re.compile(r"^Answer: (-?\d+)$")
 path = sys.argv[1]
@@ -51,7 +46,7 @@ for lo, hi in ((0, last // 2), (last // 2, last)):
             else:
                 c["other wrong"] += 1
     print(f"windows {lo}-{hi - 1}")
-    for k in ("add", "sub>=0", "sub<0"):
+    for k in KINDS:
         c = stats.get(k, Counter())
         n = sum(c.values())
         parts = ", ".join(f"{name} {c[name] / n:.2f}" for name in

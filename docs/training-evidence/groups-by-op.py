@@ -18,16 +18,7 @@ import pathlib
 import sys
 from math import exp, lgamma, log
 
-KINDS = ("add", "sub>=0", "sub<0")
-
-
-def kind(problem):
-    e = problem.removeprefix("Compute ").rstrip(".")
-    if " + " in e:
-        return "add"
-    a, b = map(int, e.split(" - "))
-    return "sub>=0" if a >= b else "sub<0"
-
+from arith_kinds import KINDS, kind
 
 def log_pk(k, n, a, b):
     """log P(k of n right) when the pass rate is Beta(a, b)."""

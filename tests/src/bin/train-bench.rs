@@ -845,10 +845,7 @@ fn groups(o: &Opts) -> Result<()> {
         None => None,
     };
     let store = Store::open(&store_path).with_context(|| format!("opening {}", store_path.display()))?;
-    let mut out: Box<dyn Write> = match o.get("out") {
-        Some(p) => Box::new(BufWriter::new(File::create(p).with_context(|| format!("creating {p}"))?)),
-        None => Box::new(std::io::stdout().lock()),
-    };
+    let mut out = output(o.get("out"))?;
     let (mut n_groups, mut empty_run) = (0u64, 0u64);
     for window in 0..windows {
         let mut by_group: BTreeMap<([u8; 32], u32), Vec<Rollout>> = BTreeMap::new();
@@ -888,6 +885,14 @@ fn groups(o: &Opts) -> Result<()> {
     Ok(())
 }
 
+/// Where `groups` writes: the file `--out` names, else standard output.
+fn output(path: Option<&str>) -> Result<Box<dyn Write>> {
+    Ok(match path {
+        Some(p) => Box::new(BufWriter::new(File::create(p).with_context(|| format!("creating {p}"))?)),
+        None => Box::new(std::io::stdout().lock()),
+    })
+}
+
 /// The problem and answer a window assigned for `task_id`.
 fn problem_of(env: &Environment, task_id: u64) -> (String, String) {
     let task = env.task(task_id);
@@ -905,10 +910,7 @@ fn problem_of(env: &Environment, task_id: u64) -> (String, String) {
 /// (rewards, windows and counts were right).
 fn relabel(env: &Environment, file: &Path, out: Option<&str>) -> Result<()> {
     let text = read_text(file)?;
-    let mut out: Box<dyn Write> = match out {
-        Some(p) => Box::new(BufWriter::new(File::create(p).with_context(|| format!("creating {p}"))?)),
-        None => Box::new(std::io::stdout().lock()),
-    };
+    let mut out = output(out)?;
     let (mut n, mut changed) = (0u64, 0u64);
     for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
         let mut v: serde_json::Value =

@@ -300,8 +300,9 @@ for m in s["miners"]:
 PY
 latest="$(python3 -c 'import json,sys; c=[c for c in json.load(open(sys.argv[1]))["checkpoints"] if c["from_window"] > 0]; print(c[-1]["id"] if c else "")' "$dir/status.json")"
 if [ "$eval_tasks" = 0 ] || [ ! -x "$bin/train-bench" ]; then
-  echo "smoke test only: no evaluation (DEMO_EVAL_TASKS=0 or no train-bench in $bin); a few windows of"
-  echo "16 rollouts cannot show learning; docs/training.md has measured runs."
+  # Said as it is: train-bench sets DEMO_EVAL_TASKS=0 and evaluates its arms itself after this.
+  echo "no evaluation here (DEMO_EVAL_TASKS=0 or no train-bench in $bin): the table above cannot"
+  echo "show learning alone (train-bench evaluates its arms after the network stops; docs/training.md has measured runs)."
 elif [ -z "$latest" ] || [ ! -f "$dir/coordinator/relay/full/$latest.gguf" ]; then
   echo "smoke test only: no trained checkpoint was published in these windows."
 else

@@ -36,7 +36,7 @@
 #   DEMO_KEEP=0         stop everything after the summary (default 1: the network and
 #                       its dashboard keep running until Ctrl-C)
 #   DEMO_EVAL_TASKS=N   problems per column of the base-vs-last-checkpoint evaluation
-#                       (default 50; 0 skips it: the demo is then a smoke test only)
+#                       (default 50; 0 skips it, as train-bench does before its own evaluation)
 #   DEMO_EXTRA_WINDOWS=N  after the last window, wait at most N more windows for one
 #                       generated on a trained checkpoint (default 3)
 #   DEMO_ARCH=FAMILY    llama (default: SmolLM2 as it is), qwen2, qwen3 or llama3: SmolLM2's
@@ -300,7 +300,7 @@ for m in s["miners"]:
 PY
 latest="$(python3 -c 'import json,sys; c=[c for c in json.load(open(sys.argv[1]))["checkpoints"] if c["from_window"] > 0]; print(c[-1]["id"] if c else "")' "$dir/status.json")"
 if [ "$eval_tasks" = 0 ] || [ ! -x "$bin/train-bench" ]; then
-  # Said as it is: train-bench sets DEMO_EVAL_TASKS=0 and evaluates its arms itself after this.
+  # train-bench runs the demo with DEMO_EVAL_TASKS=0 and evaluates its arms itself afterwards.
   echo "no evaluation here (DEMO_EVAL_TASKS=0 or no train-bench in $bin): the table above cannot"
   echo "show learning alone (train-bench evaluates its arms after the network stops; docs/training.md has measured runs)."
 elif [ -z "$latest" ] || [ ! -f "$dir/coordinator/relay/full/$latest.gguf" ]; then

@@ -11,12 +11,10 @@ the same order; a folder where they differ is an error, not a table.
 
 Usage: python3 docs/training-evidence/eval-by-op.py DIR   (e.g. docs/training-evidence/alone24)
 """
-import gzip
-import json
 import pathlib
 import sys
 
-from arith_kinds import KINDS, kind
+from arith_kinds import KINDS, kind, read_rows
 
 COLUMNS = ("test", "band", "ood")
 
@@ -25,8 +23,7 @@ if len(sys.argv) != 2:
 folder = pathlib.Path(sys.argv[1])
 evals = {}
 for path in sorted(folder.glob("eval-*.jsonl.gz")):
-    with gzip.open(path, "rt") as f:
-        rows = [json.loads(line) for line in f]
+    rows = read_rows(str(path))
     if not rows:
         continue
     name = f"{rows[0]['model']} {rows[0]['prompt']}"

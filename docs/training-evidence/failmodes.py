@@ -9,18 +9,13 @@ Training's rollouts only: nothing here reads a held-out column.
 
 Usage: python3 docs/training-evidence/failmodes.py docs/training-evidence/alone24/completions-seed-b.jsonl.gz
 """
-import gzip
-import json
-import re
 import sys
 from collections import Counter
 
-from arith_kinds import KINDS, kind
+from arith_kinds import KINDS, final_answer, kind, read_rows
 
-ANS = re.compile(r"^Answer: (-?\d+)$")
 path = sys.argv[1]
-op = gzip.open if path.endswith(".gz") else open
-rows = [json.loads(l) for l in op(path, "rt")]
+rows = read_rows(path)
 last = max(r["window"] for r in rows) + 1
 for lo, hi in ((0, last // 2), (last // 2, last)):
     stats = {}
@@ -31,12 +26,10 @@ for lo, hi in ((0, last // 2), (last // 2, last)):
         want = int(r["answer"])
         c = stats.setdefault(k, Counter())
         for text in r["completions"]:
-            lines = [l for l in text.strip().splitlines() if l.strip()]
-            m = ANS.match(lines[-1].strip()) if lines else None
-            if not m:
+            got = final_answer(text)
+            if got is None:
                 c["no answer line"] += 1
                 continue
-            got = int(m.group(1))
             if got == want:
                 c["right"] += 1
             elif got == -want:

@@ -12,13 +12,11 @@ about a group of 16 instead of 8: the share of groups that would be mixed.
 
 Usage: python3 docs/training-evidence/groups-by-op.py DIR   (e.g. docs/training-evidence/groups8-packed)
 """
-import gzip
-import json
 import pathlib
 import sys
 from math import exp, lgamma, log
 
-from arith_kinds import KINDS, kind
+from arith_kinds import KINDS, kind, read_rows
 
 def log_pk(k, n, a, b):
     """log P(k of n right) when the pass rate is Beta(a, b)."""
@@ -40,7 +38,7 @@ if len(sys.argv) != 2:
     sys.exit(__doc__)
 folder = pathlib.Path(sys.argv[1])
 for path in sorted(folder.glob("groups-*.jsonl.gz")):
-    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    rows = read_rows(str(path))
     size = len(rows[0]["rewards"])
     last = max(r["window"] for r in rows) + 1
     print(f"{path.name}: {len(rows)} groups of {size} in {last} windows")

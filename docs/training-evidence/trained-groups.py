@@ -9,18 +9,13 @@ Training's rollouts only: nothing here reads a held-out column.
 
 Usage: python3 docs/training-evidence/trained-groups.py docs/training-evidence/sub118/completions-control.jsonl.gz
 """
-import gzip
-import json
-import re
 import sys
 from collections import Counter
 
-from arith_kinds import KINDS, kind
+from arith_kinds import KINDS, final_answer, kind, read_rows
 
-ANS = re.compile(r"^Answer: (-?\d+)$")
 path = sys.argv[1]
-op = gzip.open if path.endswith(".gz") else open
-rows = [json.loads(l) for l in op(path, "rt") if json.loads(l)["trained"]]
+rows = [r for r in read_rows(path) if r["trained"]]
 stats = {k: Counter() for k in KINDS}
 for r in rows:
     s = stats[kind(r["problem"])]
@@ -30,9 +25,7 @@ for r in rows:
         if x < 1:
             continue
         s["paid"] += 1
-        lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
-        m = ANS.match(lines[-1]) if lines else None
-        s["right"] += bool(m and m.group(1) == r["answer"])
+        s["right"] += final_answer(text) == int(r["answer"])
 total = sum(stats.values(), Counter())
 for name, s in list(stats.items()) + [("all", total)]:
     share = 100 * s["right"] / s["paid"] if s["paid"] else 0.0
